@@ -1,0 +1,45 @@
+"""Quail: a query engine for AI functions in SQL."""
+
+from quail.backends.base import (
+    BackendExecutionContext,
+    ExecutionMetrics,
+    GpuContext,
+    ModelBackend,
+    ModelExecution,
+    ModelRegion,
+    PhysicalCandidate,
+    PhysicalResponse,
+    PlanningContext,
+    SupportResult,
+)
+from quail.catalog.devices import DeviceSpec
+from quail.catalog.models import ModelSpec
+from quail.config import EngineConfig
+from quail.errors import CompileError, PlanEditError, QuailError, Refusal, RefusalError
+from quail.plugins.hookspecs import hookimpl
+from quail.plugins.registry import ExtensionRegistry
+from quail.session import Session
+
+__all__ = [
+    "BackendExecutionContext",
+    "CompileError",
+    "DeviceSpec",
+    "EngineConfig",
+    "ExecutionMetrics",
+    "ExtensionRegistry",
+    "GpuContext",
+    "ModelBackend",
+    "ModelExecution",
+    "ModelRegion",
+    "ModelSpec",
+    "PhysicalCandidate",
+    "PhysicalResponse",
+    "PlanEditError",
+    "PlanningContext",
+    "QuailError",
+    "Refusal",
+    "RefusalError",
+    "Session",
+    "SupportResult",
+    "hookimpl",
+]

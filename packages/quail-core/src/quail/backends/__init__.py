@@ -1,0 +1,1 @@
+"""The backend contract and the engine-agnostic code backends share."""

@@ -1,0 +1,62 @@
+"""The `quail` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from quail.config import DEFAULT_DEVICE, DEFAULT_MODEL
+from quail.errors import QuailError
+from quail.plugins.registry import FIRST_PARTY_BACKENDS, ExtensionRegistry
+
+USER_ERROR = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except QuailError as exc:
+        print(f"quail: {exc}", file=sys.stderr)
+        return USER_ERROR
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="quail", description="Quail: AI functions in SQL.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    backends = commands.add_parser("backends", help="list discovered backends and their status")
+    backends.add_argument("--model", default=DEFAULT_MODEL)
+    backends.add_argument("--device", default=DEFAULT_DEVICE)
+    backends.add_argument("--gpus", type=int, default=1)
+    backends.set_defaults(handler=_backends)
+    return parser
+
+
+def _backends(args: argparse.Namespace) -> int:
+    registry = ExtensionRegistry.with_built_ins()
+    model = registry.model(args.model)
+    device = registry.device(args.device)
+    print(f"backends for model {model.name} on device {device.name} ({args.gpus} device(s)):")
+    rows = []
+    for name, backend in sorted(registry.backends.items()):
+        origin = registry.origin("backend", name)
+        verdict = backend.supports(model, device, args.gpus)
+        status = "supported" if verdict.accepted else f"not supported: {verdict.reason}"
+        dist = f"{origin.distribution or '-'} {origin.version or ''}".strip()
+        rows.append((name, dist, status))
+    for name, dist in FIRST_PARTY_BACKENDS.items():
+        if name not in registry.backends:
+            rows.append((name, "-", f"not installed: pip install {dist}"))
+    width = max((len(r[0]) for r in rows), default=4)
+    dist_width = max((len(r[1]) for r in rows), default=4)
+    for name, dist, status in rows:
+        print(f"  {name:<{width}}  {dist:<{dist_width}}  {status}")
+    for failure in registry.plugin_failures:
+        print(f"  ! {failure.describe()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

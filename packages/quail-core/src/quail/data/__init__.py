@@ -1,0 +1,1 @@
+"""Where documents and their tokens come from."""

@@ -1,0 +1,24 @@
+"""The tokenizer role: core is model-agnostic, backends hand it a concrete tokenizer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """Text ↔ token ids for one model. `identity` keys cached token files."""
+
+    @property
+    def identity(self) -> str: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def token_id(self, token: str) -> int | None:
+        """The id of one vocabulary entry, or None when the vocabulary lacks it."""
+        ...

@@ -1,0 +1,59 @@
+"""The errors Quail raises: each says what was wrong, where, and what would be right."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class QuailError(Exception):
+    """Base class of every error Quail raises on purpose."""
+
+
+class CompileError(QuailError):
+    """A query (SQL or builder) that Quail cannot compile, with its position when known."""
+
+    def __init__(self, message: str, *, line: int | None = None, column: int | None = None) -> None:
+        self.detail = message
+        self.line = line
+        self.column = column
+        where = f" (line {line}, column {column})" if line is not None and column is not None else ""
+        super().__init__(f"{message}{where}")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why something cannot run: a value, so planners can compare and report it."""
+
+    constraint: str
+    reasons: tuple[str, ...] = ()
+    needed: float | None = None
+    available: float | None = None
+    unit: str | None = None
+    hints: tuple[str, ...] = field(default=())
+
+    def describe(self) -> str:
+        parts = [self.constraint]
+        parts.extend(self.reasons)
+        if self.needed is not None or self.available is not None:
+            unit = f" {self.unit}" if self.unit else ""
+            parts.append(f"needed {_number(self.needed)}{unit}, available {_number(self.available)}{unit}")
+        parts.extend(self.hints)
+        return "; ".join(parts)
+
+
+def _number(value: float | None) -> str:
+    if value is None:
+        return "unknown"
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.4g}"
+
+
+class RefusalError(QuailError):
+    """Raised when a refusal must stop the caller; carries the `Refusal` value."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        self.refusal = refusal
+        super().__init__(refusal.describe())
+
+
+class PlanEditError(QuailError):
+    """An edit of a physical plan that would make it invalid."""

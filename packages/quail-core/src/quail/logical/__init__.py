@@ -1,0 +1,1 @@
+"""Logical plans: what the query asks, before any decision on how to run it."""

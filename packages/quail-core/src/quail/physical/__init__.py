@@ -1,0 +1,1 @@
+"""Physical plans: typed DAGs of nodes with named ports, serializable across processes."""

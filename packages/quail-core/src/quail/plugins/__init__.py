@@ -1,0 +1,1 @@
+"""Extension points: the hook specifications, the registry, and entry-point loading."""

@@ -1,0 +1,46 @@
+"""Every hook a Quail plugin may implement. Reading this file tells the whole extension surface.
+
+A plugin is a plain module named by an entry point in group ``quail`` of its distribution::
+
+    [project.entry-points.quail]
+    mybackend = "my_package.plugin"
+
+whose ``@quail.hookimpl`` functions Quail calls when `ExtensionRegistry.with_built_ins()` runs.
+By convention the entry-point name is the name of the backend the plugin provides.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import pluggy
+
+from quail.backends.base import ModelBackend
+from quail.catalog.devices import DeviceSpec
+from quail.catalog.models import ModelSpec
+
+PROJECT = "quail"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+class Registrar(Protocol):
+    """What a plugin may register. Its registrations land together or not at all."""
+
+    def register_backend(self, backend: ModelBackend) -> None: ...
+
+    def register_model(self, spec: ModelSpec) -> None: ...
+
+    def register_device(self, spec: DeviceSpec) -> None: ...
+
+
+@hookspec
+def quail_register(registry: Registrar) -> None:
+    """Register this plugin's backends, models and devices.
+
+    Called once per plugin when a registry loads the installed plugins. Keep it cheap: import
+    heavy engines (torch, vllm) lazily, inside the backend's methods, so that listing backends
+    stays fast and a missing engine is reported by `supports()` rather than at import.
+    If it raises or registers something invalid, none of its registrations are kept, the failure
+    is reported, and every other plugin still loads.
+    """

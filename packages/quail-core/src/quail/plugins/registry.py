@@ -1,0 +1,197 @@
+"""ExtensionRegistry: every backend, model and device a session can name, and who added it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal
+
+from quail.backends.base import ModelBackend
+from quail.catalog.devices import BUILT_IN_DEVICES, DeviceSpec
+from quail.catalog.models import BUILT_IN_MODELS, ModelSpec
+from quail.errors import Refusal, RefusalError
+
+Kind = Literal["backend", "model", "device"]
+Extension = ModelBackend | ModelSpec | DeviceSpec
+
+# First-party backends and the distribution that provides each: named in "not installed" errors.
+FIRST_PARTY_BACKENDS: Mapping[str, str] = MappingProxyType({
+    "native": "quail-native",
+    "vllm": "quail-vllm",
+    "sglang": "quail-sglang",
+})
+
+_NAME = re.compile(r"^[a-z][a-z0-9_.\-]*$")
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Who registered an extension: a plugin's distribution, quail-core, or user code."""
+
+    source: str
+    distribution: str | None = None
+    version: str | None = None
+
+    def describe(self) -> str:
+        if self.distribution is None:
+            return self.source
+        return f"{self.source} ({self.distribution} {self.version or '?'})"
+
+
+USER_CODE = Origin("user code")
+CORE = Origin("built-in catalog", "quail-core")
+
+
+@dataclass(frozen=True)
+class PluginFailure:
+    """A plugin that could not be loaded or whose registrations were rejected."""
+
+    entry_point: str
+    origin: Origin
+    stage: Literal["import", "register"]
+    message: str
+    claimed_names: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        where = self.origin.distribution or "an unknown distribution"
+        version = f" {self.origin.version}" if self.origin.version else ""
+        return f"plugin {self.entry_point!r} from {where}{version} failed at {self.stage}: {self.message}"
+
+    def concerns(self, backend_name: str) -> bool:
+        return backend_name == self.entry_point or backend_name in self.claimed_names
+
+
+class ExtensionRegistry:
+    """Names → extensions, with read-only views. Registration validates and never overwrites."""
+
+    def __init__(self) -> None:
+        self._backends: dict[str, ModelBackend] = {}
+        self._models: dict[str, ModelSpec] = {}
+        self._devices: dict[str, DeviceSpec] = {}
+        self._origins: dict[tuple[Kind, str], Origin] = {}
+        self._failures: list[PluginFailure] = []
+
+    @classmethod
+    def with_built_ins(cls) -> ExtensionRegistry:
+        """The built-in catalog plus every installed plugin (entry-point group ``quail``)."""
+        from quail.plugins.loading import load_plugins
+
+        registry = cls()
+        for model in BUILT_IN_MODELS:
+            registry.register_model(model, origin=CORE)
+        for device in BUILT_IN_DEVICES:
+            registry.register_device(device, origin=CORE)
+        load_plugins(registry)
+        return registry
+
+    # -- registration -------------------------------------------------------------------------
+
+    def register_backend(self, backend: ModelBackend, *, origin: Origin = USER_CODE) -> None:
+        self.register_all([("backend", backend)], origin)
+
+    def register_model(self, spec: ModelSpec, *, origin: Origin = USER_CODE) -> None:
+        self.register_all([("model", spec)], origin)
+
+    def register_device(self, spec: DeviceSpec, *, origin: Origin = USER_CODE) -> None:
+        self.register_all([("device", spec)], origin)
+
+    def register_all(self, items: list[tuple[Kind, Extension]], origin: Origin) -> None:
+        """Validate every item first, then add them all: a batch lands whole or not at all."""
+        claimed: dict[tuple[Kind, str], Origin] = {}
+        for kind, item in items:
+            key = (kind, _validated_name(kind, item, origin))
+            earlier = self._origins.get(key) or claimed.get(key)
+            if earlier is not None:
+                raise ValueError(
+                    f"{kind} {key[1]!r} is already registered by {earlier.describe()}; "
+                    f"{origin.describe()} tried to register it again"
+                )
+            claimed[key] = origin
+        for kind, item in items:
+            self._add(kind, item)
+        self._origins.update(claimed)
+
+    def _add(self, kind: Kind, item: Extension) -> None:
+        if isinstance(item, ModelSpec):
+            self._models[item.name] = item
+        elif isinstance(item, DeviceSpec):
+            self._devices[item.name] = item
+        else:
+            self._backends[item.name] = item
+
+    def record_failure(self, failure: PluginFailure) -> None:
+        self._failures.append(failure)
+
+    # -- read-only views ----------------------------------------------------------------------
+
+    @property
+    def backends(self) -> Mapping[str, ModelBackend]:
+        return MappingProxyType(self._backends)
+
+    @property
+    def models(self) -> Mapping[str, ModelSpec]:
+        return MappingProxyType(self._models)
+
+    @property
+    def devices(self) -> Mapping[str, DeviceSpec]:
+        return MappingProxyType(self._devices)
+
+    @property
+    def plugin_failures(self) -> tuple[PluginFailure, ...]:
+        return tuple(self._failures)
+
+    def origin(self, kind: Kind, name: str) -> Origin:
+        return self._origins[(kind, name)]
+
+    # -- lookups that refuse with a useful message --------------------------------------------
+
+    def backend(self, name: str) -> ModelBackend:
+        found = self.backends.get(name)
+        if found is not None:
+            return found
+        reasons = [f"installed backends: {_listing(self.backends)}"]
+        reasons.extend(f.describe() for f in self._failures if f.concerns(name))
+        hints = ()
+        if name in FIRST_PARTY_BACKENDS and not any(f.concerns(name) for f in self._failures):
+            hints = (f"install it: pip install {FIRST_PARTY_BACKENDS[name]}",)
+        raise RefusalError(Refusal(f"unknown backend {name!r}", tuple(reasons), hints=hints))
+
+    def model(self, name: str) -> ModelSpec:
+        found = self.models.get(name)
+        if found is None:
+            raise RefusalError(Refusal(f"unknown model {name!r}", (f"known models: {_listing(self.models)}",)))
+        return found
+
+    def device(self, name: str) -> DeviceSpec:
+        found = self.devices.get(name)
+        if found is None:
+            raise RefusalError(Refusal(f"unknown device {name!r}", (f"known devices: {_listing(self.devices)}",)))
+        return found
+
+
+def _listing(names: Mapping[str, object]) -> str:
+    return ", ".join(sorted(names)) or "none"
+
+
+def _validated_name(kind: Kind, item: object, origin: Origin) -> str:
+    expected = {"backend": ModelBackend, "model": ModelSpec, "device": DeviceSpec}[kind]
+    if not isinstance(item, expected):
+        raise ValueError(
+            f"{origin.describe()} registered {item!r} as a {kind}, but it is not a "
+            f"{expected.__name__} (a {kind} needs: {_required_members(kind)})"
+        )
+    name = getattr(item, "name", None)
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(
+            f"{origin.describe()} registered a {kind} named {name!r}; names are lower-case "
+            "letters, digits, '.', '_' or '-', starting with a letter"
+        )
+    return name
+
+
+def _required_members(kind: Kind) -> str:
+    if kind == "backend":
+        return "name, supports(), plan(), start(), execute_request()"
+    return "a frozen spec dataclass"

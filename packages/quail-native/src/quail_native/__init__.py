@@ -1,0 +1,1 @@
+"""quail-native: Quail's own executor."""

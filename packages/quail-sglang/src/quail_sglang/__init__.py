@@ -1,0 +1,1 @@
+"""quail-sglang: the SGLang request backend."""

@@ -1,0 +1,1 @@
+"""quail-vllm: the vLLM request backend."""

@@ -1,0 +1,35 @@
+"""Shared fixtures: installing throwaway plugin distributions onto sys.path."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+InstallPlugin = Callable[[str, str, str], None]
+
+
+@pytest.fixture
+def install_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> InstallPlugin:
+    """Put a real distribution (dist-info with an entry point in group "quail") on sys.path.
+
+    `install_plugin(distribution, entry_name, module_source)` makes the module importable and
+    discoverable through importlib.metadata exactly as `pip install` would; removed after the test.
+    """
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+
+    def install(distribution: str, entry_name: str, module_source: str) -> None:
+        module = f"{distribution.replace('-', '_')}_plugin"
+        (site / f"{module}.py").write_text(textwrap.dedent(module_source))
+        info = site / f"{distribution.replace('-', '_')}-0.1.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 0.1\n")
+        (info / "entry_points.txt").write_text(f"[quail]\n{entry_name} = {module}\n")
+        monkeypatch.delitem(sys.modules, module, raising=False)
+
+    return install

@@ -1,0 +1,1 @@
+"""A third-party Quail backend used by the test-suite."""

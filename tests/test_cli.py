@@ -1,0 +1,35 @@
+"""The `quail` command line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from quail.cli import main
+
+
+def test_backends_lists_the_first_party_backends_with_their_status(capsys):
+    assert main(["backends"]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[0]: line for line in out.splitlines()[1:] if line.startswith("  ")}
+    assert {"native", "vllm", "sglang", "example"} <= set(lines)
+    assert "quail-native 0.1.0" in lines["native"] and "supported" in lines["native"]
+    assert "not supported" in lines["sglang"]
+
+
+def test_backends_names_the_missing_engine_build_and_its_install_command(capsys):
+    main(["backends", "--device", "h100-sxm"])
+    out = capsys.readouterr().out
+    assert "pip install 'quail-vllm[cuda]'" in out
+    assert "pip install 'quail-sglang[engine]'" in out
+
+
+def test_unknown_device_is_a_user_error_with_exit_code_2(capsys):
+    assert main(["backends", "--device", "tpu"]) == 2
+    assert "unknown device 'tpu'" in capsys.readouterr().err
+
+
+def test_console_script_is_installed():
+    result = subprocess.run([sys.executable, "-m", "quail.cli", "backends"], capture_output=True,
+                            text=True, check=False)
+    assert result.returncode == 0 and "native" in result.stdout

@@ -1,0 +1,113 @@
+"""Plugins are discovered through entry points, and a broken one never breaks the others."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import quail
+from quail import EngineConfig, ExtensionRegistry, RefusalError, Session
+from quail.plugins.loading import PluginLoadWarning
+
+GOOD_PLUGIN = """
+import quail
+from quail_example.backend import ExampleBackend
+
+class Renamed(ExampleBackend):
+    name = "{name}"
+
+@quail.hookimpl
+def quail_register(registry):
+    registry.register_backend(Renamed())
+"""
+
+
+def test_third_party_backend_is_discovered_with_no_registration_code():
+    registry = ExtensionRegistry.with_built_ins()
+    assert "example" in registry.backends
+    origin = registry.origin("backend", "example")
+    assert (origin.distribution, origin.version) == ("quail-example-backend", "0.0.1")
+
+
+def test_third_party_backend_is_selectable_by_name():
+    with Session(EngineConfig(backend="example")) as session:
+        assert session.backend.name == "example"
+
+
+def test_plugin_that_raises_on_import_is_reported_and_others_still_load(install_plugin):
+    install_plugin("quail-broken", "broken", "raise RuntimeError('missing shared library')\n")
+    with pytest.warns(PluginLoadWarning, match="missing shared library"):
+        registry = ExtensionRegistry.with_built_ins()
+    assert {"native", "example"} <= set(registry.backends)
+    [failure] = registry.plugin_failures
+    assert failure.stage == "import" and failure.origin.distribution == "quail-broken"
+
+
+def test_asking_for_a_broken_plugins_backend_names_its_failure(install_plugin):
+    install_plugin("quail-broken", "broken", "raise RuntimeError('missing shared library')\n")
+    with pytest.warns(PluginLoadWarning):
+        registry = ExtensionRegistry.with_built_ins()
+    with pytest.raises(RefusalError, match="missing shared library") as caught:
+        Session(EngineConfig(backend="broken"), registry=registry)
+    assert "quail-broken" in str(caught.value)
+
+
+def test_plugin_registering_something_that_is_not_a_backend_is_isolated(install_plugin):
+    install_plugin("quail-junk", "junk", """
+        import quail
+
+        @quail.hookimpl
+        def quail_register(registry):
+            registry.register_backend("not a backend")
+    """)
+    with pytest.warns(PluginLoadWarning, match="not a ModelBackend"):
+        registry = ExtensionRegistry.with_built_ins()
+    assert "example" in registry.backends
+    assert registry.plugin_failures[0].stage == "register"
+
+
+def test_plugin_duplicating_a_backend_name_keeps_the_first_and_reports_both(install_plugin):
+    install_plugin("quail-impostor", "impostor", GOOD_PLUGIN.format(name="native"))
+    with pytest.warns(PluginLoadWarning, match="already registered") as caught:
+        registry = ExtensionRegistry.with_built_ins()
+    message = str(caught[0].message)
+    assert "quail-native" in message and "quail-impostor" in message
+    assert registry.origin("backend", "native").distribution == "quail-native"
+
+
+def test_a_failing_plugin_keeps_none_of_its_registrations(install_plugin):
+    install_plugin("quail-half", "half", """
+        import quail
+        from quail_example.backend import ExampleBackend
+
+        class First(ExampleBackend):
+            name = "half-first"
+
+        @quail.hookimpl
+        def quail_register(registry):
+            registry.register_backend(First())
+            raise RuntimeError("bug after the first registration")
+    """)
+    with pytest.warns(PluginLoadWarning, match="bug after the first registration"):
+        registry = ExtensionRegistry.with_built_ins()
+    assert "half-first" not in registry.backends
+    with pytest.raises(RefusalError, match="bug after the first registration"):
+        registry.backend("half-first")
+
+
+def test_a_plugin_module_with_no_hook_is_reported(install_plugin):
+    install_plugin("quail-empty", "empty", "VALUE = 1\n")
+    with pytest.warns(PluginLoadWarning, match="implements no quail hook"):
+        ExtensionRegistry.with_built_ins()
+
+
+def test_a_new_well_formed_plugin_is_picked_up_without_code_changes(install_plugin):
+    install_plugin("quail-another", "another", GOOD_PLUGIN.format(name="another"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PluginLoadWarning)
+        registry = ExtensionRegistry.with_built_ins()
+    assert registry.origin("backend", "another").distribution == "quail-another"
+
+
+def test_hookimpl_is_exported_for_plugin_authors():
+    assert quail.hookimpl is quail.plugins.hookspecs.hookimpl

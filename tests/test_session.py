@@ -1,0 +1,90 @@
+"""Session validates its configuration before anything else can happen."""
+
+from __future__ import annotations
+
+import pytest
+from quail import (
+    EngineConfig,
+    ExtensionRegistry,
+    RefusalError,
+    Session,
+    SupportResult,
+)
+from quail.catalog.devices import BUILT_IN_DEVICES
+from quail.catalog.models import BUILT_IN_MODELS
+from quail_example.backend import ExampleBackend
+
+
+def catalog_only_registry() -> ExtensionRegistry:
+    registry = ExtensionRegistry()
+    for model in BUILT_IN_MODELS:
+        registry.register_model(model)
+    for device in BUILT_IN_DEVICES:
+        registry.register_device(device)
+    return registry
+
+
+def test_default_config_is_the_embedded_model_on_cpu_with_native():
+    config = EngineConfig()
+    assert (config.model, config.device, config.backend, config.gpus) == ("gemma-3-270m", "cpu", "native", 1)
+
+
+def test_config_is_frozen_and_rejects_zero_gpus():
+    with pytest.raises(AttributeError):
+        EngineConfig().model = "x"  # type: ignore[misc]
+    with pytest.raises(ValueError, match="gpus"):
+        EngineConfig(gpus=0)
+
+
+def test_default_session_opens_on_this_machine():
+    with Session() as session:
+        assert session.backend.name == "native"
+        assert session.model.name == "gemma-3-270m"
+    assert session.closed
+
+
+def test_unknown_model_lists_the_known_ones():
+    with pytest.raises(RefusalError, match=r"unknown model 'gpt-9'.*qwen3-8b"):
+        Session(EngineConfig(model="gpt-9"))
+
+
+def test_unknown_device_lists_the_known_ones():
+    with pytest.raises(RefusalError, match=r"unknown device 'tpu'.*h100-sxm"):
+        Session(EngineConfig(device="tpu"))
+
+
+def test_unknown_backend_lists_the_installed_ones():
+    with pytest.raises(RefusalError, match=r"unknown backend 'nope'.*installed backends: .*native"):
+        Session(EngineConfig(backend="nope"))
+
+
+def test_first_party_backend_that_is_not_installed_says_how_to_install_it():
+    with pytest.raises(RefusalError, match="pip install quail-vllm") as caught:
+        Session(EngineConfig(backend="vllm"), registry=catalog_only_registry())
+    assert caught.value.refusal.constraint == "unknown backend 'vllm'"
+
+
+def test_support_rejection_is_raised_with_its_reason():
+    class PickyBackend(ExampleBackend):
+        name = "picky"
+
+        def supports(self, model, device, gpu_count):
+            return SupportResult.reject("only runs on Tuesdays")
+
+    registry = catalog_only_registry()
+    registry.register_backend(PickyBackend())
+    with pytest.raises(RefusalError, match="only runs on Tuesdays"):
+        Session(EngineConfig(backend="picky"), registry=registry)
+
+
+def test_gpu_device_on_a_machine_without_one_is_refused_by_native():
+    if ExtensionRegistry.with_built_ins().backend("native").supports(
+            BUILT_IN_MODELS[0], BUILT_IN_DEVICES[1], 1).accepted:
+        pytest.skip("this machine has a CUDA device")
+    with pytest.raises(RefusalError, match="CUDA device"):
+        Session(EngineConfig(device="h100-sxm"))
+
+
+def test_support_result_needs_a_reason_to_reject():
+    with pytest.raises(ValueError):
+        SupportResult.reject("")
