@@ -15,15 +15,18 @@ from quail.backends.base import (
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
 from quail.config import EngineConfig
+from quail.data.providers import DocumentProvider
 from quail.errors import CompileError, PlanEditError, QuailError, Refusal, RefusalError
+from quail.frontend.builder import col, prompt, score
 from quail.plugins.hookspecs import hookimpl
 from quail.plugins.registry import ExtensionRegistry
-from quail.session import Session
+from quail.session import Query, Session
 
 __all__ = [
     "BackendExecutionContext",
     "CompileError",
     "DeviceSpec",
+    "DocumentProvider",
     "EngineConfig",
     "ExecutionMetrics",
     "ExtensionRegistry",
@@ -37,9 +40,13 @@ __all__ = [
     "PlanEditError",
     "PlanningContext",
     "QuailError",
+    "Query",
     "Refusal",
     "RefusalError",
     "Session",
     "SupportResult",
+    "col",
     "hookimpl",
+    "prompt",
+    "score",
 ]

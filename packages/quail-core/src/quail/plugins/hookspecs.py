@@ -18,6 +18,7 @@ import pluggy
 from quail.backends.base import ModelBackend
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
+from quail.logical.rules import LogicalRule
 
 PROJECT = "quail"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -33,10 +34,12 @@ class Registrar(Protocol):
 
     def register_device(self, spec: DeviceSpec) -> None: ...
 
+    def register_logical_rule(self, rule: LogicalRule) -> None: ...
+
 
 @hookspec
 def quail_register(registry: Registrar) -> None:
-    """Register this plugin's backends, models and devices.
+    """Register this plugin's backends, models, devices and logical rules.
 
     Called once per plugin when a registry loads the installed plugins. Keep it cheap: import
     heavy engines (torch, vllm) lazily, inside the backend's methods, so that listing backends

@@ -11,6 +11,7 @@ import pluggy
 from quail.backends.base import ModelBackend
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
+from quail.logical.rules import LogicalRule
 from quail.plugins import hookspecs
 from quail.plugins.registry import (
     Extension,
@@ -41,6 +42,9 @@ class _StagedRegistrar:
 
     def register_device(self, spec: DeviceSpec) -> None:
         self.items.append(("device", spec))
+
+    def register_logical_rule(self, rule: LogicalRule) -> None:
+        self.items.append(("logical_rule", rule))
 
     def claimed_names(self) -> tuple[str, ...]:
         return tuple(str(getattr(item, "name", "?")) for kind, item in self.items if kind == "backend")

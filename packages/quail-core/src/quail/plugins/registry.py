@@ -12,9 +12,10 @@ from quail.backends.base import ModelBackend
 from quail.catalog.devices import BUILT_IN_DEVICES, DeviceSpec
 from quail.catalog.models import BUILT_IN_MODELS, ModelSpec
 from quail.errors import Refusal, RefusalError
+from quail.logical.rules import BUILT_IN_RULES, LogicalRule
 
-Kind = Literal["backend", "model", "device"]
-Extension = ModelBackend | ModelSpec | DeviceSpec
+Kind = Literal["backend", "model", "device", "logical_rule"]
+Extension = ModelBackend | ModelSpec | DeviceSpec | LogicalRule
 
 # First-party backends and the distribution that provides each: named in "not installed" errors.
 FIRST_PARTY_BACKENDS: Mapping[str, str] = MappingProxyType({
@@ -70,6 +71,7 @@ class ExtensionRegistry:
         self._backends: dict[str, ModelBackend] = {}
         self._models: dict[str, ModelSpec] = {}
         self._devices: dict[str, DeviceSpec] = {}
+        self._rules: dict[str, LogicalRule] = {}
         self._origins: dict[tuple[Kind, str], Origin] = {}
         self._failures: list[PluginFailure] = []
 
@@ -83,6 +85,8 @@ class ExtensionRegistry:
             registry.register_model(model, origin=CORE)
         for device in BUILT_IN_DEVICES:
             registry.register_device(device, origin=CORE)
+        for rule in BUILT_IN_RULES:
+            registry.register_logical_rule(rule, origin=CORE)
         load_plugins(registry)
         return registry
 
@@ -96,6 +100,10 @@ class ExtensionRegistry:
 
     def register_device(self, spec: DeviceSpec, *, origin: Origin = USER_CODE) -> None:
         self.register_all([("device", spec)], origin)
+
+    def register_logical_rule(self, rule: LogicalRule, *, origin: Origin = USER_CODE) -> None:
+        """Add a rewrite run after the ones registered before it, to a fixpoint."""
+        self.register_all([("logical_rule", rule)], origin)
 
     def register_all(self, items: list[tuple[Kind, Extension]], origin: Origin) -> None:
         """Validate every item first, then add them all: a batch lands whole or not at all."""
@@ -118,6 +126,8 @@ class ExtensionRegistry:
             self._models[item.name] = item
         elif isinstance(item, DeviceSpec):
             self._devices[item.name] = item
+        elif kind == "logical_rule":
+            self._rules[item.name] = item
         else:
             self._backends[item.name] = item
 
@@ -137,6 +147,11 @@ class ExtensionRegistry:
     @property
     def devices(self) -> Mapping[str, DeviceSpec]:
         return MappingProxyType(self._devices)
+
+    @property
+    def logical_rules(self) -> tuple[LogicalRule, ...]:
+        """Rules in registration order: the built-ins first, then the ones plugins and users add."""
+        return tuple(self._rules.values())
 
     @property
     def plugin_failures(self) -> tuple[PluginFailure, ...]:
@@ -176,7 +191,7 @@ def _listing(names: Mapping[str, object]) -> str:
 
 
 def _validated_name(kind: Kind, item: object, origin: Origin) -> str:
-    expected = {"backend": ModelBackend, "model": ModelSpec, "device": DeviceSpec}[kind]
+    expected = {"backend": ModelBackend, "model": ModelSpec, "device": DeviceSpec, "logical_rule": LogicalRule}[kind]
     if not isinstance(item, expected):
         raise ValueError(
             f"{origin.describe()} registered {item!r} as a {kind}, but it is not a "
@@ -194,4 +209,6 @@ def _validated_name(kind: Kind, item: object, origin: Origin) -> str:
 def _required_members(kind: Kind) -> str:
     if kind == "backend":
         return "name, supports(), plan(), start(), execute_request()"
+    if kind == "logical_rule":
+        return "name, rewrite(plan)"
     return "a frozen spec dataclass"

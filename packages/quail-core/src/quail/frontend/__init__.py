@@ -1,0 +1,1 @@
+"""Front ends: SQL (sqlglot) and the Python builder both produce a QuerySpec, compiled once."""
