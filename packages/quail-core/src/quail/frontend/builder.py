@@ -124,7 +124,7 @@ class Docs:
 
     catalog: Mapping[str, TableSchema] = field(repr=False, compare=False)
     run: Callable[[QuerySpec, OrderRule | None], Query] = field(repr=False, compare=False)
-    spec: QuerySpec = QuerySpec(tables=(), select=())
+    spec: QuerySpec = field(default_factory=lambda: QuerySpec(tables=(), select=()))
     counter: int = 0
 
     # -- tables -------------------------------------------------------------------------------
