@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
+
 import quail
 from quail import EngineConfig, ExtensionRegistry, RefusalError, Session
 from quail.plugins.loading import PluginLoadWarning

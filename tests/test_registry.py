@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+
 from quail import ExtensionRegistry, ModelSpec
 from quail.catalog.models import GEMMA_3_270M
 from quail.plugins.registry import Origin

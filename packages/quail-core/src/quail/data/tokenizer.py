@@ -8,10 +8,17 @@ from typing import Protocol, runtime_checkable
 
 @runtime_checkable
 class Tokenizer(Protocol):
-    """Text ↔ token ids for one model. `identity` keys cached token files."""
+    """Text ↔ token ids for one model. `identity` keys cached token files.
+
+    `encode` never adds special tokens: prompts are tokenized per part and concatenated, and the
+    beginning-of-sequence token, when the model has one, is placed once by the prompt layout.
+    """
 
     @property
     def identity(self) -> str: ...
+
+    @property
+    def bos_id(self) -> int | None: ...
 
     def encode(self, text: str) -> list[int]: ...
 

@@ -1,0 +1,256 @@
+"""Prompt binding: the canonical document-first layout, tokenized per part.
+
+A document's KV must not depend on the question, so every prompt is rewritten to
+
+    filter / score / classify:  [preamble][document][frame][question tail + answer cue]
+    join:                       [preamble][anchor document][frame naming it DOCUMENT 0 + task]
+                                then per pair [DOCUMENT 1: label][partner document]...[answer cue]
+
+The preamble is the same short label for every role, so the KV of `[preamble][document]` computed
+for a filter is the KV a join anchored on that document needs. Parts are tokenized separately and
+their ids concatenated — never re-tokenized as one string — so the prefix ids are stable.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from quail.data.tokenizer import Tokenizer
+from quail.errors import Refusal, RefusalError
+from quail.logical.expressions import PLACEHOLDER, AiPredicate, ColumnRef, Label, Prompt
+
+TokenIds = tuple[int, ...]
+
+TRUE_SPELLINGS = ("TRUE", " TRUE", "True", " True")
+FALSE_SPELLINGS = ("FALSE", " FALSE", "False", " False")
+DOCUMENT_PLACEHOLDER = "the document"
+
+
+@dataclass(frozen=True)
+class PromptStyle:
+    """The fixed text around the layout; a chat model wraps it in its user / assistant turn."""
+
+    preamble: str = "DOCUMENT:\n"
+    cue: str = "\nANSWER:"
+    label_prefix: str = " "
+
+    @classmethod
+    def chat(cls, user_start: str, user_end_assistant_start: str) -> PromptStyle:
+        """The layout inside a chat turn: the document still comes first inside the user turn."""
+        return cls(preamble=user_start + "DOCUMENT:\n", cue=user_end_assistant_start, label_prefix="")
+
+
+BASE_STYLE = PromptStyle()
+QWEN3_CHAT_STYLE = PromptStyle.chat("<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+# -- text -------------------------------------------------------------------------------------
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def question_text(prompt: Prompt, names: dict[int, str]) -> str:
+    """The template with each placeholder replaced by the name the layout gives its document.
+
+    Text the user wrote before a lone leading or trailing placeholder moves after the document,
+    so the placeholder itself disappears: 'Does the review praise the acting? {0}' asks
+    'Does the review praise the acting?' about the document above.
+    """
+    template = prompt.template
+    matches = list(PLACEHOLDER.finditer(template))
+    if len(matches) == 1 and len(names) == 1:
+        before, after = template[: matches[0].start()], template[matches[0].end():]
+        if not before.strip() or not after.strip():
+            return _squash(before + " " + after) or "Is the document relevant?"
+    return _squash(PLACEHOLDER.sub(lambda m: names[int(m.group(1))], template))
+
+
+def filter_tail(prompt: Prompt, style: PromptStyle = BASE_STYLE) -> str:
+    question = question_text(prompt, {0: DOCUMENT_PLACEHOLDER})
+    return f"\n\nQUESTION: {question}\nAnswer with TRUE or FALSE.{style.cue}"
+
+
+def classify_tail(prompt: Prompt, labels: Sequence[Label], instructions: str | None,
+                  style: PromptStyle = BASE_STYLE) -> str:
+    if prompt.template.strip() == "{0}":
+        question = instructions or "Which category fits the document best?"
+    else:
+        question = question_text(prompt, {0: DOCUMENT_PLACEHOLDER})
+        if instructions:
+            question = f"{instructions} {question}"
+    options = "; ".join(f"{label.name} ({label.description})" if label.description else label.name
+                        for label in labels)
+    return f"\n\nQUESTION: {question}\nAnswer with one of: {options}.{style.cue}"
+
+
+def join_frame(prompt: Prompt, anchor: str) -> str:
+    names = _join_names(prompt, anchor)
+    task = _squash(PLACEHOLDER.sub(lambda m: names[int(m.group(1))], prompt.template))
+    return f"\n\nThe document above is DOCUMENT 0.\nTASK: {task}\nAnswer with TRUE or FALSE."
+
+
+def _join_names(prompt: Prompt, anchor: str) -> dict[int, str]:
+    numbers = {}
+    partner = 0
+    for index, column in enumerate(prompt.columns):
+        if column.alias == anchor:
+            numbers[index] = "DOCUMENT 0"
+        else:
+            partner += 1
+            numbers[index] = f"DOCUMENT {partner}"
+    return numbers
+
+
+def partner_label(number: int) -> str:
+    return f"\n\nDOCUMENT {number}:\n"
+
+
+# -- tokens -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AnswerTokens:
+    """The first token of each TRUE-like and FALSE-like spelling, deduplicated."""
+
+    true_ids: TokenIds
+    false_ids: TokenIds
+
+
+def answer_tokens(tokenizer: Tokenizer) -> AnswerTokens:
+    true_ids = _first_tokens(tokenizer, TRUE_SPELLINGS)
+    false_ids = _first_tokens(tokenizer, FALSE_SPELLINGS)
+    shared = set(true_ids) & set(false_ids)
+    if shared:
+        raise RefusalError(Refusal(
+            "the tokenizer cannot tell TRUE from FALSE by their first token",
+            (f"shared first token ids: {sorted(shared)}",),
+        ))
+    return AnswerTokens(true_ids, false_ids)
+
+
+def _first_tokens(tokenizer: Tokenizer, spellings: Sequence[str]) -> TokenIds:
+    ids: list[int] = []
+    for spelling in spellings:
+        encoded = tokenizer.encode(spelling)
+        if encoded and encoded[0] not in ids:
+            ids.append(encoded[0])
+    return tuple(ids)
+
+
+def preamble_ids(tokenizer: Tokenizer, style: PromptStyle) -> TokenIds:
+    bos = () if tokenizer.bos_id is None else (tokenizer.bos_id,)
+    return bos + tuple(tokenizer.encode(style.preamble))
+
+
+def common_prefix(sequences: Sequence[TokenIds]) -> TokenIds:
+    """The longest common prefix, shortened so every sequence keeps at least one token of its own."""
+    if not sequences:
+        return ()
+    length = min(len(s) for s in sequences) - 1
+    for position in range(max(length, 0)):
+        token = sequences[0][position]
+        if any(s[position] != token for s in sequences[1:]):
+            return sequences[0][:position]
+    return sequences[0][: max(length, 0)]
+
+
+@dataclass(frozen=True)
+class FilterPrompts:
+    """Every stage of one alias's filters: prompt k is preamble + document + frame + questions[k]."""
+
+    alias: str
+    column: ColumnRef
+    preamble: TokenIds
+    frame: TokenIds
+    questions: tuple[TokenIds, ...]
+
+    def full_prompt(self, document: TokenIds, stage: int) -> TokenIds:
+        return self.preamble + document + self.frame + self.questions[stage]
+
+
+def bind_filters(predicates: Sequence[AiPredicate], tokenizer: Tokenizer,
+                 style: PromptStyle = BASE_STYLE) -> FilterPrompts:
+    """Stages over one alias, in the given order; the shared frame is written once after the document."""
+    if not predicates:
+        raise ValueError("bind_filters needs at least one predicate")
+    columns = {p.prompt.columns[0] for p in predicates}
+    if len(columns) != 1 or any(len(p.prompt.columns) != 1 for p in predicates):
+        raise ValueError(f"filter stages must read one document column, got {sorted(map(str, columns))}")
+    tails = [tuple(tokenizer.encode(filter_tail(p.prompt, style))) for p in predicates]
+    frame = common_prefix(tails)
+    column = next(iter(columns))
+    return FilterPrompts(column.alias, column, preamble_ids(tokenizer, style), frame,
+                         tuple(t[len(frame):] for t in tails))
+
+
+@dataclass(frozen=True)
+class JoinPrompt:
+    """prompt = preamble + anchor doc + frame + Σ_j (labels[j] + partner doc j) + cue."""
+
+    anchor: ColumnRef
+    partners: tuple[ColumnRef, ...]
+    preamble: TokenIds
+    frame: TokenIds
+    labels: tuple[TokenIds, ...]
+    cue: TokenIds
+
+    def anchor_prefix(self, anchor_document: TokenIds) -> TokenIds:
+        return self.preamble + anchor_document + self.frame
+
+    def suffix(self, partner_documents: Sequence[TokenIds]) -> TokenIds:
+        if len(partner_documents) != len(self.partners):
+            raise ValueError(f"expected {len(self.partners)} partner documents, got {len(partner_documents)}")
+        out: TokenIds = ()
+        for label, document in zip(self.labels, partner_documents, strict=True):
+            out += label + document
+        return out + self.cue
+
+    def full_prompt(self, anchor_document: TokenIds, partner_documents: Sequence[TokenIds]) -> TokenIds:
+        return self.anchor_prefix(anchor_document) + self.suffix(partner_documents)
+
+
+def bind_join(predicate: AiPredicate, anchor: str, tokenizer: Tokenizer,
+              style: PromptStyle = BASE_STYLE) -> JoinPrompt:
+    if anchor not in predicate.aliases:
+        raise ValueError(f"anchor {anchor!r} is not one of the predicate's aliases {predicate.aliases}")
+    columns = predicate.prompt.columns
+    anchor_column = next(c for c in columns if c.alias == anchor)
+    partners = tuple(c for c in columns if c.alias != anchor)
+    labels = tuple(tuple(tokenizer.encode(partner_label(n + 1))) for n in range(len(partners)))
+    return JoinPrompt(anchor_column, partners, preamble_ids(tokenizer, style),
+                      tuple(tokenizer.encode(join_frame(predicate.prompt, anchor))), labels,
+                      tuple(tokenizer.encode(style.cue)))
+
+
+@dataclass(frozen=True)
+class ClassifyPrompt:
+    """prompt = preamble + document + tail; label k scores the continuation labels[k]."""
+
+    column: ColumnRef
+    preamble: TokenIds
+    tail: TokenIds
+    labels: tuple[TokenIds, ...]
+
+    def full_prompt(self, document: TokenIds) -> TokenIds:
+        return self.preamble + document + self.tail
+
+
+def bind_classify(prompt: Prompt, labels: Sequence[Label], instructions: str | None, tokenizer: Tokenizer,
+                  style: PromptStyle = BASE_STYLE) -> ClassifyPrompt:
+    label_ids = tuple(tuple(tokenizer.encode(style.label_prefix + label.name)) for label in labels)
+    empty = [label.name for label, ids in zip(labels, label_ids, strict=True) if not ids]
+    if empty:
+        raise ValueError(f"labels {empty} tokenize to nothing")
+    return ClassifyPrompt(prompt.columns[0], preamble_ids(tokenizer, style),
+                          tuple(tokenizer.encode(classify_tail(prompt, labels, instructions, style))), label_ids)
+
+
+def style_for(chat_template: bool, architecture: str) -> PromptStyle:
+    """The layout style of a model: its chat turn when it has a chat template, else the base one."""
+    if chat_template and architecture == "qwen3":
+        return QWEN3_CHAT_STYLE
+    return BASE_STYLE
