@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from quail.catalog import BUILT_IN_DEVICES, BUILT_IN_MODELS, DeviceSpec, ModelSpec, cpu_device
 
 MODELS = {m.name: m for m in BUILT_IN_MODELS}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import quail
 from quail.plugins.hookspecs import Registrar
-
 from quail_example.backend import ExampleBackend
 
 
