@@ -17,7 +17,11 @@ class EngineConfig:
     device: str = DEFAULT_DEVICE
     backend: str = DEFAULT_BACKEND
     gpus: int = 1
+    chunk_tokens: int = 2048
+    kv_budget_bytes: float | None = None
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
             raise ValueError(f"EngineConfig.gpus must be at least 1, got {self.gpus}")
+        if self.chunk_tokens < 16:
+            raise ValueError(f"EngineConfig.chunk_tokens must be at least 16, got {self.chunk_tokens}")

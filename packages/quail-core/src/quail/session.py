@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
+import time
 from types import TracebackType
 
-from quail.backends.base import ModelBackend, OrderRule
+import pyarrow as pa
+
+from quail.backends.base import GpuContext, ModelBackend, ModelExecution, OrderRule, PhysicalCandidate
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
 from quail.config import EngineConfig
 from quail.data.providers import DocumentProvider, TableSchema
+from quail.data.tokenizer import Tokenizer
+from quail.data.tokens import TokenStore
 from quail.errors import CompileError, Refusal, RefusalError
 from quail.frontend.builder import Docs
 from quail.frontend.compile import compile_query
 from quail.frontend.spec import QuerySpec, TableSpec
 from quail.frontend.sql import Dialect, parse_sql
-from quail.logical.nodes import LogicalNode, render
+from quail.logical.nodes import LogicalNode, Scan, validate_plan, walk
 from quail.logical.rules import run_rules
+from quail.physical.graph import PhysicalGraph
 from quail.plugins.registry import ExtensionRegistry
+from quail.runtime.execution import plan_physical, run_query
+from quail.runtime.explain import explain_text
+from quail.runtime.results import QueryResult
 
 ORDER_RULES: tuple[OrderRule, ...] = ("by_cost", "as_written")
 
@@ -24,9 +33,10 @@ ORDER_RULES: tuple[OrderRule, ...] = ("by_cost", "as_written")
 class Session:
     """Validates the configuration at once: a session that exists can run its backend."""
 
-    def __init__(self, config: EngineConfig | None = None, *,
-                 registry: ExtensionRegistry | None = None) -> None:
+    def __init__(self, config: EngineConfig | None = None, *, registry: ExtensionRegistry | None = None,
+                 tokenizer: Tokenizer | None = None) -> None:
         self.config = config or EngineConfig()
+        self.tokenizer = tokenizer
         self.registry = registry if registry is not None else ExtensionRegistry.with_built_ins()
         self.model: ModelSpec = self.registry.model(self.config.model)
         self.device: DeviceSpec = self.registry.device(self.config.device)
@@ -34,6 +44,8 @@ class Session:
         self._check_support()
         self.runtime_state: dict[str, object] = {}
         self._tables: dict[str, DocumentProvider] = {}
+        self.token_store = TokenStore()
+        self._execution: ModelExecution | None = None
         self._closed = False
 
     def _check_support(self) -> None:
@@ -66,7 +78,7 @@ class Session:
 
     def docs(self, table: str) -> Docs:
         """Start a builder query over a registered table (its alias defaults to its name)."""
-        start = Docs(self.catalog, self._query_of)
+        start = Docs(lambda: self.catalog, self._query_of)
         return start._checked(QuerySpec(tables=(TableSpec(table, table),), select=()), 0)
 
     def _query_of(self, spec: QuerySpec, order: OrderRule | None) -> Query:
@@ -78,9 +90,34 @@ class Session:
     def closed(self) -> bool:
         return self._closed
 
+    def provider(self, table: str) -> DocumentProvider:
+        return self._tables[table]
+
+    def execution(self) -> tuple[ModelExecution, float | None, str]:
+        """The backend's started execution, (boot seconds, "cold") on first use, then "warm"."""
+        if self._execution is not None:
+            return self._execution, None, "warm"
+        started = time.perf_counter()
+        context = GpuContext(self.model, self.device, 0, self.config.gpus, self.config)
+        self._execution = self.backend.start(context)
+        return self._execution, time.perf_counter() - started, "cold"
+
     def close(self) -> None:
-        """Release what the session holds; safe to call twice."""
+        """Release what the session holds (started backend, engines, token files); safe to call twice."""
+        if self._closed:
+            return
         self._closed = True
+        try:
+            if self._execution is not None:
+                self._execution.close()
+            for value in self.runtime_state.values():
+                closer = getattr(value, "close", None)
+                if callable(closer):
+                    closer()
+        finally:
+            self._execution = None
+            self.runtime_state.clear()
+            self.token_store.close()
 
     def __enter__(self) -> Session:
         return self
@@ -101,11 +138,34 @@ class Query:
         self.order: OrderRule = order or "by_cost"
         unoptimized = compile_query(spec, session.catalog)
         self.logical_plan: LogicalNode = run_rules(unoptimized, session.registry.logical_rules)
+        validate_plan(self.logical_plan)
+        self._candidate: PhysicalCandidate | None = None
 
-    def explain(self) -> str:
-        """The logical plan, with no model loaded."""
+    @property
+    def aliases(self) -> dict[str, str]:
+        """alias → table of every Scan in the plan."""
+        return {node.alias: node.table for node in walk(self.logical_plan) if isinstance(node, Scan)}
+
+    def plan(self) -> PhysicalCandidate:
+        """The cheapest physical plan the backend offers (planned once, no model run)."""
+        if self._candidate is None:
+            self._candidate = plan_physical(self)
+        return self._candidate
+
+    def explain(self, verbose: bool = False, analyze: bool = False) -> str:
+        """Logical and physical plans with estimates and decisions; `analyze` runs and adds measurements."""
+        if analyze:
+            return self.run().explain()
         rules = ", ".join(rule.name for rule in self.session.registry.logical_rules)
-        return "\n".join([
-            f"== Logical plan (order rule: {self.order}; rules applied: {rules}) ==",
-            render(self.logical_plan),
-        ])
+        try:
+            candidate, refusal = self.plan(), None
+        except RefusalError as error:
+            candidate, refusal = None, str(error)
+        return explain_text(self.logical_plan, candidate, self.order, rules, refusal)
+
+    def run(self, plan: PhysicalCandidate | PhysicalGraph | None = None) -> QueryResult:
+        """Execute; `plan` may be an edited physical graph of this query."""
+        return run_query(self, plan)
+
+    def collect(self) -> pa.Table:
+        return self.run().collect()

@@ -67,6 +67,8 @@ class PlanningContext:
     order_rule: OrderRule = "by_cost"
     tokenizer: Tokenizer | None = None
     equality_pair_fractions: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    chunk_tokens: int = 2048
+    kv_budget_bytes: float | None = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ class PhysicalCandidate:
     graph: PhysicalGraph
     plan: LogicalNode
     estimated_seconds: float
+    sol_seconds: float | None = None
     remarks: tuple[str, ...] = ()
 
 
@@ -91,13 +94,39 @@ class GpuContext:
     config: EngineConfig
 
 
+@dataclass(frozen=True)
+class NodeMetrics:
+    """What running one node cost. Unknown values are None, never 0."""
+
+    wall_s: float
+    rows_in: int | None = None
+    rows_out: int | None = None
+    fresh_tokens: int | None = None
+    cached_tokens: int | None = None
+    chunks: int | None = None
+    kv_hits: int | None = None
+    kv_misses: int | None = None
+    kv_evictions: int | None = None
+    recomputed_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class NodeOutput:
+    """A model node's answer tables keyed by output port, and what it cost."""
+
+    tables: Mapping[str, pa.Table]
+    metrics: NodeMetrics
+
+
 @runtime_checkable
 class ModelExecution(Protocol):
-    """A started backend on one device worker; runs model nodes one at a time."""
+    """A started backend on one device worker; runs model nodes one at a time.
 
-    def execute(self, node: PhysicalNode, inputs: Mapping[str, pa.Table]) -> Mapping[str, pa.Table]:
-        """Run one model node; `inputs` and the result are keyed by port name."""
-        ...
+    `inputs` holds the node's input ports by name, plus `documents:<alias>` for every alias whose
+    documents the node reads: a table of `<alias>` (int32 row) and `tokens` (list<int32>).
+    """
+
+    def execute(self, node: PhysicalNode, inputs: Mapping[str, pa.Table]) -> NodeOutput: ...
 
     def close(self) -> None: ...
 

@@ -94,10 +94,24 @@ Condition = PromptExpr | ScoreCondition
 
 def col(name: str) -> Col:
     """`col("r.body")` or `col("body")` when unambiguous."""
-    qualifier, dot, column = name.rpartition(".")
-    if not column or (dot and not qualifier):
+    parts = name.split(".") if isinstance(name, str) else []
+    if not 1 <= len(parts) <= 2 or not all(parts):
         raise CompileError(f"col({name!r}): write 'alias.column' or 'column'")
-    return Col(ColumnName(qualifier or None, column))
+    return Col(ColumnName(parts[0] if len(parts) == 2 else None, parts[-1]))
+
+
+def _labels(labels: Sequence[str | tuple[str, str]]) -> tuple[Label, ...]:
+    if isinstance(labels, str) or not isinstance(labels, list | tuple):
+        raise CompileError(f"labels are a list of strings or (label, description) pairs, got {labels!r}")
+    parsed = []
+    for label in labels:
+        if isinstance(label, str):
+            parsed.append(Label(label))
+        elif isinstance(label, tuple) and len(label) == 2 and all(isinstance(x, str) for x in label):
+            parsed.append(Label(label[0], label[1]))
+        else:
+            raise CompileError(f"a label is a string or a (label, description) pair of strings, got {label!r}")
+    return tuple(parsed)
 
 
 def prompt(template: str, *columns: Col) -> PromptExpr:
@@ -122,7 +136,7 @@ def _prompt_of(value: object, method: str) -> PromptExpr:
 class Docs:
     """An immutable query under construction, started by `session.docs(table)`."""
 
-    catalog: Mapping[str, TableSchema] = field(repr=False, compare=False)
+    catalog: Callable[[], Mapping[str, TableSchema]] = field(repr=False, compare=False)
     run: Callable[[QuerySpec, OrderRule | None], Query] = field(repr=False, compare=False)
     spec: QuerySpec = field(default_factory=lambda: QuerySpec(tables=(), select=()))
     counter: int = 0
@@ -139,7 +153,7 @@ class Docs:
 
     def join(self, other: Docs, on: EqualityExpr | Sequence[EqualityExpr]) -> Docs:
         """A relational join on column equalities; follow it with an AI predicate over the pair."""
-        equalities = [on] if isinstance(on, EqualityExpr) else list(on)
+        equalities = [on] if isinstance(on, EqualityExpr) else list(on) if isinstance(on, list | tuple) else []
         if not equalities or not all(isinstance(e, EqualityExpr) for e in equalities):
             raise CompileError("join(other, on=...) takes col(...) == col(...) equalities")
         merged, counter = self._merged(other, "from")
@@ -175,7 +189,9 @@ class Docs:
                     task_description: str | None = None) -> Docs:
         if isinstance(input, Col):
             input = PromptExpr(PromptSpec("{0}", (input.name,)))
-        parsed = tuple(Label(x) if isinstance(x, str) else Label(x[0], x[1]) for x in labels)
+        if task_description is not None and not isinstance(task_description, str):
+            raise CompileError(f"task_description must be a string, got {task_description!r}")
+        parsed = _labels(labels)
         item = ClassifySpec(_prompt_of(input, "ai_classify").spec, parsed, name, self.counter + 1, task_description)
         spec = replace(self.spec, classifies=(*self.spec.classifies, item),
                        select=(*self.spec.select, SelectItem("output", output=name)))
@@ -205,8 +221,10 @@ class Docs:
         spec = replace(self.spec, select=items + outputs)
         return self.run(spec, order)
 
-    @staticmethod
-    def _select_item(column: str | Col) -> SelectItem:
+    def _select_item(self, column: str | Col) -> SelectItem:
+        outputs = {i.output for i in self.spec.select if i.kind == "output"}
+        if isinstance(column, str) and column in outputs:
+            return SelectItem("output", output=column)
         if isinstance(column, str) and column == "*":
             return SelectItem("star")
         if isinstance(column, str) and column.endswith(".*"):
@@ -253,5 +271,5 @@ class Docs:
         return spec, shift + other.counter
 
     def _checked(self, spec: QuerySpec, counter: int) -> Docs:
-        compile_query(replace(spec, select=(SelectItem("star"), *spec.select)), self.catalog, partial=True)
+        compile_query(replace(spec, select=(SelectItem("star"), *spec.select)), self.catalog(), partial=True)
         return replace(self, spec=spec, counter=counter)

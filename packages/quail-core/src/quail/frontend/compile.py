@@ -318,6 +318,9 @@ class _Compiler:
 
     def _select(self, classifies: list[_Output], scores: list[_Output]) -> tuple[OutputColumn, ...]:
         outputs = {node.output for node in [*classifies, *scores]}
+        for name in outputs:
+            if not name.isidentifier():
+                raise CompileError(f"AI output name {name!r} is not an identifier")
         if len(outputs) != len(classifies) + len(scores):
             raise CompileError("two AI outputs share one name; give each AI.CLASSIFY / AI.SCORE its own AS name")
         for label_filter in self.spec.label_filters:

@@ -138,9 +138,13 @@ class _Reader:
     select: list[SelectItem] = field(default_factory=list)
     order: int = 0
 
-    def next_order(self) -> int:
+    def order_of(self, node: exp.Expression) -> int:
+        """Written order: the character offset sqlglot recorded for the call, else arrival order."""
         self.order += 1
-        return self.order
+        for item in node.walk():
+            if "start" in item.meta:
+                return int(item.meta["start"]) * 1000 + self.order
+        return 10**12 + self.order
 
     # -- statement shape ----------------------------------------------------------------------
 
@@ -255,7 +259,7 @@ class _Reader:
                               "compare AI.SCORE with a number, or name AI.CLASSIFY in SELECT and filter with IN")
         prompt, options = self._prompt_and_options(call, {"selectivity", "anchor"})
         self.predicates.append(PredicateSpec(
-            prompt, self.next_order(), _selectivity(options, call.node), _anchor(options, call.node),
+            prompt, self.order_of(call.node), _selectivity(options, call.node), _anchor(options, call.node),
             None, on_of, subquery_of, where_of(call.node),
         ))
 
@@ -272,7 +276,7 @@ class _Reader:
             raise unsupported(f"comparison of AI.SCORE with {number.sql()}", node, "compare with a number literal")
         prompt, options = self._prompt_and_options(call, {"selectivity", "anchor"})
         self.predicates.append(PredicateSpec(
-            prompt, self.next_order(), _selectivity(options, call.node), _anchor(options, call.node),
+            prompt, self.order_of(call.node), _selectivity(options, call.node), _anchor(options, call.node),
             ScoreThreshold(op, value), on_of, subquery_of, where_of(call.node),
         ))
 
@@ -355,12 +359,12 @@ class _Reader:
         labels = _labels(call.arguments[1])
         options = _options(call.arguments[2], {"task_description"}) if len(call.arguments) == 3 else {}
         instructions = _string_option(options, "task_description", call.node)
-        self.classifies.append(ClassifySpec(prompt, labels, output, self.next_order(), instructions,
+        self.classifies.append(ClassifySpec(prompt, labels, output, self.order_of(call.node), instructions,
                                             where_of(call.node)))
 
     def _read_score(self, call: _AiCall, output: str) -> None:
         prompt, _ = self._prompt_and_options(call, set())
-        self.scores.append(ScoreSpec(prompt, output, self.next_order(), where_of(call.node)))
+        self.scores.append(ScoreSpec(prompt, output, self.order_of(call.node), where_of(call.node)))
 
     # -- SELECT list --------------------------------------------------------------------------
 

@@ -214,3 +214,29 @@ def referenced_columns(node: LogicalNode) -> set[ColumnRef]:
     if isinstance(node, Project):
         return {c.source for c in node.columns if c.source is not None}
     return set()
+
+
+def validate_plan(plan: LogicalNode) -> None:
+    """Every column a node reads comes from an alias its input provides; the root is a Project.
+
+    Rules added by plugins rewrite plans; this catches a rewrite that lost track of an alias.
+    """
+    from quail.errors import CompileError
+
+    if not isinstance(plan, Project):
+        raise CompileError(f"a logical plan's root must be a Project, got {type(plan).__name__}")
+    outputs: set[str] = set()
+    for node in reversed(walk(plan)):
+        available = {a for child in node.children for a in child.aliases}
+        if isinstance(node, SemanticJoin):
+            available = set(node.input_aliases)
+        if isinstance(node, Scan):
+            available = {node.alias}
+        for column in referenced_columns(node):
+            if column.alias not in available and not isinstance(node, Project):
+                raise CompileError(f"{node.label()} reads {column} but its input has only {sorted(available)}")
+        if isinstance(node, Classify | Score):
+            outputs.add(node.output)
+    for column in plan.columns:
+        if column.source is None and column.name not in outputs:
+            raise CompileError(f"result column {column.name!r} is produced by no AI output")

@@ -1,8 +1,44 @@
-"""Physical plan nodes: each has an id, named typed input and output ports."""
+"""Physical plan nodes: typed input and output ports; model nodes run on a backend.
+
+Rows flow between nodes as Arrow tables of int32 row positions, one column per alias (plus AI
+output columns); model nodes emit answer tables in the standard shapes of `quail.backends.shapes`;
+`Project` fetches the user's columns at the end (late materialisation).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from types import MappingProxyType
+from typing import ClassVar
+
+from quail.logical.expressions import AiPredicate, ColumnRef, Equality, Label, OutputColumn, Prompt, Semantics
+
+
+class PortType(Enum):
+    ROWS = "rows"
+    FILTER_ANSWERS = "filter_answers"
+    JOIN_ANSWERS = "join_answers"
+    LABELS = "labels"
+    SCORES = "scores"
+    TABLE = "table"
+
+
+def _ports(**ports: PortType) -> Mapping[str, PortType]:
+    return MappingProxyType(ports)
+
+
+NO_PORTS: Mapping[str, PortType] = _ports()
+
+
+@dataclass(frozen=True)
+class NodeEstimate:
+    """What the planner expects of a node: rows out, fresh tokens, seconds."""
+
+    rows: float | None = None
+    tokens: float | None = None
+    seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -10,6 +46,11 @@ class PhysicalNode:
     """Base of every physical node. `kind` names the node type in codecs and explain."""
 
     id: str
+    estimate: NodeEstimate = field(default_factory=NodeEstimate, compare=False)
+
+    INPUTS: ClassVar[Mapping[str, PortType]] = NO_PORTS
+    OPTIONAL_INPUTS: ClassVar[frozenset[str]] = frozenset()
+    OUTPUTS: ClassVar[Mapping[str, PortType]] = NO_PORTS
 
     @property
     def kind(self) -> str:
@@ -19,3 +60,247 @@ class PhysicalNode:
     def is_model_node(self) -> bool:
         """Model nodes run on a backend; the rest run in the generic Arrow runtime."""
         return False
+
+    def describe(self) -> str:
+        return self.kind
+
+
+TokenIds = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Scan(PhysicalNode):
+    """Every row position of a registered table under an alias."""
+
+    table: str = ""
+    alias: str = ""
+
+    OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
+
+    def describe(self) -> str:
+        return f"Scan {self.table} AS {self.alias}"
+
+
+@dataclass(frozen=True)
+class FilterStage:
+    """One predicate of an AiFilter: its question tail after the shared frame."""
+
+    predicate: AiPredicate
+    question: TokenIds
+    selectivity: float
+    assumed_selectivity: bool
+
+
+@dataclass(frozen=True)
+class AiFilter(PhysicalNode):
+    """Stages over one alias's documents, in order: [preamble][doc][frame][question_k]."""
+
+    alias: str = ""
+    column: ColumnRef = ColumnRef("", "")
+    preamble: TokenIds = ()
+    frame: TokenIds = ()
+    stages: tuple[FilterStage, ...] = ()
+    retain_kv: bool = False
+
+    INPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
+    OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(answers=PortType.FILTER_ANSWERS)
+
+    @property
+    def is_model_node(self) -> bool:
+        return True
+
+    def describe(self) -> str:
+        order = " → ".join(f"#{s.predicate.position}" for s in self.stages)
+        kept = ", keep survivors' KV" if self.retain_kv else ""
+        return f"AiFilter {self.alias} stages {order}{kept}"
+
+
+@dataclass(frozen=True)
+class AiJoin(PhysicalNode):
+    """Anchored evaluation of candidate tuples: anchor prefix once, one suffix per tuple.
+
+    The prompt of a tuple is preamble + anchor doc + frame + Σ(labels[j] + partner doc j) + cue.
+    `candidates`, when connected, lists the tuples to evaluate (from equality restrictions);
+    otherwise every pair of left and right rows is a candidate.
+    """
+
+    predicate: AiPredicate = AiPredicate(Prompt("", ()), 0)
+    anchor: ColumnRef = ColumnRef("", "")
+    partners: tuple[ColumnRef, ...] = ()
+    semantics: Semantics = "full"
+    preamble: TokenIds = ()
+    frame: TokenIds = ()
+    labels: tuple[TokenIds, ...] = ()
+    cue: TokenIds = ()
+    selectivity: float = 0.2
+    assumed_selectivity: bool = True
+
+    INPUTS: ClassVar[Mapping[str, PortType]] = _ports(left=PortType.ROWS, right=PortType.ROWS,
+                                                      candidates=PortType.ROWS)
+    OPTIONAL_INPUTS: ClassVar[frozenset[str]] = frozenset({"candidates"})
+    OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(answers=PortType.JOIN_ANSWERS)
+
+    @property
+    def is_model_node(self) -> bool:
+        return True
+
+    def describe(self) -> str:
+        partners = ", ".join(p.alias for p in self.partners)
+        return f"AiJoin {self.semantics} #{self.predicate.position} anchor {self.anchor.alias} partners {partners}"
+
+
+@dataclass(frozen=True)
+class AiClassify(PhysicalNode):
+    """One label per row: the label whose continuation has the highest summed log-probability."""
+
+    alias: str = ""
+    column: ColumnRef = ColumnRef("", "")
+    output: str = ""
+    position: int = 0
+    labels: tuple[Label, ...] = ()
+    preamble: TokenIds = ()
+    tail: TokenIds = ()
+    label_tokens: tuple[TokenIds, ...] = ()
+
+    INPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
+    OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(answers=PortType.LABELS)
+
+    @property
+    def is_model_node(self) -> bool:
+        return True
+
+    def describe(self) -> str:
+        return f"AiClassify #{self.position} {self.alias} AS {self.output} [{', '.join(x.name for x in self.labels)}]"
+
+
+@dataclass(frozen=True)
+class AiScore(PhysicalNode):
+    """Sigmoid of the TRUE−FALSE margin per row; one alias's document in the filter layout."""
+
+    alias: str = ""
+    column: ColumnRef = ColumnRef("", "")
+    output: str = ""
+    position: int = 0
+    prompt: Prompt = Prompt("", ())
+    preamble: TokenIds = ()
+    question: TokenIds = ()
+
+    INPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
+    OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(answers=PortType.SCORES)
+
+    @property
+    def is_model_node(self) -> bool:
+        return True
+
+    def describe(self) -> str:
+        return f"AiScore #{self.position} {self.alias} AS {self.output}"
+
+
+@dataclass(frozen=True)
+class HashJoin(PhysicalNode):
+    """Rows of left and right whose columns are equal (Acero hash join on the equalities)."""
+
+    equalities: tuple[Equality, ...] = ()
+
+    INPUTS: ClassVar[Mapping[str, PortType]] = _ports(left=PortType.ROWS, right=PortType.ROWS)
+    OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
+
+    def describe(self) -> str:
+        on = " AND ".join(str(e) for e in self.equalities) or "cross product"
+        return f"HashJoin {on}"
+
+
+@dataclass(frozen=True)
+class RecombineFilter(PhysicalNode):
+    """Rows whose every filter answer is TRUE."""
+
+    alias: str = ""
+
+    INPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS, answers=PortType.FILTER_ANSWERS)
+    OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
+
+    def describe(self) -> str:
+        return f"Recombine filter {self.alias}"
+
+
+@dataclass(frozen=True)
+class RecombineJoin(PhysicalNode):
+    """Left ⋈ right through the TRUE join answers (full), or left rows with / without one."""
+
+    semantics: Semantics = "full"
+
+    INPUTS: ClassVar[Mapping[str, PortType]] = _ports(left=PortType.ROWS, right=PortType.ROWS,
+                                                      answers=PortType.JOIN_ANSWERS)
+    OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
+
+    def describe(self) -> str:
+        return f"Recombine join ({self.semantics})"
+
+
+@dataclass(frozen=True)
+class RecombineLabels(PhysicalNode):
+    """Adds a classification's label column; keeps only `allowed` labels when given."""
+
+    alias: str = ""
+    output: str = ""
+    allowed: tuple[str, ...] | None = None
+
+    INPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS, answers=PortType.LABELS)
+    OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
+
+    def describe(self) -> str:
+        keep = f" keep IN ({', '.join(self.allowed)})" if self.allowed is not None else ""
+        return f"Recombine labels {self.output}{keep}"
+
+
+@dataclass(frozen=True)
+class RecombineScores(PhysicalNode):
+    """Adds a score column."""
+
+    alias: str = ""
+    output: str = ""
+
+    INPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS, answers=PortType.SCORES)
+    OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
+
+    def describe(self) -> str:
+        return f"Recombine scores {self.output}"
+
+
+@dataclass(frozen=True)
+class Project(PhysicalNode):
+    """Fetch the user's columns for the row positions, in order, named `alias.column`."""
+
+    columns: tuple[OutputColumn, ...] = ()
+
+    INPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
+    OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(table=PortType.TABLE)
+
+    def describe(self) -> str:
+        return f"Project [{', '.join(c.name for c in self.columns)}]"
+
+
+@dataclass(frozen=True)
+class Limit(PhysicalNode):
+    count: int = 0
+
+    INPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
+    OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
+
+    def describe(self) -> str:
+        return f"Limit {self.count}"
+
+
+@dataclass(frozen=True)
+class Barrier(PhysicalNode):
+    """Materialises its input before anything downstream starts (a pipeline breaker)."""
+
+    INPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
+    OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
+
+
+MODEL_NODE_TYPES: tuple[type[PhysicalNode], ...] = (AiFilter, AiJoin, AiClassify, AiScore)
+CORE_NODE_TYPES: tuple[type[PhysicalNode], ...] = (
+    Scan, AiFilter, AiJoin, AiClassify, AiScore, HashJoin, RecombineFilter, RecombineJoin, RecombineLabels,
+    RecombineScores, Project, Limit, Barrier,
+)

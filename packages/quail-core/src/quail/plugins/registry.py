@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
-from quail.backends.base import ModelBackend
+from quail.backends.base import ModelBackend, NodeMetrics
 from quail.catalog.devices import BUILT_IN_DEVICES, DeviceSpec
 from quail.catalog.models import BUILT_IN_MODELS, ModelSpec
 from quail.errors import Refusal, RefusalError
 from quail.logical.rules import BUILT_IN_RULES, LogicalRule
+from quail.physical.nodes import PhysicalNode
 
+Observer = Callable[[PhysicalNode, NodeMetrics], None]
 Kind = Literal["backend", "model", "device", "logical_rule"]
 Extension = ModelBackend | ModelSpec | DeviceSpec | LogicalRule
 
@@ -72,6 +74,7 @@ class ExtensionRegistry:
         self._models: dict[str, ModelSpec] = {}
         self._devices: dict[str, DeviceSpec] = {}
         self._rules: dict[str, LogicalRule] = {}
+        self._observers: list[Observer] = []
         self._origins: dict[tuple[Kind, str], Origin] = {}
         self._failures: list[PluginFailure] = []
 
@@ -147,6 +150,16 @@ class ExtensionRegistry:
     @property
     def devices(self) -> Mapping[str, DeviceSpec]:
         return MappingProxyType(self._devices)
+
+    def register_observer(self, observer: Observer) -> None:
+        """Called once per node run, with its metrics: progress bars, tracing, tests."""
+        if not callable(observer):
+            raise ValueError(f"an observer is a callable (node, metrics), got {observer!r}")
+        self._observers.append(observer)
+
+    @property
+    def observers(self) -> tuple[Observer, ...]:
+        return tuple(self._observers)
 
     @property
     def logical_rules(self) -> tuple[LogicalRule, ...]:

@@ -1,0 +1,97 @@
+"""The standard Arrow shapes every backend returns, so the generic runtime never needs backend code.
+
+* filter answers: `<alias>` int32 row, `predicate` int32 written position, `answer` bool, `margin` float64
+* join answers: one int32 column per alias of the predicate, `answer`, `margin`; metadata names
+  anchor, partners, semantics and the predicate's written position
+* labels: `<alias>`, `<output>` string, `margins` list<float64> (each label's summed log-probability)
+* scores: `<alias>`, `<output>` float64, `margin` float64
+The `kind` metadata key names the shape.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+
+import pyarrow as pa
+
+from quail.logical.expressions import Semantics
+
+KIND = b"kind"
+
+
+def _with_kind(table: pa.Table, kind: str, extra: Mapping[str, str] | None = None) -> pa.Table:
+    metadata = {KIND: kind.encode()}
+    for key, value in (extra or {}).items():
+        metadata[key.encode()] = value.encode()
+    return table.replace_schema_metadata(metadata)
+
+
+def kind_of(table: pa.Table) -> str:
+    metadata = table.schema.metadata or {}
+    return metadata.get(KIND, b"").decode()
+
+
+def metadata_of(table: pa.Table, key: str) -> str:
+    return (table.schema.metadata or {}).get(key.encode(), b"").decode()
+
+
+def sigmoid(margin: float) -> float:
+    if margin >= 0:
+        return 1.0 / (1.0 + math.exp(-margin))
+    e = math.exp(margin)
+    return e / (1.0 + e)
+
+
+def document_ids(alias: str, rows: Sequence[int] | pa.Array) -> pa.Table:
+    return _with_kind(pa.table({alias: pa.array(rows, pa.int32())}), "documents")
+
+
+def filter_answers(alias: str, rows: Sequence[int], predicates: Sequence[int], answers: Sequence[bool],
+                   margins: Sequence[float]) -> pa.Table:
+    table = pa.table({
+        alias: pa.array(rows, pa.int32()),
+        "predicate": pa.array(predicates, pa.int32()),
+        "answer": pa.array(answers, pa.bool_()),
+        "margin": pa.array(margins, pa.float64()),
+    })
+    return _with_kind(table, "filter_answers", {"alias": alias})
+
+
+def join_answers(rows: Mapping[str, Sequence[int]], answers: Sequence[bool], margins: Sequence[float], *,
+                 anchor: str, partners: Sequence[str], semantics: Semantics, position: int) -> pa.Table:
+    columns: dict[str, pa.Array] = {alias: pa.array(values, pa.int32()) for alias, values in rows.items()}
+    columns["answer"] = pa.array(answers, pa.bool_())
+    columns["margin"] = pa.array(margins, pa.float64())
+    return _with_kind(pa.table(columns), "join_answers", {
+        "anchor": anchor, "partners": json.dumps(list(partners)), "semantics": semantics, "position": str(position),
+    })
+
+
+def label_answers(alias: str, output: str, rows: Sequence[int], labels: Sequence[str],
+                  margins: Sequence[Sequence[float]]) -> pa.Table:
+    table = pa.table({
+        alias: pa.array(rows, pa.int32()),
+        output: pa.array(labels, pa.string()),
+        "margins": pa.array(margins, pa.list_(pa.float64())),
+    })
+    return _with_kind(table, "labels", {"alias": alias, "output": output})
+
+
+def score_answers(alias: str, output: str, rows: Sequence[int], margins: Sequence[float]) -> pa.Table:
+    table = pa.table({
+        alias: pa.array(rows, pa.int32()),
+        output: pa.array([sigmoid(m) for m in margins], pa.float64()),
+        "margin": pa.array(margins, pa.float64()),
+    })
+    return _with_kind(table, "scores", {"alias": alias, "output": output})
+
+
+def choose_label(margins: Sequence[float]) -> int:
+    """The index of the best label; ties go to the earlier label."""
+    best = 0
+    for index, value in enumerate(margins):
+        if value > margins[best]:
+            best = index
+    return best

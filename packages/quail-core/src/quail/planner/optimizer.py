@@ -1,0 +1,280 @@
+"""Cost-based decisions on a logical plan: filter order per alias, join order and anchors, KV kept.
+
+The result is the rewritten logical plan plus the decisions and their estimates, in words too, so
+explain() can say what was chosen and why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from quail.backends.base import PlanningContext
+from quail.data.tokenizer import Tokenizer
+from quail.errors import Refusal, RefusalError
+from quail.frontend.prompts import PromptStyle, bind_classify, bind_filters, bind_join, filter_tail
+from quail.logical.expressions import AiPredicate
+from quail.logical.nodes import Classify, LogicalNode, Project, Score
+from quail.planner.cost import CostModel, Lengths, Work, ask, scan
+from quail.planner.filters import FilterOrder, StagePrice, order_filters, selectivity_of
+from quail.planner.joins import (
+    AliasStats,
+    AnchorLayout,
+    EqualityEdge,
+    JoinEdge,
+    JoinPlan,
+    JoinProblem,
+    plan_joins,
+)
+from quail.planner.shape import Leaf, PlanShape, SubqueryJoin, rebuild, shape_of
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """What the planner chose, with its estimates (seconds on the configured device)."""
+
+    filter_orders: Mapping[str, FilterOrder]
+    join_plan: JoinPlan | None
+    anchors: Mapping[int, str]
+    retained: frozenset[str]
+    filter_seconds: float
+    join_seconds: float
+    output_seconds: float
+    sol_seconds: float
+    assumed: tuple[int, ...]
+    remarks: tuple[str, ...]
+
+    @property
+    def estimated_seconds(self) -> float:
+        return self.filter_seconds + self.join_seconds + self.output_seconds
+
+
+@dataclass(frozen=True)
+class OptimizedPlan:
+    logical: Project
+    decisions: Decisions
+
+
+def optimize(plan: LogicalNode, context: PlanningContext, style: PromptStyle) -> OptimizedPlan:
+    """Choose filter orders, join order and anchors for `plan`; refuse what could never run."""
+    if context.tokenizer is None:
+        raise RefusalError(Refusal("planning needs the model's tokenizer", ("none was given to the session",)))
+    return _Optimizer(shape_of(plan), context, context.tokenizer, style).run()
+
+
+class _Optimizer:
+    def __init__(self, shape: PlanShape, context: PlanningContext, tokenizer: Tokenizer, style: PromptStyle) -> None:
+        self.shape = shape
+        self.context = context
+        self.tokenizer = tokenizer
+        self.style = style
+        self.cost = CostModel(context.model, context.device, context.chunk_tokens)
+        self.remarks: list[str] = []
+
+    def documents(self, alias: str) -> Lengths:
+        lengths = self.context.document_token_lengths.get(alias)
+        if lengths is None:
+            raise RefusalError(Refusal(f"no document token lengths for alias {alias!r}"))
+        return Lengths.of(list(lengths))
+
+    # -- the pipeline -------------------------------------------------------------------------
+
+    def run(self) -> OptimizedPlan:
+        leaves = [*self.shape.leaves, *(s.leaf for s in self.shape.subqueries)]
+        orders = {leaf.alias: self.filter_order(leaf) for leaf in leaves if leaf.predicates}
+        stats = self.alias_stats(leaves, orders)
+        retained = self.retention(stats, orders)
+        problem = self.join_problem(stats, retained)
+        join_plan = self.join_plan(problem)
+        anchors = dict(join_plan.anchors) if join_plan else {}
+        semi_seconds = self.subquery_anchors(problem, join_plan, anchors)
+        output_seconds = sum(self.output_seconds(o, stats) for o in self.shape.outputs)
+        filter_seconds = sum(o.seconds for o in orders.values())
+        join_seconds = (join_plan.seconds if join_plan else 0.0) + semi_seconds
+        sol = filter_seconds + self.sol_join_seconds(stats, join_plan, anchors) + output_seconds
+        used_retention = frozenset(a for a in retained if a in anchors.values())
+        decisions = Decisions(orders, join_plan, anchors, used_retention, filter_seconds, join_seconds,
+                              output_seconds, min(sol, filter_seconds + join_seconds + output_seconds),
+                              self.assumed(), tuple(self.remarks + self.retention_remarks(used_retention)))
+        return OptimizedPlan(self.rewrite(orders, join_plan, anchors), decisions)
+
+    def assumed(self) -> tuple[int, ...]:
+        predicates = [*self.shape.join_predicates, *(s.predicate for s in self.shape.subqueries)]
+        for leaf in (*self.shape.leaves, *(s.leaf for s in self.shape.subqueries)):
+            predicates.extend(leaf.predicates)
+        return tuple(sorted(p.position for p in predicates if p.selectivity is None))
+
+    # -- filters ------------------------------------------------------------------------------
+
+    def filter_order(self, leaf: Leaf) -> FilterOrder:
+        bound = bind_filters(leaf.predicates, self.tokenizer, self.style)
+        documents = self.documents(leaf.alias)
+        prefix = documents.plus(len(bound.preamble) + len(bound.frame))
+        self.check_fits(leaf.alias, prefix.maximum + max(len(q) for q in bound.questions))
+        prices = []
+        for predicate, question in zip(leaf.predicates, bound.questions, strict=True):
+            selectivity, assumed = selectivity_of(predicate.selectivity)
+            questions = _constant(documents.count, len(question))
+            prices.append(StagePrice(
+                predicate.position, selectivity, assumed,
+                self.cost.seconds(scan(prefix.plus(len(question)))),
+                self.cost.seconds(ask(prefix, questions)),
+            ))
+        order = order_filters(leaf.alias, prices, self.context.order_rule)
+        self.remarks.append(f"filter order on {leaf.alias}: {' → '.join(f'#{p}' for p in order.positions)} "
+                            f"({order.reason})")
+        return order
+
+    def check_fits(self, what: str, longest: float) -> None:
+        budget = min(self.context.chunk_tokens, self.context.model.context_length)
+        if longest > budget:
+            limit = "forward chunk" if self.context.chunk_tokens <= self.context.model.context_length else "context"
+            raise RefusalError(Refusal(
+                f"a prompt over {what} does not fit one {limit}",
+                ("a document plus its question must fit one forward pass",),
+                needed=longest, available=budget, unit="tokens",
+            ))
+
+    def alias_stats(self, leaves: list[Leaf], orders: Mapping[str, FilterOrder]) -> dict[str, AliasStats]:
+        stats = {}
+        for leaf in leaves:
+            survival = orders[leaf.alias].survival if leaf.alias in orders else 1.0
+            stats[leaf.alias] = AliasStats(leaf.alias, self.documents(leaf.alias).scaled(survival))
+        return stats
+
+    def retention(self, stats: dict[str, AliasStats], orders: Mapping[str, FilterOrder]) -> frozenset[str]:
+        """Filtered aliases whose survivors' document KV fits the budget can keep it for a join."""
+        budget = self.context.kv_budget_bytes
+        kept = set()
+        for alias in orders:
+            needed = stats[alias].documents.total * self.context.model.kv_bytes_per_token
+            if budget is None or needed <= budget:
+                kept.add(alias)
+                stats[alias] = replace(stats[alias], kv_retained=True)
+        return frozenset(kept)
+
+    def retention_remarks(self, used: frozenset[str]) -> list[str]:
+        return [f"keep the document KV of {alias}'s filter survivors for the join anchored on {alias}"
+                for alias in sorted(used)]
+
+    # -- joins --------------------------------------------------------------------------------
+
+    def join_problem(self, stats: dict[str, AliasStats], retained: frozenset[str]) -> JoinProblem:
+        edges = [self.join_edge(p, "full") for p in self.shape.join_predicates]
+        edges += [self.join_edge(s.predicate, s.semantics) for s in self.shape.subqueries]
+        fractions = self.context.equality_pair_fractions
+        equalities = []
+        for equality in (*self.shape.equalities, *(e for s in self.shape.subqueries for e in s.equalities)):
+            pair = equality.aliases
+            fraction = fractions.get(pair, fractions.get((pair[1], pair[0]), 1.0))
+            equalities.append(EqualityEdge(pair, fraction))
+        return JoinProblem(stats, tuple(edges), tuple(equalities), self.cost)
+
+    def join_edge(self, predicate: AiPredicate, semantics: str) -> JoinEdge:
+        anchors = [predicate.anchor] if predicate.anchor else sorted(set(predicate.aliases))
+        layouts = {}
+        for anchor in anchors:
+            bound = bind_join(predicate, anchor, self.tokenizer, self.style)
+            labels = {p.alias: len(label) for p, label in zip(bound.partners, bound.labels, strict=True)}
+            layouts[anchor] = AnchorLayout(len(bound.preamble), len(bound.frame), labels, len(bound.cue))
+        selectivity, _ = selectivity_of(predicate.selectivity)
+        return JoinEdge(predicate.position, predicate.aliases, selectivity, layouts,
+                        "full" if semantics == "full" else ("exists" if semantics == "exists" else "anti"))
+
+    def join_plan(self, problem: JoinProblem) -> JoinPlan | None:
+        aliases = self.shape.aliases
+        if len(aliases) < 2:
+            return None
+        full = JoinProblem(problem.stats, tuple(e for e in problem.edges if e.semantics == "full"),
+                           problem.equalities, problem.cost)
+        plan = plan_joins(full, aliases)
+        if plan is None:
+            raise RefusalError(Refusal(
+                "no join order can run: every anchor's worst tuple exceeds one forward chunk",
+                needed=None, available=self.context.chunk_tokens, unit="tokens",
+            ))
+        anchors = ", ".join(f"#{k} on {v}" for k, v in sorted(plan.anchors.items()))
+        self.remarks.append(f"join order {' ⋈ '.join(plan.order)}; anchors {anchors or 'none'} "
+                            f"(cheapest of every left-deep order × anchor, {plan.seconds:.3g} s)")
+        return plan
+
+    def subquery_anchors(self, problem: JoinProblem, plan: JoinPlan | None, anchors: dict[int, str]) -> float:
+        joined = frozenset(self.shape.aliases)
+        anchored = frozenset(anchors.values())
+        total = 0.0
+        for subquery in self.shape.subqueries:
+            edge = next(e for e in problem.edges if e.position == subquery.predicate.position)
+            single = JoinProblem(problem.stats, (edge,), problem.equalities, problem.cost)
+            options = []
+            for anchor in sorted(edge.layouts):
+                step = single.step(joined, subquery.leaf.alias, anchor, anchored)
+                if step is not None:
+                    options.append((step.seconds, anchor))
+            if not options:
+                raise RefusalError(Refusal(f"the {subquery.semantics} join #{edge.position} fits no forward chunk",
+                                           available=self.context.chunk_tokens, unit="tokens"))
+            seconds, anchor = min(options)
+            anchors[edge.position] = anchor
+            total += seconds
+            self.remarks.append(f"{subquery.semantics} join #{edge.position} anchored on {anchor}")
+        return total
+
+    def sol_join_seconds(self, stats: dict[str, AliasStats], plan: JoinPlan | None, anchors: dict[int, str]) -> float:
+        """The same joins with every anchor's KV already resident: each distinct prefix once."""
+        if plan is None and not self.shape.subqueries:
+            return 0.0
+        ideal = {a: replace(s, kv_retained=True) for a, s in stats.items()}
+        problem = self.join_problem(ideal, frozenset(ideal))
+        total = 0.0
+        joined = frozenset([plan.order[0]]) if plan else frozenset(self.shape.aliases)
+        for step in plan.steps if plan else ():
+            priced = problem.step(joined, step.alias, step.anchor, frozenset(ideal))
+            total += priced.seconds if priced else step.seconds
+            joined = joined | {step.alias}
+        for subquery in self.shape.subqueries:
+            edge = next(e for e in problem.edges if e.position == subquery.predicate.position)
+            single = JoinProblem(problem.stats, (edge,), problem.equalities, problem.cost)
+            priced = single.step(joined, subquery.leaf.alias, anchors[edge.position], frozenset(ideal))
+            total += priced.seconds if priced else 0.0
+        return total
+
+    # -- AI outputs ---------------------------------------------------------------------------
+
+    def output_seconds(self, output: Classify | Score, stats: dict[str, AliasStats]) -> float:
+        if isinstance(output, Classify):
+            bound = bind_classify(output.prompt, output.labels, output.instructions, self.tokenizer, self.style)
+            tail, labels = len(bound.tail), [len(ids) for ids in bound.labels]
+        else:
+            tail = len(self.tokenizer.encode(filter_tail(output.prompt, self.style)))
+            labels = []
+        alias = output.prompt.aliases[0]
+        documents = stats[alias].documents.plus(1 + tail)
+        self.check_fits(alias, documents.maximum + max(labels, default=0))
+        work = scan(documents)
+        for length in labels:
+            work = work + ask(documents, _constant(documents.count, length))
+        return self.cost.seconds(work)
+
+    # -- the rewritten plan -------------------------------------------------------------------
+
+    def rewrite(self, orders: Mapping[str, FilterOrder], plan: JoinPlan | None, anchors: dict[int, str]) -> Project:
+        leaves: dict[str, LogicalNode] = {}
+        for leaf in (*self.shape.leaves, *(s.leaf for s in self.shape.subqueries)):
+            if leaf.alias in orders:
+                by_position = {p.position: p for p in leaf.predicates}
+                leaves[leaf.alias] = leaf.node(tuple(by_position[i] for i in orders[leaf.alias].positions))
+            else:
+                leaves[leaf.alias] = leaf.node()
+        predicates = {p.position: replace(p, anchor=anchors.get(p.position, p.anchor))
+                      for p in self.shape.join_predicates}
+        subqueries = tuple(SubqueryJoin(s.leaf, replace(s.predicate, anchor=anchors.get(s.predicate.position)),
+                                        s.semantics, s.equalities) for s in self.shape.subqueries)
+        order = plan.order if plan else self.shape.aliases
+        return rebuild(self.shape, leaves, order, predicates, subqueries)
+
+
+def _constant(count: float, length: int) -> Lengths:
+    return Lengths(count, count * length, count * length * length, float(length))
+
+
+__all__ = ["Decisions", "OptimizedPlan", "Work", "optimize"]

@@ -1,0 +1,129 @@
+"""The physical planner: an optimized logical plan → a typed graph of model and Arrow nodes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from quail.backends.base import ModelRegion, PhysicalCandidate, PlanningContext
+from quail.data.tokenizer import Tokenizer
+from quail.frontend.prompts import PromptStyle, bind_classify, bind_filters, bind_join
+from quail.logical.nodes import Classify, Join, LogicalNode, Project, Scan, Score, SemanticFilter, SemanticJoin
+from quail.physical import nodes as ph
+from quail.physical.graph import Edge, PhysicalGraph
+from quail.planner.filters import selectivity_of
+from quail.planner.optimizer import Decisions, optimize
+
+Port = tuple[str, str]
+
+
+def plan_query(backend: str, region: ModelRegion, context: PlanningContext, style: PromptStyle) -> PhysicalCandidate:
+    """Optimize the region's plan and lay it out as model nodes the backend runs one by one."""
+    optimized = optimize(region.root, context, style)
+    assert context.tokenizer is not None
+    builder = _GraphBuilder(context.tokenizer, style, optimized.decisions)
+    graph = builder.build(optimized.logical)
+    graph.validate()
+    decisions = optimized.decisions
+    return PhysicalCandidate(backend, graph, optimized.logical, decisions.estimated_seconds, decisions.sol_seconds,
+                             decisions.remarks)
+
+
+@dataclass
+class _GraphBuilder:
+    tokenizer: Tokenizer
+    style: PromptStyle
+    decisions: Decisions
+    nodes: list[ph.PhysicalNode] = field(default_factory=list)
+    edges: list[Edge] = field(default_factory=list)
+
+    def add(self, node: ph.PhysicalNode, **inputs: Port) -> str:
+        self.nodes.append(node)
+        for port, (source, source_port) in inputs.items():
+            self.edges.append(Edge(source, source_port, node.id, port))
+        return node.id
+
+    def build(self, plan: Project) -> PhysicalGraph:
+        rows = self.rows(plan.child)
+        if plan.limit is not None:
+            rows = (self.add(ph.Limit("limit", count=plan.limit), rows=rows), "rows")
+        root = self.add(ph.Project("project", columns=plan.columns), rows=rows)
+        return PhysicalGraph(tuple(self.nodes), tuple(self.edges), root)
+
+    def rows(self, node: LogicalNode) -> Port:
+        if isinstance(node, Scan):
+            return self.add(ph.Scan(f"scan_{node.alias}", table=node.table, alias=node.alias)), "rows"
+        if isinstance(node, SemanticFilter):
+            return self.filter(node)
+        if isinstance(node, SemanticJoin):
+            return self.semantic_join(node)
+        if isinstance(node, Join):
+            left, right = self.rows(node.left), self.rows(node.right)
+            name = f"hashjoin_{'_'.join(node.right.aliases)}"
+            return self.add(ph.HashJoin(name, equalities=node.equalities), left=left, right=right), "rows"
+        if isinstance(node, Classify):
+            return self.classify(node)
+        if isinstance(node, Score):
+            return self.score(node)
+        raise TypeError(f"no physical operator for {type(node).__name__}")
+
+    def filter(self, node: SemanticFilter) -> Port:
+        rows = self.rows(node.child)
+        bound = bind_filters(node.predicates, self.tokenizer, self.style)
+        stages = tuple(ph.FilterStage(p, q, *selectivity_of(p.selectivity))
+                       for p, q in zip(node.predicates, bound.questions, strict=True))
+        order = self.decisions.filter_orders.get(node.alias)
+        estimate = ph.NodeEstimate(rows=None, seconds=order.seconds if order else None)
+        model = self.add(ph.AiFilter(f"filter_{node.alias}", estimate, alias=node.alias, column=bound.column,
+                                     preamble=bound.preamble, frame=bound.frame, stages=stages,
+                                     retain_kv=node.alias in self.decisions.retained), rows=rows)
+        return self.add(ph.RecombineFilter(f"survivors_{node.alias}", alias=node.alias),
+                        rows=rows, answers=(model, "answers")), "rows"
+
+    def semantic_join(self, node: SemanticJoin) -> Port:
+        left, right = self.rows(node.left), self.rows(node.right)
+        predicate = node.predicate
+        anchor = self.decisions.anchors.get(predicate.position, predicate.anchor) or predicate.aliases[0]
+        bound = bind_join(predicate, anchor, self.tokenizer, self.style)
+        inputs: dict[str, Port] = {"left": left, "right": right}
+        if node.equalities:
+            pairs = self.add(ph.HashJoin(f"candidates_{predicate.position}", equalities=node.equalities),
+                             left=left, right=right)
+            inputs["candidates"] = (pairs, "rows")
+        selectivity, assumed = selectivity_of(predicate.selectivity)
+        model = self.add(ph.AiJoin(f"join_{predicate.position}", self.join_estimate(predicate.position),
+                                   predicate=predicate, anchor=bound.anchor, partners=bound.partners,
+                                   semantics=node.semantics, preamble=bound.preamble, frame=bound.frame,
+                                   labels=bound.labels, cue=bound.cue, selectivity=selectivity,
+                                   assumed_selectivity=assumed), **inputs)
+        return self.add(ph.RecombineJoin(f"joined_{predicate.position}", semantics=node.semantics),
+                        left=left, right=right, answers=(model, "answers")), "rows"
+
+    def join_estimate(self, position: int) -> ph.NodeEstimate:
+        plan = self.decisions.join_plan
+        for step in plan.steps if plan else ():
+            if step.edge == position:
+                return ph.NodeEstimate(rows=step.tuples_after, tokens=step.work.tokens, seconds=step.seconds)
+        return ph.NodeEstimate()
+
+    def classify(self, node: Classify) -> Port:
+        rows = self.rows(node.child)
+        bound = bind_classify(node.prompt, node.labels, node.instructions, self.tokenizer, self.style)
+        alias = node.prompt.aliases[0]
+        model = self.add(ph.AiClassify(f"classify_{node.output}", alias=alias, column=bound.column,
+                                       output=node.output, position=node.position, labels=node.labels,
+                                       preamble=bound.preamble, tail=bound.tail, label_tokens=bound.labels),
+                         rows=rows)
+        return self.add(ph.RecombineLabels(f"labels_{node.output}", alias=alias, output=node.output,
+                                           allowed=node.allowed), rows=rows, answers=(model, "answers")), "rows"
+
+    def score(self, node: Score) -> Port:
+        rows = self.rows(node.child)
+        alias = node.prompt.aliases[0]
+        from quail.logical.expressions import AiPredicate
+
+        bound = bind_filters([AiPredicate(node.prompt, node.position)], self.tokenizer, self.style)
+        model = self.add(ph.AiScore(f"score_{node.output}", alias=alias, column=bound.column, output=node.output,
+                                    position=node.position, prompt=node.prompt, preamble=bound.preamble,
+                                    question=bound.frame + bound.questions[0]), rows=rows)
+        return self.add(ph.RecombineScores(f"scores_{node.output}", alias=alias, output=node.output),
+                        rows=rows, answers=(model, "answers")), "rows"

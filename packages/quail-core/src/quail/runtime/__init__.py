@@ -1,0 +1,1 @@
+"""Running physical plans: the runner, the relational operators, results, reports and explain."""

@@ -1,0 +1,123 @@
+"""Planning and running a Query on its session: statistics in, candidates compared, graph run, report out."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from quail.backends.base import ModelRegion, PhysicalCandidate, PlanningContext
+from quail.data.tokens import TokenColumn
+from quail.errors import Refusal, RefusalError
+from quail.logical.expressions import Equality
+from quail.logical.nodes import Classify, Score, SemanticFilter, SemanticJoin, walk
+from quail.physical.graph import PhysicalGraph
+from quail.runtime.explain import explain_text
+from quail.runtime.report import QueryReport, minimum_tokens, model_token_totals, stages
+from quail.runtime.results import QueryResult
+from quail.runtime.runner import RunInputs, Runner
+
+if TYPE_CHECKING:
+    from quail.session import Query
+
+
+def document_columns(query: Query) -> dict[str, str]:
+    """alias → the one column its prompts read (the compiler guarantees one per alias)."""
+    columns: dict[str, str] = {}
+    for node in walk(query.logical_plan):
+        prompts = []
+        if isinstance(node, SemanticFilter):
+            prompts = [p.prompt for p in node.predicates]
+        elif isinstance(node, SemanticJoin):
+            prompts = [node.predicate.prompt]
+        elif isinstance(node, Classify | Score):
+            prompts = [node.prompt]
+        for prompt in prompts:
+            for column in prompt.columns:
+                columns[column.alias] = column.column
+    return columns
+
+
+def token_columns(query: Query) -> dict[str, TokenColumn]:
+    session = query.session
+    if session.tokenizer is None:
+        raise RefusalError(Refusal(
+            f"no tokenizer for model {session.model.name!r}",
+            ("planning and running need the model's tokenizer: pass Session(..., tokenizer=...)",),
+        ))
+    aliases = query.aliases
+    return {alias: session.token_store.tokens(session.provider(aliases[alias]), column, session.tokenizer)
+            for alias, column in document_columns(query).items()}
+
+
+def equality_fractions(query: Query) -> dict[tuple[str, str], float]:
+    """The fraction of candidate pairs each equality keeps, from the key columns' value counts."""
+    fractions: dict[tuple[str, str], float] = {}
+    equalities = [e for node in walk(query.logical_plan) for e in getattr(node, "equalities", ())]
+    for equality in equalities:
+        fractions[equality.aliases] = fractions.get(equality.aliases, 1.0) * _pair_fraction(query, equality)
+    return fractions
+
+
+def _pair_fraction(query: Query, equality: Equality) -> float:
+    counts = []
+    for ref in (equality.left, equality.right):
+        provider = query.session.provider(query.aliases[ref.alias])
+        counts.append(pc.value_counts(provider.to_table([ref.column]).column(ref.column).combine_chunks()))
+    left = pa.table({"k": counts[0].field("values"), "a": counts[0].field("counts")})
+    right = pa.table({"k": counts[1].field("values"), "b": counts[1].field("counts")})
+    matched = left.join(right, "k", join_type="inner")
+    pairs = pc.sum(pc.multiply(matched.column("a").cast(pa.int64()), matched.column("b").cast(pa.int64()))).as_py()
+    total = pc.sum(counts[0].field("counts")).as_py() * pc.sum(counts[1].field("counts")).as_py()
+    return (pairs or 0) / total if total else 0.0
+
+
+def plan_physical(query: Query) -> PhysicalCandidate:
+    session = query.session
+    tokens = token_columns(query)
+    lengths: dict[str, list[int]] = {}
+    for alias, table in query.aliases.items():
+        column = tokens.get(alias)
+        lengths[alias] = column.lengths().to_pylist() if column else [0] * session.provider(table).num_rows
+    context = PlanningContext(
+        model=session.model, device=session.device, gpu_count=session.config.gpus, document_token_lengths=lengths,
+        order_rule=query.order, tokenizer=session.tokenizer, equality_pair_fractions=equality_fractions(query),
+        chunk_tokens=session.config.chunk_tokens, kv_budget_bytes=session.config.kv_budget_bytes,
+    )
+    offered = session.backend.plan(ModelRegion(query.logical_plan), context)
+    if isinstance(offered, Refusal):
+        raise RefusalError(offered)
+    if not offered:
+        raise RefusalError(Refusal(f"backend {session.backend.name!r} offered no plan"))
+    return min(offered, key=lambda c: c.estimated_seconds)
+
+
+def run_query(query: Query, plan: PhysicalCandidate | PhysicalGraph | None) -> QueryResult:
+    session = query.session
+    candidate = query.plan()
+    if isinstance(plan, PhysicalCandidate):
+        candidate = plan
+    elif isinstance(plan, PhysicalGraph):
+        plan.validate()
+        candidate = replace(candidate, graph=plan)
+    tokens = token_columns(query)
+    providers = {alias: session.provider(table) for alias, table in query.aliases.items()}
+    execution, boot_s, boot_kind = session.execution()
+    runner = Runner(candidate.graph, RunInputs(providers, tokens), execution, session.registry.observers)
+    output = runner.run()
+    fresh, cached = model_token_totals(candidate.graph, output.node_metrics)
+    report = QueryReport(
+        backend=session.backend.name, model=session.model.name, device=session.device.name,
+        order_rule=query.order, wall_s=output.wall_s + (boot_s or 0.0),
+        estimated_seconds=candidate.estimated_seconds, sol_seconds=candidate.sol_seconds, boot_s=boot_s,
+        boot_kind=boot_kind, fresh_tokens=fresh, cached_tokens=cached,
+        minimum_tokens=minimum_tokens(candidate.graph, output.answer_tables, tokens),
+        stages=tuple(stages(candidate.graph, output.answer_tables)), node_metrics=output.node_metrics,
+        remarks=candidate.remarks,
+    )
+    rules = ", ".join(rule.name for rule in session.registry.logical_rules)
+    text = explain_text(query.logical_plan, candidate, query.order, rules, measured=output.node_metrics)
+    return QueryResult(output.table, output.answer_tables, report, text)
+

@@ -1,0 +1,79 @@
+"""explain(): the logical plan, the physical plan with estimates per node, the planner's decisions
+in words, and — after a run — the measurements beside the estimates."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from quail.backends.base import NodeMetrics, PhysicalCandidate
+from quail.logical.nodes import LogicalNode, render
+from quail.physical.graph import PhysicalGraph
+from quail.physical.nodes import NodeEstimate, PhysicalNode
+
+
+def _number(value: float | None, unit: str = "") -> str:
+    if value is None:
+        return "?"
+    if unit == "s":
+        return f"{value:.3g} s"
+    return f"{value:,.0f}" if value >= 10 else f"{value:.3g}"
+
+
+def _estimate(estimate: NodeEstimate) -> str:
+    parts = []
+    if estimate.rows is not None:
+        parts.append(f"rows≈{_number(estimate.rows)}")
+    if estimate.tokens is not None:
+        parts.append(f"tokens≈{_number(estimate.tokens)}")
+    if estimate.seconds is not None:
+        parts.append(f"est {_number(estimate.seconds, 's')}")
+    return ", ".join(parts)
+
+
+def _measured(metrics: NodeMetrics | None) -> str:
+    if metrics is None:
+        return ""
+    parts = [f"wall {metrics.wall_s:.3g} s"]
+    if metrics.rows_out is not None:
+        parts.append(f"rows {metrics.rows_out:,}")
+    if metrics.fresh_tokens is not None:
+        parts.append(f"fresh tokens {metrics.fresh_tokens:,}")
+    if metrics.chunks is not None:
+        parts.append(f"chunks {metrics.chunks}")
+    return "measured: " + ", ".join(parts)
+
+
+def render_physical(graph: PhysicalGraph, measured: Mapping[str, NodeMetrics] | None = None) -> str:
+    lines: list[str] = []
+    shown: set[str] = set()
+
+    def visit(node: PhysicalNode, depth: int, via: str) -> None:
+        label = f"{'  ' * depth}{via}{node.describe()} [{node.id}]"
+        if node.id in shown:
+            lines.append(f"{label} (shown above)")
+            return
+        shown.add(node.id)
+        notes = [n for n in (_estimate(node.estimate), _measured((measured or {}).get(node.id))) if n]
+        lines.append(label + (f"  — {'; '.join(notes)}" if notes else ""))
+        for port, edge in sorted(graph.inputs_of(node.id).items()):
+            visit(graph.node(edge.source), depth + 1, f"{port}: ")
+
+    visit(graph.node(graph.root), 0, "")
+    return "\n".join(lines)
+
+
+def explain_text(logical: LogicalNode, candidate: PhysicalCandidate | None, order_rule: str, rules: str,
+                 refusal: str | None = None, measured: Mapping[str, NodeMetrics] | None = None) -> str:
+    sections = [f"== Logical plan (rules: {rules}) ==", render(logical)]
+    if candidate is None:
+        sections += ["== Physical plan ==", f"not planned: {refusal}"]
+        return "\n".join(sections)
+    sol = "?" if candidate.sol_seconds is None else f"{candidate.sol_seconds:.3g} s"
+    sections += [
+        f"== Physical plan (backend {candidate.backend}; order rule {order_rule}; "
+        f"estimated {candidate.estimated_seconds:.3g} s; speed of light {sol}) ==",
+        render_physical(candidate.graph, measured),
+        "== Planner decisions ==",
+        *(f"- {remark}" for remark in candidate.remarks),
+    ]
+    return "\n".join(sections)

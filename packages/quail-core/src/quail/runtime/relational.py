@@ -1,0 +1,111 @@
+"""Relational operators over row-position tables, with pyarrow / Acero. No backend code here."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from quail.data.providers import DocumentProvider
+from quail.logical.expressions import Equality, OutputColumn, Semantics
+
+ROW = pa.int32()
+
+
+def scan_rows(alias: str, count: int) -> pa.Table:
+    return pa.table({alias: pa.array(range(count), ROW)})
+
+
+def aliases_of(rows: pa.Table, known: Sequence[str]) -> list[str]:
+    return [name for name in rows.column_names if name in known]
+
+
+def _ordered(table: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """Deterministic order: Acero joins do not preserve it."""
+    return table.sort_by([(k, "ascending") for k in keys]) if keys and table.num_rows else table
+
+
+def survivors(rows: pa.Table, answers: pa.Table, alias: str) -> pa.Table:
+    """Rows whose every filter answer is TRUE (a document answers FALSE once, then stops)."""
+    verdict = answers.group_by(alias).aggregate([("answer", "min")])
+    passing = verdict.filter(pc.field("answer_min")).select([alias])
+    return _ordered(rows.join(passing, alias, join_type="inner"), [alias])
+
+
+def equality_pairs(left: pa.Table, right: pa.Table, equalities: Sequence[Equality],
+                   providers: Mapping[str, DocumentProvider]) -> pa.Table:
+    """Left ⋈ right on column values (fetched by position); a cross product without equalities."""
+    order = [*left.column_names, *right.column_names]
+    if not equalities:
+        return _ordered(_cross(left, right), order)
+    left_keys, right_keys = [], []
+    left_values, right_values = left, right
+    for index, equality in enumerate(equalities):
+        left_ref, right_ref = (equality.left, equality.right) if equality.left.alias in left.column_names else (
+            equality.right, equality.left)
+        key_left, key_right = f"__key_l{index}", f"__key_r{index}"
+        left_values = left_values.append_column(key_left, _values(left, left_ref.alias, left_ref.column, providers))
+        right_values = right_values.append_column(key_right,
+                                                  _values(right, right_ref.alias, right_ref.column, providers))
+        left_keys.append(key_left)
+        right_keys.append(key_right)
+    joined = left_values.join(right_values, left_keys, right_keys, join_type="inner")
+    return _ordered(joined.select(order), order)
+
+
+def _values(rows: pa.Table, alias: str, column: str, providers: Mapping[str, DocumentProvider]) -> pa.Array:
+    return providers[alias].take(rows.column(alias).combine_chunks(), [column]).column(column).combine_chunks()
+
+
+def _cross(left: pa.Table, right: pa.Table) -> pa.Table:
+    key = "__cross"
+    joined = left.append_column(key, pa.array([0] * left.num_rows, pa.int8())).join(
+        right.append_column(key, pa.array([0] * right.num_rows, pa.int8())), key, join_type="inner")
+    return joined.select([*left.column_names, *right.column_names])
+
+
+def recombine_join(left: pa.Table, right: pa.Table, answers: pa.Table, semantics: Semantics) -> pa.Table:
+    """Full: left ⋈ TRUE answers ⋈ right. Exists / anti: left rows with / without a TRUE answer."""
+    answer_aliases = [c for c in answers.column_names if c not in ("answer", "margin")]
+    true = answers.filter(pc.field("answer")).select(answer_aliases)
+    left_keys = [a for a in answer_aliases if a in left.column_names]
+    if semantics != "full":
+        matched = true.select(left_keys).group_by(left_keys).aggregate([])
+        join_type = "left semi" if semantics == "exists" else "left anti"
+        return _ordered(left.join(matched, left_keys, join_type=join_type), left_keys)
+    through = left.join(true, left_keys, join_type="inner")
+    right_keys = [a for a in answer_aliases if a in right.column_names]
+    extra = [c for c in right.column_names if c not in through.column_names or c in right_keys]
+    joined = through.join(right.select(extra), right_keys, join_type="inner")
+    order = [*left.column_names, *[c for c in right.column_names if c not in left.column_names]]
+    return _ordered(joined.select(order), [c for c in order if joined.schema.field(c).type == ROW])
+
+
+def add_labels(rows: pa.Table, answers: pa.Table, alias: str, output: str,
+               allowed: Sequence[str] | None) -> pa.Table:
+    joined = rows.join(answers.select([alias, output]), alias, join_type="inner")
+    if allowed is not None:
+        joined = joined.filter(pc.is_in(joined.column(output), pa.array(list(allowed), pa.string())))
+    return _ordered(joined.select([*rows.column_names, output]), aliases_of(rows, rows.column_names))
+
+
+def add_scores(rows: pa.Table, answers: pa.Table, alias: str, output: str) -> pa.Table:
+    joined = rows.join(answers.select([alias, output]), alias, join_type="inner")
+    return _ordered(joined.select([*rows.column_names, output]), aliases_of(rows, rows.column_names))
+
+
+def project(rows: pa.Table, columns: Sequence[OutputColumn], providers: Mapping[str, DocumentProvider]) -> pa.Table:
+    """Fetch each output column for the row positions; AI outputs come from the rows table."""
+    arrays: dict[str, pa.Array] = {}
+    fetched: dict[str, pa.Table] = {}
+    for column in columns:
+        if column.source is None:
+            arrays[column.name] = rows.column(column.name).combine_chunks()
+            continue
+        alias = column.source.alias
+        if alias not in fetched:
+            wanted = sorted({c.source.column for c in columns if c.source is not None and c.source.alias == alias})
+            fetched[alias] = providers[alias].take(rows.column(alias).combine_chunks(), wanted)
+        arrays[column.name] = fetched[alias].column(column.source.column).combine_chunks()
+    return pa.table(arrays) if arrays else pa.table({})

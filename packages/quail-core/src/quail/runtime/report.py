@@ -1,0 +1,196 @@
+"""The execution report: what ran, what it cost, and how it compares with the estimates.
+
+Every key is present for every backend; an unknown value is None, never 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from quail.backends.base import NodeMetrics
+from quail.data.tokens import TokenColumn
+from quail.physical import nodes as ph
+from quail.physical.graph import PhysicalGraph
+
+ReportValue = None | bool | int | float | str | list["ReportValue"] | dict[str, "ReportValue"]
+
+
+@dataclass(frozen=True)
+class StageReport:
+    """One AI predicate: its selectivity as given and as observed, and how much it evaluated."""
+
+    position: int
+    node: str
+    aliases: tuple[str, ...]
+    provided_selectivity: float | None
+    assumed_selectivity: bool
+    observed_selectivity: float | None
+    evaluated: int
+
+
+def _sum_known(values: Sequence[int | None]) -> int | None:
+    return None if any(v is None for v in values) or not values else sum(v for v in values if v is not None)
+
+
+def stages(graph: PhysicalGraph, answers: Mapping[str, pa.Table]) -> list[StageReport]:
+    reports = []
+    for node in graph.nodes:
+        table = answers.get(node.id)
+        if isinstance(node, ph.AiFilter) and table is not None:
+            for stage in node.stages:
+                mine = table.filter(pc.equal(table.column("predicate"), stage.predicate.position))
+                reports.append(_stage(stage.predicate.position, node.id, (node.alias,), stage.selectivity,
+                                      stage.assumed_selectivity, mine))
+        elif isinstance(node, ph.AiJoin) and table is not None:
+            aliases = (node.anchor.alias, *(p.alias for p in node.partners))
+            reports.append(_stage(node.predicate.position, node.id, aliases, node.selectivity,
+                                  node.assumed_selectivity, table))
+    return sorted(reports, key=lambda s: s.position)
+
+
+def _stage(position: int, node: str, aliases: tuple[str, ...], selectivity: float, assumed: bool,
+           table: pa.Table) -> StageReport:
+    evaluated = table.num_rows
+    true = pc.sum(table.column("answer").cast(pa.int64())).as_py() or 0
+    observed = true / evaluated if evaluated else None
+    return StageReport(position, node, aliases, None if assumed else selectivity, assumed, observed, evaluated)
+
+
+class _PrefixCounter:
+    """Counts the tokens of every distinct prompt prefix once (a trie's size, by layout)."""
+
+    def __init__(self, tokens: Mapping[str, TokenColumn]) -> None:
+        self.tokens = tokens
+        self.preambles: set[tuple[int, ...]] = set()
+        self.documents: dict[str, set[int]] = {}
+        self.total = 0
+
+    def document_prefixes(self, preamble: tuple[int, ...], alias: str, rows: pa.Array) -> None:
+        if preamble not in self.preambles:
+            self.preambles.add(preamble)
+            self.total += len(preamble)
+        seen = self.documents.setdefault(alias, set())
+        seen.update(rows.to_pylist())
+
+    def finish(self) -> int:
+        """Documents of an alias share their common token prefixes: Σ len − LCP(previous) sorted."""
+        total = self.total
+        for alias, rows in self.documents.items():
+            column = self.tokens[alias]
+            ordered = sorted(column.row(r) for r in rows)
+            previous: tuple[int, ...] = ()
+            for tokens in ordered:
+                total += len(tokens) - _common(previous, tokens)
+                previous = tokens
+        return total
+
+
+def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def minimum_tokens(graph: PhysicalGraph, answers: Mapping[str, pa.Table], tokens: Mapping[str, TokenColumn]) -> int:
+    """Fresh tokens a perfect executor needs for what this run evaluated: each distinct prefix once."""
+    counter = _PrefixCounter(tokens)
+    for node in graph.nodes:
+        table = answers.get(node.id)
+        if table is None or table.num_rows == 0:
+            continue
+        if isinstance(node, ph.AiFilter):
+            counter.total += _filter_tails(node, table, counter)
+        elif isinstance(node, ph.AiJoin):
+            counter.total += _join_tails(node, table, counter, tokens)
+        elif isinstance(node, ph.AiClassify | ph.AiScore):
+            rows = pc.unique(table.column(node.alias).combine_chunks())
+            counter.document_prefixes(node.preamble, node.alias, rows)
+            per_row = (len(node.tail) + sum(max(len(t) - 1, 0) for t in node.label_tokens)
+                       if isinstance(node, ph.AiClassify) else len(node.question))
+            counter.total += per_row * len(rows)
+    return counter.finish()
+
+
+def _filter_tails(node: ph.AiFilter, table: pa.Table, counter: _PrefixCounter) -> int:
+    rows = pc.unique(table.column(node.alias).combine_chunks())
+    counter.document_prefixes(node.preamble, node.alias, rows)
+    lengths = {s.predicate.position: len(s.question) for s in node.stages}
+    per_stage = table.group_by("predicate").aggregate([("predicate", "count")])
+    asked = sum(lengths[p] * c for p, c in zip(per_stage.column("predicate").to_pylist(),
+                                               per_stage.column("predicate_count").to_pylist(), strict=True))
+    return len(node.frame) * len(rows) + asked
+
+
+def _join_tails(node: ph.AiJoin, table: pa.Table, counter: _PrefixCounter, tokens: Mapping[str, TokenColumn]) -> int:
+    anchor = node.anchor.alias
+    anchors = pc.unique(table.column(anchor).combine_chunks())
+    counter.document_prefixes(node.preamble, anchor, anchors)
+    total = len(node.frame) * len(anchors) + (len(node.cue) + sum(len(x) for x in node.labels)) * table.num_rows
+    for partner in node.partners:
+        lengths = tokens[partner.alias].lengths()
+        total += pc.sum(pc.take(lengths, table.column(partner.alias)).cast(pa.int64())).as_py() or 0
+    return total
+
+
+@dataclass(frozen=True)
+class QueryReport:
+    backend: str
+    model: str
+    device: str
+    order_rule: str
+    wall_s: float
+    estimated_seconds: float | None
+    sol_seconds: float | None
+    boot_s: float | None
+    boot_kind: str | None
+    fresh_tokens: int | None
+    cached_tokens: int | None
+    minimum_tokens: int | None
+    stages: tuple[StageReport, ...]
+    node_metrics: Mapping[str, NodeMetrics]
+    remarks: tuple[str, ...]
+
+    def kv(self) -> dict[str, int | None]:
+        metrics = [m for m in self.node_metrics.values()]
+        model = [m for m in metrics if m.fresh_tokens is not None or m.kv_hits is not None]
+        return {
+            "hits": _sum_known([m.kv_hits for m in model]),
+            "misses": _sum_known([m.kv_misses for m in model]),
+            "evictions": _sum_known([m.kv_evictions for m in model]),
+            "recomputed_tokens": _sum_known([m.recomputed_tokens for m in model]),
+        }
+
+    def as_dict(self) -> dict[str, ReportValue]:
+        return {
+            "backend": self.backend,
+            "model": self.model,
+            "device": self.device,
+            "wall_s": self.wall_s,
+            "estimated_seconds": self.estimated_seconds,
+            "sol_seconds": self.sol_seconds,
+            "boot_s": self.boot_s,
+            "boot_kind": self.boot_kind,
+            "fresh_tokens": self.fresh_tokens,
+            "cached_tokens": self.cached_tokens,
+            "minimum_tokens": self.minimum_tokens,
+            "stages": [dict(asdict(s), aliases=list(s.aliases)) for s in self.stages],
+            "node_metrics": {k: asdict(v) for k, v in self.node_metrics.items()},
+            "kv": dict(self.kv()),
+            "remarks": list(self.remarks),
+            "order_rule": self.order_rule,
+        }
+
+
+def model_token_totals(graph: PhysicalGraph, metrics: Mapping[str, NodeMetrics]) -> tuple[int | None, int | None]:
+    """(fresh, cached) tokens over the model nodes; None when a backend did not count them."""
+    model = [metrics[n.id] for n in graph.nodes if n.is_model_node and n.id in metrics]
+    if not model:
+        return 0, 0
+    return _sum_known([m.fresh_tokens for m in model]), _sum_known([m.cached_tokens for m in model])

@@ -1,0 +1,54 @@
+"""QueryResult: the rows, every AI answer (including rows later dropped), the report, explain()."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from quail.runtime.report import QueryReport, ReportValue
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+ResultValue = None | bool | int | float | str | list["ResultValue"] | dict[str, "ResultValue"]
+
+
+class QueryResult:
+    def __init__(self, table: pa.Table, answer_tables: Mapping[str, pa.Table], report: QueryReport,
+                 explain_text: str) -> None:
+        self._table = table
+        self.answer_tables: Mapping[str, pa.Table] = dict(answer_tables)
+        self._report = report
+        self._explain = explain_text
+
+    @property
+    def report(self) -> dict[str, ReportValue]:
+        return self._report.as_dict()
+
+    def collect(self) -> pa.Table:
+        return self._table
+
+    def to_rows(self) -> list[dict[str, ResultValue]]:
+        return self._table.to_pylist()
+
+    def count(self) -> int:
+        return self._table.num_rows
+
+    def __len__(self) -> int:
+        return self._table.num_rows
+
+    def to_pandas(self) -> pd.DataFrame:
+        return self._table.to_pandas()
+
+    def execute_stream(self, batch_rows: int = 1024) -> Iterator[pa.RecordBatch]:
+        """The rows in bounded record batches."""
+        yield from self._table.to_batches(max_chunksize=batch_rows)
+
+    def explain(self) -> str:
+        """The plan with measured values beside the estimates."""
+        return self._explain
+
+    def __repr__(self) -> str:
+        return f"QueryResult({self.count()} rows, columns={self._table.column_names})"

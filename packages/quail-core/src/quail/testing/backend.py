@@ -1,0 +1,160 @@
+"""KeywordBackend: the real backend contract, answered by the keyword rule on decoded documents."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+import pyarrow as pa
+
+from quail.backends import shapes
+from quail.backends.base import (
+    BackendExecutionContext,
+    GpuContext,
+    ModelExecution,
+    ModelRegion,
+    NodeMetrics,
+    NodeOutput,
+    PhysicalCandidate,
+    PhysicalResponse,
+    PlanningContext,
+    SupportResult,
+)
+from quail.catalog.devices import DeviceSpec
+from quail.catalog.models import ModelSpec
+from quail.data.tokenizer import Tokenizer
+from quail.errors import Refusal, RefusalError
+from quail.frontend.prompts import BASE_STYLE
+from quail.physical import nodes as ph
+from quail.planner.physical import plan_query
+from quail.runtime.relational import equality_pairs
+from quail.testing.rules import classify_margins, predicate_margin
+from quail.testing.tokenizer import ByteTokenizer
+
+
+class KeywordBackend:
+    """A CPU backend for tests: plans like every backend, answers by rule instead of a model."""
+
+    name = "keyword"
+
+    def __init__(self, tokenizer: Tokenizer | None = None) -> None:
+        self.tokenizer = tokenizer or ByteTokenizer()
+        self.started = 0
+
+    def supports(self, model: ModelSpec, device: DeviceSpec, gpu_count: int) -> SupportResult:
+        if device.kind != "cpu":
+            return SupportResult.reject("the keyword test backend runs on the CPU only")
+        return SupportResult.accept()
+
+    def plan(self, region: ModelRegion, context: PlanningContext) -> Sequence[PhysicalCandidate] | Refusal:
+        return [plan_query(self.name, region, context, BASE_STYLE)]
+
+    def start(self, context: GpuContext) -> ModelExecution:
+        self.started += 1
+        return KeywordExecution(self.tokenizer)
+
+    def execute_request(self, context: BackendExecutionContext) -> PhysicalResponse:
+        raise RefusalError(Refusal("the keyword backend runs plans node by node", ("use start()",)))
+
+
+class KeywordExecution:
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+    def text(self, inputs: Mapping[str, pa.Table], alias: str) -> dict[int, str]:
+        table = inputs[f"documents:{alias}"]
+        rows = table.column(alias).to_pylist()
+        return {r: self.tokenizer.decode(t) for r, t in zip(rows, table.column("tokens").to_pylist(), strict=True)}
+
+    def execute(self, node: ph.PhysicalNode, inputs: Mapping[str, pa.Table]) -> NodeOutput:
+        started = time.perf_counter()
+        if isinstance(node, ph.AiFilter):
+            table, tokens = self.filter(node, inputs)
+        elif isinstance(node, ph.AiJoin):
+            table, tokens = self.join(node, inputs)
+        elif isinstance(node, ph.AiClassify):
+            table, tokens = self.classify(node, inputs)
+        elif isinstance(node, ph.AiScore):
+            table, tokens = self.score(node, inputs)
+        else:
+            raise RefusalError(Refusal(f"the keyword backend cannot run {node.kind}"))
+        rows_in = sum(t.num_rows for k, t in inputs.items() if not k.startswith("documents:"))
+        metrics = NodeMetrics(time.perf_counter() - started, rows_in=rows_in, rows_out=table.num_rows,
+                              fresh_tokens=tokens, cached_tokens=0)
+        return NodeOutput({"answers": table}, metrics)
+
+    def filter(self, node: ph.AiFilter, inputs: Mapping[str, pa.Table]) -> tuple[pa.Table, int]:
+        texts = self.text(inputs, node.alias)
+        lengths = {r: len(t) for r, t in zip(inputs[f"documents:{node.alias}"].column(node.alias).to_pylist(),
+                                             inputs[f"documents:{node.alias}"].column("tokens").to_pylist(),
+                                             strict=True)}
+        rows, predicates, answers, margins = [], [], [], []
+        tokens = 0
+        for row in inputs["rows"].column(node.alias).to_pylist():
+            for stage in node.stages:
+                margin = predicate_margin(stage.predicate.prompt.template, [texts[row]])
+                answer = _holds(stage.predicate, margin)
+                rows.append(row)
+                predicates.append(stage.predicate.position)
+                answers.append(answer)
+                margins.append(margin)
+                tokens += len(node.preamble) + lengths[row] + len(node.frame) + len(stage.question)
+                if not answer:
+                    break
+        return shapes.filter_answers(node.alias, rows, predicates, answers, margins), tokens
+
+    def join(self, node: ph.AiJoin, inputs: Mapping[str, pa.Table]) -> tuple[pa.Table, int]:
+        aliases = [c.alias for c in node.predicate.prompt.columns]
+        texts = {alias: self.text(inputs, alias) for alias in aliases}
+        candidates = inputs.get("candidates")
+        if candidates is None:
+            candidates = equality_pairs(inputs["left"], inputs["right"], (), {})
+        tuples = sorted({tuple(row[a] for a in aliases) for row in candidates.select(aliases).to_pylist()})
+        anchor_index = aliases.index(node.anchor.alias)
+        answered: dict[int, bool] = {}
+        columns: dict[str, list[int]] = {a: [] for a in aliases}
+        answers, margins = [], []
+        tokens = 0
+        for item in sorted(tuples, key=lambda t: t[anchor_index]):
+            anchor_row = item[anchor_index]
+            if node.semantics != "full" and answered.get(anchor_row):
+                continue
+            margin = predicate_margin(node.predicate.prompt.template,
+                                      [texts[a][r] for a, r in zip(aliases, item, strict=True)])
+            answer = _holds(node.predicate, margin)
+            answered[anchor_row] = answered.get(anchor_row, False) or answer
+            for alias, row in zip(aliases, item, strict=True):
+                columns[alias].append(row)
+            answers.append(answer)
+            margins.append(margin)
+            tokens += len(self.tokenizer.encode(" ".join(texts[a][r] for a, r in zip(aliases, item, strict=True))))
+        table = shapes.join_answers(columns, answers, margins, anchor=node.anchor.alias,
+                                    partners=[p.alias for p in node.partners], semantics=node.semantics,
+                                    position=node.predicate.position)
+        return table, tokens
+
+    def classify(self, node: ph.AiClassify, inputs: Mapping[str, pa.Table]) -> tuple[pa.Table, int]:
+        texts = self.text(inputs, node.alias)
+        rows = sorted(set(inputs["rows"].column(node.alias).to_pylist()))
+        names = [label.name for label in node.labels]
+        all_margins = [classify_margins(names, texts[r]) for r in rows]
+        chosen = [names[shapes.choose_label(m)] for m in all_margins]
+        tokens = sum(len(node.preamble) + len(self.tokenizer.encode(texts[r])) + len(node.tail) for r in rows)
+        return shapes.label_answers(node.alias, node.output, rows, chosen, all_margins), tokens
+
+    def score(self, node: ph.AiScore, inputs: Mapping[str, pa.Table]) -> tuple[pa.Table, int]:
+        texts = self.text(inputs, node.alias)
+        rows = sorted(set(inputs["rows"].column(node.alias).to_pylist()))
+        margins = [predicate_margin(node.prompt.template, [texts[r]]) for r in rows]
+        tokens = sum(len(node.preamble) + len(self.tokenizer.encode(texts[r])) + len(node.question) for r in rows)
+        return shapes.score_answers(node.alias, node.output, rows, margins), tokens
+
+
+def _holds(predicate: ph.AiPredicate, margin: float) -> bool:
+    if predicate.threshold is None:
+        return margin > 0
+    return predicate.threshold.holds(shapes.sigmoid(margin))

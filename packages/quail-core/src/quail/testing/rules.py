@@ -1,0 +1,49 @@
+"""The keyword rule: a deterministic stand-in for a model's TRUE/FALSE margin.
+
+* A prompt with "double-quoted" words: margin = hits − keywords + 0.5 (TRUE iff every keyword
+  appears in the documents).
+* Otherwise, over two or more documents: margin = shared words − 0.5 (TRUE iff they share a word).
+* Otherwise: a hash of the template and the document, spread over [−2, 2).
+Words are lower-case runs of three or more letters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+
+WORD = re.compile(r"[a-z]{3,}")
+QUOTED = re.compile(r'"([^"]*)"')
+
+
+def words(text: str) -> set[str]:
+    return set(WORD.findall(text.lower()))
+
+
+def keywords(template: str) -> set[str]:
+    found: set[str] = set()
+    for phrase in QUOTED.findall(template):
+        found |= words(phrase)
+    return found
+
+
+def predicate_margin(template: str, documents: Sequence[str]) -> float:
+    """`documents` in placeholder order ({0}, {1}, ...)."""
+    wanted = keywords(template)
+    if wanted:
+        present = words(" ".join(documents))
+        return len(wanted & present) - len(wanted) + 0.5
+    if len(documents) > 1:
+        shared = words(documents[0])
+        for document in documents[1:]:
+            shared &= words(document)
+        return len(shared) - 0.5
+    digest = hashlib.blake2b(f"{template}\x00{documents[0]}".encode(), digest_size=2).digest()
+    return int.from_bytes(digest, "big") / 65536 * 4 - 2
+
+
+def classify_margins(labels: Sequence[str], document: str) -> list[float]:
+    """Each label's score: how often its words occur in the document."""
+    text = document.lower()
+    return [float(sum(text.count(w) for w in words(label) or {label.lower()})) for label in labels]
