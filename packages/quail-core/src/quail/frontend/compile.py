@@ -214,8 +214,8 @@ class _Compiler:
                     )
 
     def _equality(self, spec: EqualitySpec) -> Equality:
-        scope = self.from_aliases + [a for a, t in self.tables.items() if t.role != "from"]
-        left, right = self.resolve(spec.left, scope), self.resolve(spec.right, scope)
+        left, right = self.resolve(spec.left, self._scope(spec.subquery_of)), self.resolve(
+            spec.right, self._scope(spec.subquery_of))
         if left.alias == right.alias:
             raise fail(f"{left} = {right} compares columns of one table; only equalities between "
                        "two tables are supported", spec.where)

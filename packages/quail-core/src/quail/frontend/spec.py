@@ -60,6 +60,7 @@ class EqualitySpec:
     right: ColumnName
     on_of: str | None = None
     where: Where = NOWHERE
+    subquery_of: str | None = None
 
 
 @dataclass(frozen=True)

@@ -51,15 +51,25 @@ SNOWFLAKE_NAMES: dict[str, AiKind] = {"AI_FILTER": "filter", "AI_CLASSIFY": "cla
 BIGQUERY_NAMES: dict[str, AiKind] = {"IF": "filter", "CLASSIFY": "classify", "SCORE": "score"}
 COMPARISONS: dict[type[exp.Expression], Comparison] = {exp.GTE: ">=", exp.GT: ">", exp.LTE: "<=", exp.LT: "<"}
 FLIPPED: dict[Comparison, Comparison] = {">=": "<=", ">": "<", "<=": ">=", "<": ">"}
-UNSUPPORTED_CLAUSES = {
-    "with": "WITH (common table expressions)",
-    "group": "GROUP BY",
-    "having": "HAVING",
-    "order": "ORDER BY",
-    "distinct": "DISTINCT",
-    "qualify": "QUALIFY",
-    "offset": "OFFSET",
-    "windows": "WINDOW",
+# What a SELECT may carry; anything else sqlglot parsed is refused by name (an allow-list, so a
+# construct we do not know is never silently ignored).
+SELECT_ARGS = {"expressions", "from_", "from", "joins", "where", "limit", "kind"}
+SUBQUERY_ARGS = {"expressions", "from_", "from", "where"}
+JOIN_ARGS = {"this", "on", "kind"}
+TABLE_ARGS = {"this", "alias"}
+CLAUSE_NAMES = {
+    "with_": "WITH (common table expressions)", "with": "WITH (common table expressions)",
+    "group": "GROUP BY", "having": "HAVING", "order": "ORDER BY", "distinct": "DISTINCT",
+    "qualify": "QUALIFY", "offset": "OFFSET", "windows": "WINDOW", "into": "SELECT ... INTO",
+    "connect": "CONNECT BY", "sample": "TABLESAMPLE", "pivots": "PIVOT / UNPIVOT", "laterals": "LATERAL",
+    "exclude": "SELECT * EXCLUDE", "sort": "SORT BY", "cluster": "CLUSTER BY", "distribute": "DISTRIBUTE BY",
+    "prewhere": "PREWHERE", "settings": "SETTINGS", "format": "FORMAT", "locks": "FOR UPDATE / SHARE",
+    "match": "MATCH_RECOGNIZE", "method": "NATURAL / ASOF join", "match_condition": "MATCH_CONDITION",
+    "using": "JOIN ... USING", "side": "OUTER JOIN", "version": "time travel (AT / BEFORE)",
+    "hint": "query hints", "hints": "table hints", "options": "OPTION (...)", "for_": "FOR XML / JSON",
+    "operation_modifiers": "operation modifiers", "joins": "joins inside a table reference",
+    "except_": "SELECT * EXCLUDE / EXCEPT", "replace": "SELECT * REPLACE", "rename": "SELECT * RENAME",
+    "ilike": "SELECT * ILIKE",
 }
 
 
@@ -68,7 +78,10 @@ def parse_sql(text: str, dialect: Dialect = "snowflake") -> QuerySpec:
     if dialect not in DIALECTS:
         raise CompileError(f"unknown SQL dialect {dialect!r}; use 'snowflake' or 'bigquery'")
     statement = _parse_one(text, dialect)
-    return _Reader(dialect).read(statement)
+    try:
+        return _Reader(dialect).read(statement)
+    except RecursionError:
+        raise CompileError("the query nests too deeply") from None
 
 
 def _parse_one(text: str, dialect: Dialect) -> exp.Expression:
@@ -80,9 +93,31 @@ def _parse_one(text: str, dialect: Dialect) -> exp.Expression:
                            column=first.get("col")) from None
     except TokenError as error:
         raise CompileError(f"syntax error: {error}") from None
+    except RecursionError:
+        raise CompileError("the query nests too deeply to parse") from None
+    except Exception as error:  # sqlglot raises internal errors on some malformed input
+        raise CompileError(f"syntax error: {type(error).__name__}: {error}") from None
     if len(statements) != 1:
         raise CompileError(f"expected one SQL statement, got {len(statements)}")
     return statements[0]
+
+
+def refuse_unknown_args(node: exp.Expression, allowed: set[str], hint: str = "") -> None:
+    """Refuse, by name, any clause sqlglot attached to `node` that Quail does not read."""
+    for key, value in node.args.items():
+        if key in allowed or value is None or value is False or value == []:
+            continue
+        construct = CLAUSE_NAMES.get(key, key.upper().rstrip("_"))
+        target = value if isinstance(value, exp.Expression) else node
+        raise unsupported(construct, target, hint)
+
+
+def safe_sql(node: exp.Expression) -> str:
+    """The node as SQL for a message; sqlglot cannot print every tree it parses."""
+    try:
+        return node.sql()
+    except Exception:  # printing is best effort; the message must still be raised
+        return type(node).__name__.upper()
 
 
 def where_of(node: exp.Expression) -> Where:
@@ -120,7 +155,7 @@ def ai_call(node: exp.Expression) -> _AiCall | None:
         inner = node.expression
         name = str(inner.name).upper() if isinstance(inner, exp.Anonymous | exp.Func) else ""
         if name not in BIGQUERY_NAMES:
-            raise unsupported(f"AI.{name or inner.sql()}", node, "Quail offers AI.IF, AI.CLASSIFY and AI.SCORE")
+            raise unsupported(f"AI.{name or safe_sql(inner)}", node, "Quail offers AI.IF, AI.CLASSIFY and AI.SCORE")
         arguments = tuple(inner.expressions) if isinstance(inner, exp.Anonymous) else tuple(inner.args.values())
         return _AiCall(BIGQUERY_NAMES[name], f"AI.{name}", arguments, node)
     return None
@@ -177,17 +212,15 @@ class _Reader:
                 raise unsupported(f"set operation {type(node).__name__.upper()}", node)
 
     @staticmethod
-    def _check_clauses(select: exp.Select) -> None:
-        for key, construct in UNSUPPORTED_CLAUSES.items():
-            value = select.args.get(key)
-            if value:
-                node = value if isinstance(value, exp.Expression) else select
-                raise unsupported(construct, node, "relational clauses over results may come later")
+    def _check_clauses(select: exp.Expression, allowed: set[str] = SELECT_ARGS) -> None:
+        refuse_unknown_args(select, allowed, "relational clauses over results may come later")
 
     def _limit(self, select: exp.Select) -> int | None:
         limit = select.args.get("limit")
         if limit is None:
             return None
+        if isinstance(limit, exp.Fetch):
+            raise unsupported("FETCH FIRST ... ROWS", limit, "write LIMIT n")
         value = limit.args.get("expression")
         if not (isinstance(value, exp.Literal) and not value.is_string and value.this.isdigit()):
             raise unsupported("LIMIT with a non-integer value", limit, "write LIMIT n")
@@ -207,7 +240,11 @@ class _Reader:
         if not isinstance(node, exp.Table) or not isinstance(node.this, exp.Identifier):
             raise unsupported(f"{node.key.upper()} in FROM", node, "name a registered table")
         if node.args.get("db") or node.args.get("catalog"):
-            raise unsupported(f"qualified table name {node.sql()}", node, "name a registered table")
+            raise unsupported(f"qualified table name {safe_sql(node)}", node, "name a registered table")
+        refuse_unknown_args(node, TABLE_ARGS | {"db", "catalog"})
+        alias = node.args.get("alias")
+        if alias is not None and alias.args.get("columns"):
+            raise unsupported("column aliases in a table alias", node)
         return TableSpec(node.name, node.alias_or_name, role, where_of(node))
 
     def _read_join(self, join: exp.Join) -> None:
@@ -216,6 +253,7 @@ class _Reader:
             raise unsupported(f"{side.upper()} OUTER JOIN", join, "outer joins have no AI meaning here")
         if join.args.get("using"):
             raise unsupported("JOIN ... USING", join, "write ON a.x = b.y")
+        refuse_unknown_args(join, JOIN_ARGS)
         kind = (join.args.get("kind") or "").upper()
         if kind and kind not in ("CROSS", "INNER"):
             raise unsupported(f"{kind} JOIN", join)
@@ -238,7 +276,7 @@ class _Reader:
         elif type(node) in COMPARISONS:
             self._read_score_comparison(node, on_of, subquery_of)
         elif isinstance(node, exp.EQ):
-            self._read_equality(node, on_of)
+            self._read_equality(node, on_of, subquery_of)
         elif isinstance(node, exp.In):
             self._read_label_filter(node, subquery_of)
         elif isinstance(node, exp.Exists) or (isinstance(node, exp.Not) and isinstance(node.this, exp.Exists)):
@@ -249,7 +287,7 @@ class _Reader:
             return
         else:
             raise unsupported(
-                f"condition {node.sql(dialect=DIALECTS[self.dialect])}", node,
+                f"condition {safe_sql(node)}", node,
                 "conditions are AND-ed AI predicates, AI.SCORE comparisons, column equalities and [NOT] EXISTS",
             )
 
@@ -270,33 +308,35 @@ class _Reader:
         if call is None:
             call, number, op = ai_call(right), left, FLIPPED[op]
         if call is None or call.kind != "score":
-            raise unsupported(f"comparison {node.sql()}", node, "only AI.SCORE(...) can be compared with a number")
+            raise unsupported(f"comparison {safe_sql(node)}", node, "only AI.SCORE(...) can be compared with a number")
         value = _number(number)
         if value is None:
-            raise unsupported(f"comparison of AI.SCORE with {number.sql()}", node, "compare with a number literal")
+            raise unsupported(f"comparison of AI.SCORE with {safe_sql(number)}", node, "compare with a number literal")
         prompt, options = self._prompt_and_options(call, {"selectivity", "anchor"})
         self.predicates.append(PredicateSpec(
             prompt, self.order_of(call.node), _selectivity(options, call.node), _anchor(options, call.node),
             ScoreThreshold(op, value), on_of, subquery_of, where_of(call.node),
         ))
 
-    def _read_equality(self, node: exp.EQ, on_of: str | None) -> None:
+    def _read_equality(self, node: exp.EQ, on_of: str | None, subquery_of: str | None) -> None:
         left, right = node.this, node.expression
         if not (_is_plain_column(left) and _is_plain_column(right)):
-            raise unsupported(f"condition {node.sql()}", node,
+            raise unsupported(f"condition {safe_sql(node)}", node,
                               "only column = column equalities between two tables are supported")
-        self.equalities.append(EqualitySpec(_column(left), _column(right), on_of, where_of(node)))
+        self.equalities.append(EqualitySpec(_column(left), _column(right), on_of, where_of(node), subquery_of))
 
     def _read_label_filter(self, node: exp.In, subquery_of: str | None) -> None:
         target = node.this
         if node.args.get("query") is not None:
             raise unsupported("IN (subquery)", node, "only [NOT] EXISTS subqueries are supported")
+        if node.args.get("unnest") is not None or node.args.get("field") is not None:
+            raise unsupported("IN UNNEST(...)", node, "write IN ('a', 'b')")
         if subquery_of is not None or not isinstance(target, exp.Column) or target.table:
-            raise unsupported(f"IN over {target.sql()}", node, "IN filters an AI.CLASSIFY output by its name")
+            raise unsupported(f"IN over {safe_sql(target)}", node, "IN filters an AI.CLASSIFY output by its name")
         values = []
         for value in node.expressions:
             if not (isinstance(value, exp.Literal) and value.is_string):
-                raise unsupported(f"IN value {value.sql()}", value, "list label strings")
+                raise unsupported(f"IN value {safe_sql(value)}", value, "list label strings")
             values.append(value.this)
         self.label_filters.append(LabelFilterSpec(target.name, tuple(values), where_of(node)))
 
@@ -308,9 +348,9 @@ class _Reader:
         query = exists.this
         if not isinstance(query, exp.Select):
             raise unsupported("EXISTS over a non-SELECT", node)
-        self._check_clauses(query)
         if query.args.get("joins"):
             raise unsupported("JOIN inside EXISTS", query, "an EXISTS subquery reads one table")
+        self._check_clauses(query, SUBQUERY_ARGS)
         source = query.args.get("from_") or query.args.get("from")
         if source is None:
             raise unsupported("EXISTS without FROM", query)
@@ -335,14 +375,14 @@ class _Reader:
 
     def _prompt(self, node: exp.Expression, owner: str) -> PromptSpec:
         if not (isinstance(node, exp.Anonymous) and str(node.name).upper() == "PROMPT"):
-            raise unsupported(f"{owner} over {node.sql()}", node, f"write {owner}(PROMPT('…{{0}}…', column))")
+            raise unsupported(f"{owner} over {safe_sql(node)}", node, f"write {owner}(PROMPT('…{{0}}…', column))")
         arguments = list(node.expressions)
         if not arguments or not (isinstance(arguments[0], exp.Literal) and arguments[0].is_string):
             raise unsupported("PROMPT without a template string", node, "its first argument is a string literal")
         columns = []
         for argument in arguments[1:]:
             if not _is_plain_column(argument):
-                raise unsupported(f"PROMPT argument {argument.sql()}", argument, "PROMPT arguments are columns")
+                raise unsupported(f"PROMPT argument {safe_sql(argument)}", argument, "PROMPT arguments are columns")
             columns.append(_column(argument))
         return PromptSpec(arguments[0].this, tuple(columns), where_of(node))
 
@@ -374,8 +414,10 @@ class _Reader:
 
     def _select_item(self, item: exp.Expression) -> SelectItem:
         if isinstance(item, exp.Star):
+            refuse_unknown_args(item, set())
             return SelectItem("star", where=where_of(item))
         if isinstance(item, exp.Column) and isinstance(item.this, exp.Star):
+            refuse_unknown_args(item.this, set())
             return SelectItem("alias_star", alias=item.table, where=where_of(item))
         if _is_plain_column(item):
             return SelectItem("column", column=_column(item), where=where_of(item))
@@ -388,12 +430,12 @@ class _Reader:
             raise unsupported(f"{call.spelling} in SELECT", item, "it filters rows: put it in WHERE or ON")
         if isinstance(item, exp.AggFunc):
             raise unsupported(f"aggregate function {item.key.upper()}", item)
-        raise unsupported(f"SELECT expression {item.sql()}", item, "select columns, *, or named AI outputs")
+        raise unsupported(f"SELECT expression {safe_sql(item)}", item, "select columns, *, or named AI outputs")
 
     def _aliased_item(self, item: exp.Alias) -> SelectItem:
         call = ai_call(item.this)
         if call is None or call.kind == "filter":
-            raise unsupported(f"SELECT {item.sql()}", item, "AS names AI.CLASSIFY and AI.SCORE outputs only")
+            raise unsupported(f"SELECT {safe_sql(item)}", item, "AS names AI.CLASSIFY and AI.SCORE outputs only")
         if call.kind == "classify":
             self._read_classify(call, item.alias)
         else:
@@ -431,7 +473,7 @@ def _number(node: exp.Expression) -> float | None:
 
 def _options(node: exp.Expression, keys: set[str]) -> dict[str, exp.Expression]:
     if not isinstance(node, exp.Struct):
-        raise unsupported(f"options {node.sql()}", node, "write {'key': value, ...}")
+        raise unsupported(f"options {safe_sql(node)}", node, "write {'key': value, ...}")
     options: dict[str, exp.Expression] = {}
     for entry in node.expressions:
         if isinstance(entry, exp.PropertyEQ):
@@ -439,10 +481,12 @@ def _options(node: exp.Expression, keys: set[str]) -> dict[str, exp.Expression]:
         elif isinstance(entry, exp.Alias):
             key, value = entry.alias, entry.this
         else:
-            raise unsupported(f"option {entry.sql()}", entry, "write {'key': value, ...}")
+            raise unsupported(f"option {safe_sql(entry)}", entry, "write {'key': value, ...}")
         if key not in keys:
             allowed = ", ".join(sorted(keys)) or "none"
             raise unsupported(f"option {key!r}", entry, f"options here: {allowed}")
+        if key in options:
+            raise unsupported(f"option {key!r} given twice", entry)
         options[key] = value
     return options
 
@@ -454,7 +498,7 @@ def _selectivity(options: dict[str, exp.Expression], call: exp.Expression) -> fl
     number = _number(value)
     if number is None:
         where = where_of(value)
-        raise CompileError(f"selectivity must be a number in [0, 1], got {value.sql()}", line=where.line,
+        raise CompileError(f"selectivity must be a number in [0, 1], got {safe_sql(value)}", line=where.line,
                            column=where.column)
     return number
 
@@ -471,12 +515,12 @@ def _string_option(options: dict[str, exp.Expression], key: str, call: exp.Expre
         return str(value.this)
     if isinstance(value, exp.Column | exp.Identifier):
         return value.name
-    raise unsupported(f"{key} {value.sql()}", value, f"{key} is a string")
+    raise unsupported(f"{key} {safe_sql(value)}", value, f"{key} is a string")
 
 
 def _labels(node: exp.Expression) -> tuple[Label, ...]:
     if not isinstance(node, exp.Array):
-        raise unsupported(f"labels {node.sql()}", node, "write ['a', 'b'] or [('a', 'description'), ...]")
+        raise unsupported(f"labels {safe_sql(node)}", node, "write ['a', 'b'] or [('a', 'description'), ...]")
     labels = []
     for entry in node.expressions:
         if isinstance(entry, exp.Literal) and entry.is_string:
@@ -485,5 +529,5 @@ def _labels(node: exp.Expression) -> tuple[Label, ...]:
                 isinstance(e, exp.Literal) and e.is_string for e in entry.expressions):
             labels.append(Label(entry.expressions[0].this, entry.expressions[1].this))
         else:
-            raise unsupported(f"label {entry.sql()}", entry, "labels are strings or ('label', 'description')")
+            raise unsupported(f"label {safe_sql(entry)}", entry, "labels are strings or ('label', 'description')")
     return tuple(labels)
