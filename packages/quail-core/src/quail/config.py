@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+Precision = Literal["auto", "fp32", "bf16"]
 
 DEFAULT_MODEL = "gemma-3-270m"
 DEFAULT_DEVICE = "cpu"
@@ -19,9 +22,12 @@ class EngineConfig:
     gpus: int = 1
     chunk_tokens: int = 2048
     kv_budget_bytes: float | None = None
+    precision: Precision = "auto"
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
             raise ValueError(f"EngineConfig.gpus must be at least 1, got {self.gpus}")
+        if self.precision not in ("auto", "fp32", "bf16"):
+            raise ValueError(f"EngineConfig.precision must be 'auto', 'fp32' or 'bf16', got {self.precision!r}")
         if self.chunk_tokens < 16:
             raise ValueError(f"EngineConfig.chunk_tokens must be at least 16, got {self.chunk_tokens}")

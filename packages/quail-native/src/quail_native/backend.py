@@ -19,13 +19,12 @@ from quail import (
     RefusalError,
     SupportResult,
 )
+from quail.data.tokenizer import Tokenizer
+from quail.frontend.prompts import answer_tokens, style_for
+from quail.planner.physical import plan_query
 
 ARCHITECTURES = ("qwen3", "gemma3")
-
-NOT_BUILT = Refusal(
-    "the native backend cannot plan or execute queries yet",
-    ("its executor (models, packed prefill, KV reuse) is not part of this release",),
-)
+DEFAULT_KV_CHUNKS = 32
 
 
 class NativeBackend:
@@ -42,14 +41,44 @@ class NativeBackend:
             return _cuda_support(gpu_count)
         return SupportResult.accept()
 
+    def tokenizer(self, model: ModelSpec) -> Tokenizer:
+        from quail_native.models.loading import load_tokenizer, read_arch
+        from quail_native.models.locate import model_directory
+
+        directory = model_directory(model)
+        return load_tokenizer(directory, read_arch(directory))
+
     def plan(self, region: ModelRegion, context: PlanningContext) -> Sequence[PhysicalCandidate] | Refusal:
-        return NOT_BUILT
+        if context.tokenizer is None:
+            return Refusal("the native backend plans with the model's tokenizer, and none was given")
+        answer_tokens(context.tokenizer)  # refuses a tokenizer that cannot tell TRUE from FALSE
+        style = style_for(context.model.chat_template, context.model.architecture)
+        return [plan_query(self.name, region, context, style)]
 
     def start(self, context: GpuContext) -> ModelExecution:
-        raise RefusalError(NOT_BUILT)
+        import torch
+
+        from quail_native.execution import NativeExecution
+        from quail_native.executor.loop import Budget
+        from quail_native.executor.readout import AnswerColumns
+        from quail_native.models.loading import load_model
+        from quail_native.models.locate import model_directory
+
+        device = torch.device("cuda", context.device_index) if context.device.kind == "cuda" else torch.device("cpu")
+        precision = context.config.precision
+        dtype = torch.bfloat16 if precision == "bf16" or (precision == "auto" and device.type == "cuda") \
+            else torch.float32
+        loaded = load_model(model_directory(context.model), dtype, device)
+        tokens = answer_tokens(loaded.tokenizer)
+        chunk = context.config.chunk_tokens
+        kv_tokens = chunk * DEFAULT_KV_CHUNKS
+        if context.config.kv_budget_bytes is not None:
+            per_token = 2 * loaded.arch.layers * loaded.arch.kv_heads * loaded.arch.head_dim * dtype.itemsize
+            kv_tokens = max(chunk, int(context.config.kv_budget_bytes // per_token))
+        return NativeExecution(loaded, AnswerColumns(tokens.true_ids, tokens.false_ids), Budget(chunk, kv_tokens))
 
     def execute_request(self, context: BackendExecutionContext) -> PhysicalResponse:
-        raise RefusalError(NOT_BUILT)
+        raise RefusalError(Refusal("the native backend runs plans node by node through start()"))
 
 
 def _cuda_support(gpu_count: int) -> SupportResult:

@@ -167,6 +167,13 @@ class BackendExecutionContext:
 
 
 @runtime_checkable
+class TokenizerSource(Protocol):
+    """Optional: a backend that can hand the session its model's tokenizer for planning."""
+
+    def tokenizer(self, model: ModelSpec) -> Tokenizer: ...
+
+
+@runtime_checkable
 class ModelBackend(Protocol):
     """An inference backend, selected by `EngineConfig(backend=name)`."""
 

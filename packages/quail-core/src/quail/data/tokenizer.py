@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 
@@ -29,3 +31,41 @@ class Tokenizer(Protocol):
     def token_id(self, token: str) -> int | None:
         """The id of one vocabulary entry, or None when the vocabulary lacks it."""
         ...
+
+
+class HuggingFaceTokenizer:
+    """The Tokenizer role over a `tokenizer.json` (the `tokenizers` library, imported lazily).
+
+    Shared by every backend that runs Hugging Face checkpoints, so planning sees the exact ids the
+    engine will. `bos_id` is the token the layout puts first (None for models that use none).
+    """
+
+    def __init__(self, path: Path, bos_id: int | None) -> None:
+        try:
+            from tokenizers import Tokenizer as TokenizerFile
+        except ImportError as error:  # optional: only backends that load HF checkpoints need it
+            raise ImportError("reading tokenizer.json needs the tokenizers package: pip install tokenizers") from error
+        self._tokenizer = TokenizerFile.from_file(str(path))
+        self._identity = "hf-" + hashlib.sha256(path.read_bytes()).hexdigest()[:20]
+        self._bos = bos_id
+
+    @property
+    def identity(self) -> str:
+        return self._identity
+
+    @property
+    def bos_id(self) -> int | None:
+        return self._bos
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [list(e.ids) for e in self._tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self._tokenizer.decode(list(ids), skip_special_tokens=False))
+
+    def token_id(self, token: str) -> int | None:
+        found = self._tokenizer.token_to_id(token)
+        return None if found is None else int(found)

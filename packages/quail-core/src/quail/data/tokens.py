@@ -54,6 +54,11 @@ class TokenColumn:
 
     path: Path
     tokens: pa.ChunkedArray = field(repr=False, compare=False)
+    _lengths: pa.Int32Array = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        parts = [pc.list_value_length(chunk) for chunk in self.tokens.chunks]
+        object.__setattr__(self, "_lengths", pa.concat_arrays(parts) if parts else pa.array([], pa.int32()))
 
     @classmethod
     def open(cls, path: Path) -> TokenColumn:
@@ -67,8 +72,7 @@ class TokenColumn:
 
     def lengths(self) -> pa.Int32Array:
         """Token count per row, from the list offsets (the token values are not read)."""
-        parts = [pc.list_value_length(chunk) for chunk in self.tokens.chunks]
-        return pa.concat_arrays(parts) if parts else pa.array([], pa.int32())
+        return self._lengths
 
     def take(self, rows: Rows) -> pa.ListArray:
         return self.tokens.take(_indices(rows)).combine_chunks()

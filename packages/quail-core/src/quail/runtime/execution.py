@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from quail.backends.base import ModelRegion, PhysicalCandidate, PlanningContext
+from quail.backends.base import ModelRegion, PhysicalCandidate, PlanningContext, TokenizerSource
 from quail.data.tokens import TokenColumn
 from quail.errors import Refusal, RefusalError
 from quail.logical.expressions import Equality
@@ -42,6 +42,8 @@ def document_columns(query: Query) -> dict[str, str]:
 
 def token_columns(query: Query) -> dict[str, TokenColumn]:
     session = query.session
+    if session.tokenizer is None and isinstance(session.backend, TokenizerSource):
+        session.tokenizer = session.backend.tokenizer(session.model)
     if session.tokenizer is None:
         raise RefusalError(Refusal(
             f"no tokenizer for model {session.model.name!r}",

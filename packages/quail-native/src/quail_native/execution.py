@@ -1,0 +1,162 @@
+"""NativeExecution: the ModelExecution of the native backend — model nodes in, answer tables out."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Mapping
+
+import pyarrow as pa
+import torch
+
+from quail.backends import shapes
+from quail.backends.base import NodeMetrics, NodeOutput
+from quail.errors import Refusal, RefusalError
+from quail.logical.expressions import AiPredicate
+from quail.physical import nodes as ph
+from quail.runtime.relational import equality_pairs
+from quail_native.executor.arena import KVArena
+from quail_native.executor.loop import Anchor, Budget, SharedState, run_filter, run_join
+from quail_native.executor.packing import Item, ItemResult, Packer
+from quail_native.executor.readout import AnswerColumns, log_probabilities, margins
+from quail_native.models.loading import LoadedModel
+
+Tokens = tuple[int, ...]
+
+
+def holds(predicate: AiPredicate, margin: float) -> bool:
+    if predicate.threshold is None:
+        return margin > 0
+    return predicate.threshold.holds(shapes.sigmoid(margin))
+
+
+def documents(inputs: Mapping[str, pa.Table], alias: str) -> dict[int, Tokens]:
+    table = inputs[f"documents:{alias}"]
+    rows = table.column(alias).to_pylist()
+    return {r: tuple(t) for r, t in zip(rows, table.column("tokens").to_pylist(), strict=True)}
+
+
+class NativeExecution:
+    def __init__(self, loaded: LoadedModel, answers: AnswerColumns, budget: Budget) -> None:
+        self.loaded = loaded
+        self.answers = answers
+        self.state = SharedState(Packer(loaded.model, KVArena(), loaded.device), budget)
+
+    def close(self) -> None:
+        self.state.preambles.clear()
+        self.state.retained.clear()
+        self.state.packer.arena = KVArena()
+
+    def margin(self, result: ItemResult) -> float:
+        return margins(self.loaded.model, result.hidden, self.answers)[0]
+
+    def execute(self, node: ph.PhysicalNode, inputs: Mapping[str, pa.Table]) -> NodeOutput:
+        started = time.perf_counter()
+        before = self.state.packer.counters.snapshot()
+        hits, misses = self.state.kv_hits, self.state.kv_misses
+        if isinstance(node, ph.AiFilter):
+            table = self.filter(node, inputs)
+        elif isinstance(node, ph.AiJoin):
+            table = self.join(node, inputs)
+        elif isinstance(node, ph.AiClassify):
+            table = self.classify(node, inputs)
+        elif isinstance(node, ph.AiScore):
+            table = self.score(node, inputs)
+        else:
+            raise RefusalError(Refusal(f"the native backend has no runtime for {node.kind}"))
+        passes, fresh, cached = (a - b for a, b in zip(self.state.packer.counters.snapshot(), before, strict=True))
+        rows_in = sum(t.num_rows for k, t in inputs.items() if not k.startswith("documents:"))
+        metrics = NodeMetrics(time.perf_counter() - started, rows_in=rows_in, rows_out=table.num_rows,
+                              fresh_tokens=fresh, cached_tokens=cached, chunks=passes,
+                              kv_hits=self.state.kv_hits - hits, kv_misses=self.state.kv_misses - misses,
+                              kv_evictions=0, recomputed_tokens=0)
+        return NodeOutput({"answers": table}, metrics)
+
+    # -- filters ------------------------------------------------------------------------------
+
+    def filter(self, node: ph.AiFilter, inputs: Mapping[str, pa.Table]) -> pa.Table:
+        rows = sorted(set(inputs["rows"].column(node.alias).to_pylist()))
+        stages = node.stages
+        found = run_filter(
+            self.state, node.alias, rows, documents(inputs, node.alias), node.preamble, node.frame,
+            [s.question for s in stages], lambda k, m: holds(stages[k].predicate, m), self.margin, node.retain_kv,
+        )
+        return shapes.filter_answers(node.alias, [f[0] for f in found],
+                                     [stages[f[1]].predicate.position for f in found],
+                                     [f[2] for f in found], [f[3] for f in found])
+
+    # -- joins --------------------------------------------------------------------------------
+
+    def join(self, node: ph.AiJoin, inputs: Mapping[str, pa.Table]) -> pa.Table:
+        aliases = [c.alias for c in node.predicate.prompt.columns]
+        texts = {alias: documents(inputs, alias) for alias in aliases}
+        anchor_alias = node.anchor.alias
+        partner_aliases = [p.alias for p in node.partners]
+        anchors: dict[int, Anchor] = {}
+        for item in self.candidates(node, inputs, aliases):
+            row = item[aliases.index(anchor_alias)]
+            suffix: Tokens = ()
+            for label, partner in zip(node.labels, partner_aliases, strict=True):
+                suffix += label + texts[partner][item[aliases.index(partner)]]
+            suffix += node.cue
+            anchor = anchors.setdefault(row, Anchor(anchor_alias, row, texts[anchor_alias][row], deque()))
+            anchor.pending.append((item, suffix))
+        found = run_join(self.state, [anchors[r] for r in sorted(anchors)], node.preamble, node.frame,
+                         node.semantics != "full", self.margin, lambda m: holds(node.predicate, m))
+        columns = {alias: [f[0][i] for f in found] for i, alias in enumerate(aliases)}
+        return shapes.join_answers(columns, [f[1] for f in found], [f[2] for f in found], anchor=anchor_alias,
+                                   partners=partner_aliases, semantics=node.semantics,
+                                   position=node.predicate.position)
+
+    @staticmethod
+    def candidates(node: ph.AiJoin, inputs: Mapping[str, pa.Table], aliases: list[str]) -> list[tuple[int, ...]]:
+        table = inputs.get("candidates")
+        if table is None:
+            left = inputs["left"].select([a for a in aliases if a in inputs["left"].column_names])
+            right = inputs["right"].select([a for a in aliases if a in inputs["right"].column_names])
+            table = equality_pairs(_distinct(left), _distinct(right), (), {})
+        return sorted({tuple(r[a] for a in aliases) for r in table.select(aliases).to_pylist()})
+
+    # -- classify and score -------------------------------------------------------------------
+
+    def classify(self, node: ph.AiClassify, inputs: Mapping[str, pa.Table]) -> pa.Table:
+        rows = sorted(set(inputs["rows"].column(node.alias).to_pylist()))
+        texts = documents(inputs, node.alias)
+        pre = self.state.preamble(node.preamble)
+        start = len(node.preamble)
+        first = torch.tensor([label[0] for label in node.label_tokens])
+        needs_more = any(len(label) > 1 for label in node.label_tokens)
+        scores: dict[int, list[float]] = {}
+        for row in rows:
+            tokens = texts[row] + node.tail
+            keep = ((0, len(tokens)),) if needs_more else ()
+            [result] = self.state.packer.run([Item(tokens, start, (pre,), (len(tokens) - 1,), keep)])
+            logits = self.loaded.model.logits(result.hidden)
+            firsts = torch.log_softmax(logits, dim=-1)[0, first.to(logits.device)].tolist()
+            scores[row] = [firsts[k] + self.continuation(label, result, start + len(tokens), pre)
+                           for k, label in enumerate(node.label_tokens)]
+            for block in result.blocks:
+                self.state.arena.free(block)
+        names = [label.name for label in node.labels]
+        chosen = [names[shapes.choose_label(scores[r])] for r in rows]
+        return shapes.label_answers(node.alias, node.output, rows, chosen, [scores[r] for r in rows])
+
+    def continuation(self, label: Tokens, prefix: ItemResult, start: int, preamble_block: int) -> float:
+        """Σ log p(label[j] | prefix, label[:j]) for j ≥ 1."""
+        if len(label) < 2:
+            return 0.0
+        inputs = label[:-1]
+        [result] = self.state.packer.run([Item(inputs, start, (preamble_block, *prefix.blocks),
+                                               tuple(range(len(inputs))))])
+        return sum(log_probabilities(self.loaded.model, result.hidden, torch.tensor(label[1:])))
+
+    def score(self, node: ph.AiScore, inputs: Mapping[str, pa.Table]) -> pa.Table:
+        rows = sorted(set(inputs["rows"].column(node.alias).to_pylist()))
+        texts = documents(inputs, node.alias)
+        found = run_filter(self.state, node.alias, rows, texts, node.preamble, (), [node.question],
+                           lambda _k, _m: True, self.margin, retain=False)
+        return shapes.score_answers(node.alias, node.output, [f[0] for f in found], [f[3] for f in found])
+
+
+def _distinct(table: pa.Table) -> pa.Table:
+    return table.group_by(table.column_names).aggregate([]) if table.num_columns else table

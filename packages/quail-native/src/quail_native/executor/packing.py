@@ -1,0 +1,142 @@
+"""Packed forward passes: many variable-length items, explicit positions, one model call.
+
+An item is a run of new tokens at known positions that attends to some KV blocks of the arena
+(its parents) and to its own earlier tokens. Siblings in one pass never see each other. After
+the pass, spans of an item's new KV may be kept as blocks, and hidden states are returned only
+at the item's readout offsets — the head never runs over every position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from quail_native.executor.arena import KVArena
+from quail_native.executor.attention import packed_masks
+from quail_native.models.transformer import Transformer
+
+Span = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Item:
+    tokens: tuple[int, ...]
+    start: int
+    parents: tuple[int, ...] = ()
+    readout: tuple[int, ...] = ()
+    keep: tuple[Span, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.tokens:
+            raise ValueError("an item computes at least one token")
+
+
+@dataclass
+class ItemResult:
+    hidden: torch.Tensor
+    blocks: tuple[int, ...]
+
+
+@dataclass
+class PassCounters:
+    passes: int = 0
+    fresh_tokens: int = 0
+    cached_tokens: int = 0
+
+    def snapshot(self) -> tuple[int, int, int]:
+        return self.passes, self.fresh_tokens, self.cached_tokens
+
+
+@dataclass
+class Packer:
+    model: Transformer
+    arena: KVArena
+    device: torch.device
+    counters: PassCounters = field(default_factory=PassCounters)
+
+    def run(self, items: Sequence[Item]) -> list[ItemResult]:
+        """One forward pass over `items`."""
+        if not items:
+            return []
+        block_ids = list(dict.fromkeys(b for item in items for b in item.parents))
+        context = self._context(block_ids)
+        rows = self._rows(items)
+        parents = torch.zeros(len(items), len(block_ids), dtype=torch.bool)
+        for i, item in enumerate(items):
+            for b in item.parents:
+                parents[i, block_ids.index(b)] = True
+        block_of_column, column_positions = self._columns(block_ids)
+        masks = packed_masks(rows.item_of_row, rows.positions, parents, block_of_column, column_positions,
+                             self.model.arch.sliding_window)
+        masks = {kind: mask.to(self.device) for kind, mask in masks.items()}
+        output = self.model(rows.tokens.to(self.device), rows.positions.to(self.device), context, masks,
+                            rows.readout.to(self.device))
+        self._count(items)
+        return self._results(items, rows, output.hidden, output.keys, output.values)
+
+    def _context(self, block_ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        arch = self.model.arch
+        context = []
+        for layer in range(arch.layers):
+            blocks = [self.arena.get(b) for b in block_ids]
+            if blocks:
+                keys = torch.cat([b.keys[layer] for b in blocks], dim=1)
+                values = torch.cat([b.values[layer] for b in blocks], dim=1)
+            else:
+                empty = torch.zeros(arch.kv_heads, 0, arch.head_dim, dtype=self.model.embed_tokens.weight.dtype,
+                                    device=self.device)
+                keys, values = empty, empty
+            context.append((keys, values))
+        return context
+
+    def _columns(self, block_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        blocks = [self.arena.get(b) for b in block_ids]
+        if not blocks:
+            return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+        owner = torch.cat([torch.full((b.length,), i, dtype=torch.long) for i, b in enumerate(blocks)])
+        return owner, torch.cat([b.positions for b in blocks])
+
+    @staticmethod
+    def _rows(items: Sequence[Item]) -> _Rows:
+        tokens, positions, owners, readout = [], [], [], []
+        offset = 0
+        for index, item in enumerate(items):
+            tokens.extend(item.tokens)
+            positions.extend(range(item.start, item.start + len(item.tokens)))
+            owners.extend([index] * len(item.tokens))
+            readout.extend(offset + r for r in item.readout)
+            offset += len(item.tokens)
+        as_long = lambda values: torch.tensor(values, dtype=torch.long)  # noqa: E731
+        return _Rows(as_long(tokens), as_long(positions), as_long(owners), as_long(readout))
+
+    def _count(self, items: Sequence[Item]) -> None:
+        self.counters.passes += 1
+        self.counters.fresh_tokens += sum(len(i.tokens) for i in items)
+        self.counters.cached_tokens += sum(self.arena.get(b).length for i in items for b in i.parents)
+
+    def _results(self, items: Sequence[Item], rows: _Rows, hidden: torch.Tensor, keys: list[torch.Tensor],
+                 values: list[torch.Tensor]) -> list[ItemResult]:
+        results = []
+        offset, read = 0, 0
+        for item in items:
+            kept = []
+            for span_start, span_length in item.keep:
+                if span_length <= 0:
+                    continue
+                lo, hi = offset + span_start, offset + span_start + span_length
+                kept.append(self.arena.add(item.start + span_start, [k[:, lo:hi].clone() for k in keys],
+                                           [v[:, lo:hi].clone() for v in values]))
+            results.append(ItemResult(hidden[read: read + len(item.readout)], tuple(kept)))
+            offset += len(item.tokens)
+            read += len(item.readout)
+        return results
+
+
+@dataclass
+class _Rows:
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    item_of_row: torch.Tensor
+    readout: torch.Tensor

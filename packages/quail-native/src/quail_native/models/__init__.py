@@ -1,0 +1,1 @@
+"""Model architectures in torch, and how to load them."""

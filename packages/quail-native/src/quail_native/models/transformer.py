@@ -1,0 +1,191 @@
+"""One decoder-only transformer, written for packed prefill over a reused KV cache.
+
+`Arch` holds the numbers and the few switches that tell Qwen3 and Gemma 3 apart (norm style,
+post-norms, embedding scale, activation, per-layer RoPE base and sliding window). The forward pass
+takes new tokens with explicit positions, the KV they may attend to (the context), and boolean
+masks; it returns hidden states only at the rows whose answers are read, and the new KV.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+LayerType = Literal["full", "sliding"]
+Activation = Literal["silu", "gelu_tanh"]
+
+
+@dataclass(frozen=True)
+class Arch:
+    """Architecture numbers (from config.json) and the switches between Qwen3 and Gemma 3."""
+
+    family: Literal["qwen3", "gemma3"]
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    norm_eps: float
+    layer_types: tuple[LayerType, ...]
+    rope_theta: dict[LayerType, float]
+    rope_factor: dict[LayerType, float]
+    sliding_window: int | None
+    attention_scale: float
+    activation: Activation
+    tied_embeddings: bool
+    embed_scale: float | None
+    gemma_norms: bool  # RMSNorm scales by (1 + w) and layers add post-norms
+
+    def __post_init__(self) -> None:
+        if len(self.layer_types) != self.layers:
+            raise ValueError(f"{len(self.layer_types)} layer types for {self.layers} layers")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, gemma: bool) -> None:
+        super().__init__()
+        self.eps = eps
+        self.gemma = gemma
+        self.weight = nn.Parameter(torch.zeros(dim) if gemma else torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.gemma:
+            return (normed * (1.0 + self.weight.float())).type_as(x)
+        return self.weight * normed.to(x.dtype)
+
+
+def rope_tables(arch: Arch, positions: torch.Tensor, dtype: torch.dtype) -> dict[LayerType, tuple[torch.Tensor, ...]]:
+    """cos / sin per layer type for the given token positions: [T, head_dim] each."""
+    tables = {}
+    for kind in set(arch.layer_types):
+        exponents = torch.arange(0, arch.head_dim, 2, dtype=torch.float, device=positions.device) / arch.head_dim
+        inverse = 1.0 / (arch.rope_theta[kind] ** exponents) / arch.rope_factor[kind]
+        angles = positions[:, None].float() * inverse[None, :]
+        doubled = torch.cat((angles, angles), dim=-1)
+        tables[kind] = (doubled.cos().to(dtype), doubled.sin().to(dtype))
+    return tables
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on [heads, T, head_dim] with tables [T, head_dim] (the half-split convention)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, arch: Arch, kind: LayerType) -> None:
+        super().__init__()
+        self.arch = arch
+        self.kind = kind
+        self.q_proj = nn.Linear(arch.hidden, arch.heads * arch.head_dim, bias=False)
+        self.k_proj = nn.Linear(arch.hidden, arch.kv_heads * arch.head_dim, bias=False)
+        self.v_proj = nn.Linear(arch.hidden, arch.kv_heads * arch.head_dim, bias=False)
+        self.o_proj = nn.Linear(arch.heads * arch.head_dim, arch.hidden, bias=False)
+        self.q_norm = RMSNorm(arch.head_dim, arch.norm_eps, arch.gemma_norms)
+        self.k_norm = RMSNorm(arch.head_dim, arch.norm_eps, arch.gemma_norms)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...], context: tuple[torch.Tensor, torch.Tensor],
+                mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        arch, tokens = self.arch, x.shape[0]
+        q = self.q_norm(self.q_proj(x).view(tokens, arch.heads, arch.head_dim)).transpose(0, 1)
+        k = self.k_norm(self.k_proj(x).view(tokens, arch.kv_heads, arch.head_dim)).transpose(0, 1)
+        v = self.v_proj(x).view(tokens, arch.kv_heads, arch.head_dim).transpose(0, 1)
+        q, k = rotate(q, *rope), rotate(k, *rope)
+        keys = torch.cat((context[0], k), dim=1)
+        values = torch.cat((context[1], v), dim=1)
+        out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask[None, None],
+                                             scale=arch.attention_scale, enable_gqa=arch.heads != arch.kv_heads)
+        return self.o_proj(out[0].transpose(0, 1).reshape(tokens, -1)), k, v
+
+
+class MLP(nn.Module):
+    def __init__(self, arch: Arch) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(arch.hidden, arch.ffn, bias=False)
+        self.up_proj = nn.Linear(arch.hidden, arch.ffn, bias=False)
+        self.down_proj = nn.Linear(arch.ffn, arch.hidden, bias=False)
+        self.activation = arch.activation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate = self.gate_proj(x)
+        gate = F.silu(gate) if self.activation == "silu" else F.gelu(gate, approximate="tanh")
+        return self.down_proj(gate * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, arch: Arch, kind: LayerType) -> None:
+        super().__init__()
+        self.kind = kind
+        self.self_attn = Attention(arch, kind)
+        self.mlp = MLP(arch)
+        self.input_layernorm = RMSNorm(arch.hidden, arch.norm_eps, arch.gemma_norms)
+        self.post_attention_layernorm = RMSNorm(arch.hidden, arch.norm_eps, arch.gemma_norms)
+        self.gemma = arch.gemma_norms
+        if self.gemma:
+            self.pre_feedforward_layernorm = RMSNorm(arch.hidden, arch.norm_eps, True)
+            self.post_feedforward_layernorm = RMSNorm(arch.hidden, arch.norm_eps, True)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...], context: tuple[torch.Tensor, torch.Tensor],
+                mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        attended, k, v = self.self_attn(self.input_layernorm(x), rope, context, mask)
+        if self.gemma:
+            x = x + self.post_attention_layernorm(attended)
+            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x))), k, v
+        x = x + attended
+        return x + self.mlp(self.post_attention_layernorm(x)), k, v
+
+
+@dataclass
+class ForwardOutput:
+    hidden: torch.Tensor  # [readout rows, hidden], after the final norm
+    keys: list[torch.Tensor]  # per layer [kv_heads, T, head_dim]
+    values: list[torch.Tensor]
+
+
+class Transformer(nn.Module):
+    def __init__(self, arch: Arch) -> None:
+        super().__init__()
+        self.arch = arch
+        self.embed_tokens = nn.Embedding(arch.vocab, arch.hidden)
+        self.layers = nn.ModuleList(Block(arch, kind) for kind in arch.layer_types)
+        self.norm = RMSNorm(arch.hidden, arch.norm_eps, arch.gemma_norms)
+        self.lm_head = None if arch.tied_embeddings else nn.Linear(arch.hidden, arch.vocab, bias=False)
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(tokens)
+        if self.arch.embed_scale is not None:
+            x = x * torch.tensor(self.arch.embed_scale, dtype=x.dtype)
+        return x
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, context: list[tuple[torch.Tensor, torch.Tensor]],
+                masks: dict[LayerType, torch.Tensor], readout: torch.Tensor) -> ForwardOutput:
+        """Prefill `tokens` at `positions`, attending to each layer's `context` KV and to each other as
+        `masks[kind]` ([T, C + T], True = may attend) allows; hidden states only at `readout` rows."""
+        x = self.embed(tokens)
+        tables = rope_tables(self.arch, positions, x.dtype)
+        keys, values = [], []
+        for index, block in enumerate(self.layers):
+            x, k, v = block(x, tables[block.kind], context[index], masks[block.kind])
+            keys.append(k)
+            values.append(v)
+        return ForwardOutput(self.norm(x[readout]), keys, values)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
+        """Head logits at readout rows: only the given vocabulary `columns` when named."""
+        weight = self.head_weight if columns is None else self.head_weight[columns]
+        return hidden.float() @ weight.float().T
+
