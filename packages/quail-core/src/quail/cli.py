@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from quail.config import DEFAULT_DEVICE, DEFAULT_MODEL
+from quail.config import DEFAULT_BACKEND, DEFAULT_DEVICE, DEFAULT_MODEL
 from quail.errors import QuailError
 from quail.plugins.registry import FIRST_PARTY_BACKENDS, ExtensionRegistry
 
@@ -31,7 +31,19 @@ def _parser() -> argparse.ArgumentParser:
     backends.add_argument("--device", default=DEFAULT_DEVICE)
     backends.add_argument("--gpus", type=int, default=1)
     backends.set_defaults(handler=_backends)
+    demo = commands.add_parser("demo", help="run the main demo query on the embedded model")
+    demo.add_argument("--model", default=DEFAULT_MODEL)
+    demo.add_argument("--device", default=DEFAULT_DEVICE)
+    demo.add_argument("--backend", default=DEFAULT_BACKEND)
+    demo.set_defaults(handler=_demo)
     return parser
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from quail.config import EngineConfig
+    from quail.demo import run_demo
+
+    return run_demo(EngineConfig(model=args.model, device=args.device, backend=args.backend))
 
 
 def _backends(args: argparse.Namespace) -> int:

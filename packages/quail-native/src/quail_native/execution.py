@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import pyarrow as pa
 import torch
@@ -41,6 +41,9 @@ class NativeExecution:
         self.loaded = loaded
         self.answers = answers
         self.state = SharedState(Packer(loaded.model, KVArena(), loaded.device), budget)
+
+    def set_progress(self, callback: Callable[[int, int], None] | None) -> None:
+        self.state.progress = callback
 
     def close(self) -> None:
         self.state.preambles.clear()

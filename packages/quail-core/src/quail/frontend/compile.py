@@ -32,6 +32,9 @@ from quail.logical.nodes import (
     SemanticJoin,
 )
 
+RESERVED_NAMES = frozenset({"predicate", "answer", "margin", "margins", "tokens"})
+"""Column names of the standard answer shapes: no alias or AI output may take them."""
+
 
 def fail(message: str, where: Where) -> CompileError:
     return CompileError(message, line=where.line, column=where.column)
@@ -98,6 +101,9 @@ class _Compiler:
                 raise fail(f"unknown table {table.table!r}; registered tables: {known}", table.where)
             if table.alias in self.tables:
                 raise fail(f"alias {table.alias!r} is used for two tables", table.where)
+            if table.alias in RESERVED_NAMES:
+                raise fail(f"alias {table.alias!r} is reserved for answer columns; pick another alias "
+                           f"(reserved: {', '.join(sorted(RESERVED_NAMES))})", table.where)
             self.tables[table.alias] = table
 
     @property
@@ -321,6 +327,9 @@ class _Compiler:
         for name in outputs:
             if not name.isidentifier():
                 raise CompileError(f"AI output name {name!r} is not an identifier")
+            if name in RESERVED_NAMES or name in self.tables:
+                what = "a table alias" if name in self.tables else "reserved for answer columns"
+                raise CompileError(f"AI output name {name!r} is {what}; pick another name")
         if len(outputs) != len(classifies) + len(scores):
             raise CompileError("two AI outputs share one name; give each AI.CLASSIFY / AI.SCORE its own AS name")
         for label_filter in self.spec.label_filters:

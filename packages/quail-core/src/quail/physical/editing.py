@@ -13,6 +13,13 @@ from quail.physical.graph import Edge, PhysicalGraph
 from quail.physical.nodes import PhysicalNode
 
 
+def _node(graph: PhysicalGraph, node_id: str) -> PhysicalNode:
+    try:
+        return graph.node(node_id)
+    except KeyError:
+        raise PlanEditError(f"no node {node_id!r} in the plan; nodes are {[n.id for n in graph.nodes]}") from None
+
+
 def _pass_through_port(node: PhysicalNode) -> tuple[str, str]:
     """(input port, output port) of a node with one input and one output of the same type."""
     if node.is_model_node:
@@ -30,7 +37,7 @@ def insert(graph: PhysicalGraph, node: PhysicalNode, after: str) -> PhysicalGrap
     if any(n.id == node.id for n in graph.nodes):
         raise PlanEditError(f"a node with id {node.id!r} is already in the plan")
     port_in, port_out = _pass_through_port(node)
-    anchor = graph.node(after)
+    anchor = _node(graph, after)
     leaving = [e for e in graph.edges if e.source == after]
     if not leaving:
         raise PlanEditError(f"{after!r} feeds nothing: nothing to insert after (it is the root)")
@@ -47,7 +54,7 @@ def insert(graph: PhysicalGraph, node: PhysicalNode, after: str) -> PhysicalGrap
 
 def remove(graph: PhysicalGraph, node_id: str) -> PhysicalGraph:
     """Take a pass-through node out and connect its input straight to its consumers."""
-    node = graph.node(node_id)
+    node = _node(graph, node_id)
     port_in, _ = _pass_through_port(node)
     if node_id == graph.root:
         raise PlanEditError(f"{node_id!r} is the root of the plan")
@@ -64,5 +71,6 @@ def move(graph: PhysicalGraph, node_id: str, after: str) -> PhysicalGraph:
     """Remove a pass-through node and insert it after another node."""
     if node_id == after:
         raise PlanEditError(f"cannot move {node_id!r} after itself")
-    node = graph.node(node_id)
+    node = _node(graph, node_id)
+    _node(graph, after)
     return insert(remove(graph, node_id), node, after)

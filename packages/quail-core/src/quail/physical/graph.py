@@ -63,6 +63,9 @@ class PhysicalGraph:
         if self.root not in ids:
             raise PlanEditError(f"the root {self.root!r} is not a node of the plan")
         for edge in self.edges:
+            if edge.source not in ids or edge.target not in ids:
+                raise PlanEditError(f"edge {edge.source}.{edge.source_port} → {edge.target}.{edge.target_port} "
+                                    "names a node that is not in the plan")
             self._check_edge(edge)
         for node in self.nodes:
             self._check_inputs(node)

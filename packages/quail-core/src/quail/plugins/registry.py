@@ -14,6 +14,7 @@ from quail.catalog.models import BUILT_IN_MODELS, ModelSpec
 from quail.errors import Refusal, RefusalError
 from quail.logical.rules import BUILT_IN_RULES, LogicalRule
 from quail.physical.nodes import PhysicalNode
+from quail.runtime.progress import ProgressListener
 
 Observer = Callable[[PhysicalNode, NodeMetrics], None]
 Kind = Literal["backend", "model", "device", "logical_rule"]
@@ -75,6 +76,7 @@ class ExtensionRegistry:
         self._devices: dict[str, DeviceSpec] = {}
         self._rules: dict[str, LogicalRule] = {}
         self._observers: list[Observer] = []
+        self._progress: list[ProgressListener] = []
         self._origins: dict[tuple[Kind, str], Origin] = {}
         self._failures: list[PluginFailure] = []
 
@@ -160,6 +162,19 @@ class ExtensionRegistry:
     @property
     def observers(self) -> tuple[Observer, ...]:
         return tuple(self._observers)
+
+    def register_progress_listener(self, listener: ProgressListener) -> None:
+        """Called with (node, items done, items total) while a backend works on a model node."""
+        if not callable(listener):
+            raise ValueError(f"a progress listener is a callable (node, done, total), got {listener!r}")
+        self._progress.append(listener)
+
+    def unregister_progress_listener(self, listener: ProgressListener) -> None:
+        self._progress.remove(listener)
+
+    @property
+    def progress_listeners(self) -> tuple[ProgressListener, ...]:
+        return tuple(self._progress)
 
     @property
     def logical_rules(self) -> tuple[LogicalRule, ...]:

@@ -10,9 +10,10 @@ import pyarrow.compute as pc
 
 from quail.backends.base import ModelRegion, PhysicalCandidate, PlanningContext, TokenizerSource
 from quail.data.tokens import TokenColumn
-from quail.errors import Refusal, RefusalError
+from quail.errors import PlanEditError, Refusal, RefusalError
 from quail.logical.expressions import Equality
 from quail.logical.nodes import Classify, Score, SemanticFilter, SemanticJoin, walk
+from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
 from quail.runtime.explain import explain_text
 from quail.runtime.report import QueryReport, minimum_tokens, model_token_totals, stages
@@ -96,6 +97,15 @@ def plan_physical(query: Query) -> PhysicalCandidate:
     return min(offered, key=lambda c: c.estimated_seconds)
 
 
+def _check_plan_matches(query: Query, graph: PhysicalGraph) -> None:
+    """A plan names aliases and tables: they must be this query's."""
+    aliases = query.aliases
+    for node in graph.nodes:
+        if isinstance(node, ph.Scan) and aliases.get(node.alias) != node.table:
+            raise PlanEditError(f"the plan scans {node.table} AS {node.alias}, which this query does not read "
+                                f"(its tables: {', '.join(f'{t} AS {a}' for a, t in sorted(aliases.items()))})")
+
+
 def run_query(query: Query, plan: PhysicalCandidate | PhysicalGraph | None) -> QueryResult:
     session = query.session
     candidate = query.plan()
@@ -104,10 +114,12 @@ def run_query(query: Query, plan: PhysicalCandidate | PhysicalGraph | None) -> Q
     elif isinstance(plan, PhysicalGraph):
         plan.validate()
         candidate = replace(candidate, graph=plan)
+    _check_plan_matches(query, candidate.graph)
     tokens = token_columns(query)
     providers = {alias: session.provider(table) for alias, table in query.aliases.items()}
     execution, boot_s, boot_kind = session.execution()
-    runner = Runner(candidate.graph, RunInputs(providers, tokens), execution, session.registry.observers)
+    runner = Runner(candidate.graph, RunInputs(providers, tokens), execution, session.registry.observers,
+                    session.registry.progress_listeners)
     output = runner.run()
     fresh, cached = model_token_totals(candidate.graph, output.node_metrics)
     report = QueryReport(

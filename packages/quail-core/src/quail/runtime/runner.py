@@ -19,6 +19,7 @@ from quail.data.tokens import TokenColumn
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
 from quail.runtime import relational
+from quail.runtime.progress import ProgressAware, ProgressListener
 
 Observer = Callable[[ph.PhysicalNode, NodeMetrics], None]
 
@@ -41,12 +42,13 @@ class RunOutput:
 
 class Runner:
     def __init__(self, graph: PhysicalGraph, inputs: RunInputs, execution: ModelExecution,
-                 observers: Iterable[Observer] = ()) -> None:
+                 observers: Iterable[Observer] = (), progress: Iterable[ProgressListener] = ()) -> None:
         graph.validate()
         self.graph = graph
         self.inputs = inputs
         self.execution = execution
         self.observers = tuple(observers)
+        self.progress = tuple(progress)
         self.values: dict[tuple[str, str], pa.Table] = {}
 
     def run(self) -> RunOutput:
@@ -69,7 +71,7 @@ class Runner:
         inputs = self.port_inputs(node)
         started = time.perf_counter()
         if node.is_model_node:
-            result = self.execution.execute(node, {**inputs, **self.documents(node, inputs)})
+            result = self._execute_model_node(node, inputs)
             self._store(node, result)
             for port, table in result.tables.items():
                 output.answer_tables[f"{node.id}.{port}" if port != "answers" else node.id] = table
@@ -79,6 +81,24 @@ class Runner:
         self.values[(node.id, port)] = table
         rows_in = sum(t.num_rows for t in inputs.values()) if inputs else None
         return NodeMetrics(time.perf_counter() - started, rows_in=rows_in, rows_out=table.num_rows)
+
+    def _execute_model_node(self, node: ph.PhysicalNode, inputs: dict[str, pa.Table]) -> NodeOutput:
+        execution = self.execution
+        aware = isinstance(execution, ProgressAware) and bool(self.progress)
+        if aware:
+            execution.set_progress(self._forward_progress(node))
+        try:
+            return execution.execute(node, {**inputs, **self.documents(node, inputs)})
+        finally:
+            if aware:
+                execution.set_progress(None)
+
+    def _forward_progress(self, node: ph.PhysicalNode) -> Callable[[int, int], None]:
+        def forward(done: int, total: int) -> None:
+            for listener in self.progress:
+                listener(node, done, total)
+
+        return forward
 
     def _store(self, node: ph.PhysicalNode, result: NodeOutput) -> None:
         for port in node.OUTPUTS:

