@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job, from a fresh clone: sets up .venv and shows the installed backends on this machine.
+# The main job, from a fresh clone: sets up .venv and runs the demo query on the embedded model.
 set -euo pipefail
 . "$(dirname "$0")/env.sh"
-quail backends
+quail demo

@@ -1,34 +1,75 @@
-"""Masks for a packed pass: each item sees its parent blocks and its own earlier tokens, nothing else.
+"""Who attends to what in a packed pass, as segments that each cost only what they need.
 
-Sliding-window layers additionally drop keys `window` or more positions behind the query, by the
-tokens' true positions, so a packed item attends exactly as it would in its own full prompt.
+Items of a pass are grouped by the KV blocks they attend to (their parents). A segment is a run of
+rows of one group: its queries attend to the group's context columns and to the segment's own new
+tokens, under a mask that keeps each item causal and blind to its siblings. Splitting a group into
+segments no longer than its context (or its longest item) keeps the masked-out waste of dense
+attention small, whether items are long documents over a short preamble or short suffixes over a
+long anchor. Sliding-window layers also drop keys `window` or more positions behind the query.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from quail_native.models.transformer import LayerType
 
 
-def packed_masks(item_of_row: torch.Tensor, row_positions: torch.Tensor, parents: torch.Tensor,
-                 block_of_column: torch.Tensor, column_positions: torch.Tensor,
-                 window: int | None) -> dict[LayerType, torch.Tensor]:
-    """Boolean masks [T, C + T] (True = may attend) for full and sliding-window layers.
+@dataclass(frozen=True)
+class Segment:
+    rows: slice
+    context: torch.Tensor  # long [columns] into the pass's context KV
+    masks: dict[LayerType, torch.Tensor]  # bool [rows, columns + rows], True = may attend
 
-    `parents[i, b]` says whether item i attends to context block b; `block_of_column` names the
-    block of each context column; rows are the new tokens, grouped by item, in position order.
-    """
-    rows = item_of_row.shape[0]
-    to_context = parents[item_of_row][:, block_of_column] if block_of_column.numel() else torch.zeros(
-        rows, 0, dtype=torch.bool)
-    index = torch.arange(rows)
-    to_new = (item_of_row[:, None] == item_of_row[None, :]) & (index[None, :] <= index[:, None])
-    full = torch.cat((to_context, to_new), dim=1)
-    masks: dict[LayerType, torch.Tensor] = {"full": full}
+
+@dataclass(frozen=True)
+class ItemSpan:
+    """Rows [start, stop) of one item in the pass, its positions, and its context columns."""
+
+    start: int
+    stop: int
+    positions: torch.Tensor
+    context: torch.Tensor
+    context_positions: torch.Tensor
+
+
+def segments(items: Sequence[ItemSpan], window: int | None) -> list[Segment]:
+    """Consecutive items with the same context become segments; items must be ordered by group."""
+    out: list[Segment] = []
+    run: list[ItemSpan] = []
+    for item in items:
+        if run and (not _same_context(run[0], item) or _too_long(run, item)):
+            out.append(_segment(run, window))
+            run = []
+        run.append(item)
+    if run:
+        out.append(_segment(run, window))
+    return out
+
+
+def _same_context(a: ItemSpan, b: ItemSpan) -> bool:
+    return a.context.shape == b.context.shape and bool(torch.equal(a.context, b.context))
+
+
+def _too_long(run: list[ItemSpan], item: ItemSpan) -> bool:
+    rows = item.stop - run[0].start
+    longest = max([s.stop - s.start for s in run] + [item.stop - item.start])
+    return rows > max(run[0].context.numel(), longest)
+
+
+def _segment(run: list[ItemSpan], window: int | None) -> Segment:
+    start, stop = run[0].start, run[-1].stop
+    owner = torch.cat([torch.full((s.stop - s.start,), i, dtype=torch.long) for i, s in enumerate(run)])
+    positions = torch.cat([s.positions for s in run])
+    index = torch.arange(stop - start)
+    to_new = (owner[:, None] == owner[None, :]) & (index[None, :] <= index[:, None])
+    columns = run[0].context.numel()
+    full = torch.cat((torch.ones(stop - start, columns, dtype=torch.bool), to_new), dim=1)
+    masks: dict[LayerType, torch.Tensor] = {"full": full, "sliding": full}
     if window is not None:
-        keys = torch.cat((column_positions, row_positions))
-        masks["sliding"] = full & ((row_positions[:, None] - keys[None, :]) < window)
-    else:
-        masks["sliding"] = full
-    return masks
+        keys = torch.cat((run[0].context_positions, positions))
+        masks["sliding"] = full & ((positions[:, None] - keys[None, :]) < window)
+    return Segment(slice(start, stop), run[0].context, masks)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from quail_native.executor.arena import KVArena
-from quail_native.executor.attention import packed_masks
+from quail_native.executor.attention import ItemSpan, Segment, segments
 from quail_native.models.transformer import Transformer
 
 Span = tuple[int, int]
@@ -57,24 +57,42 @@ class Packer:
     counters: PassCounters = field(default_factory=PassCounters)
 
     def run(self, items: Sequence[Item]) -> list[ItemResult]:
-        """One forward pass over `items`."""
+        """One forward pass over `items` (results come back in the given order)."""
         if not items:
             return []
-        block_ids = list(dict.fromkeys(b for item in items for b in item.parents))
+        order = sorted(range(len(items)), key=lambda i: items[i].parents)
+        ordered = [items[i] for i in order]
+        block_ids = list(dict.fromkeys(b for item in ordered for b in item.parents))
         context = self._context(block_ids)
-        rows = self._rows(items)
-        parents = torch.zeros(len(items), len(block_ids), dtype=torch.bool)
-        for i, item in enumerate(items):
-            for b in item.parents:
-                parents[i, block_ids.index(b)] = True
-        block_of_column, column_positions = self._columns(block_ids)
-        masks = packed_masks(rows.item_of_row, rows.positions, parents, block_of_column, column_positions,
-                             self.model.arch.sliding_window)
-        masks = {kind: mask.to(self.device) for kind, mask in masks.items()}
-        output = self.model(rows.tokens.to(self.device), rows.positions.to(self.device), context, masks,
+        rows = self._rows(ordered)
+        layout = segments(self._spans(ordered, block_ids), self.model.arch.sliding_window)
+        layout = [Segment(s.rows, s.context.to(self.device), {k: m.to(self.device) for k, m in s.masks.items()})
+                  for s in layout]
+        output = self.model(rows.tokens.to(self.device), rows.positions.to(self.device), context, layout,
                             rows.readout.to(self.device))
-        self._count(items)
-        return self._results(items, rows, output.hidden, output.keys, output.values)
+        self._count(ordered)
+        results = self._results(ordered, output.hidden, output.keys, output.values)
+        back: list[ItemResult | None] = [None] * len(items)
+        for position, index in enumerate(order):
+            back[index] = results[position]
+        return [r for r in back if r is not None]
+
+    def _spans(self, items: Sequence[Item], block_ids: list[int]) -> list[ItemSpan]:
+        columns: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        offset = 0
+        for block_id in block_ids:
+            block = self.arena.get(block_id)
+            columns[block_id] = (torch.arange(offset, offset + block.length), block.positions)
+            offset += block.length
+        spans, row = [], 0
+        for item in items:
+            parts = [columns[b] for b in item.parents]
+            index = torch.cat([p[0] for p in parts]) if parts else torch.zeros(0, dtype=torch.long)
+            positions = torch.cat([p[1] for p in parts]) if parts else torch.zeros(0, dtype=torch.long)
+            spans.append(ItemSpan(row, row + len(item.tokens), torch.arange(item.start, item.start + len(item.tokens)),
+                                  index, positions))
+            row += len(item.tokens)
+        return spans
 
     def _context(self, block_ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         arch = self.model.arch
@@ -91,32 +109,23 @@ class Packer:
             context.append((keys, values))
         return context
 
-    def _columns(self, block_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        blocks = [self.arena.get(b) for b in block_ids]
-        if not blocks:
-            return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
-        owner = torch.cat([torch.full((b.length,), i, dtype=torch.long) for i, b in enumerate(blocks)])
-        return owner, torch.cat([b.positions for b in blocks])
-
     @staticmethod
     def _rows(items: Sequence[Item]) -> _Rows:
-        tokens, positions, owners, readout = [], [], [], []
+        tokens, positions, readout = [], [], []
         offset = 0
-        for index, item in enumerate(items):
+        for item in items:
             tokens.extend(item.tokens)
             positions.extend(range(item.start, item.start + len(item.tokens)))
-            owners.extend([index] * len(item.tokens))
             readout.extend(offset + r for r in item.readout)
             offset += len(item.tokens)
-        as_long = lambda values: torch.tensor(values, dtype=torch.long)  # noqa: E731
-        return _Rows(as_long(tokens), as_long(positions), as_long(owners), as_long(readout))
+        return _Rows(_long(tokens), _long(positions), _long(readout))
 
     def _count(self, items: Sequence[Item]) -> None:
         self.counters.passes += 1
         self.counters.fresh_tokens += sum(len(i.tokens) for i in items)
         self.counters.cached_tokens += sum(self.arena.get(b).length for i in items for b in i.parents)
 
-    def _results(self, items: Sequence[Item], rows: _Rows, hidden: torch.Tensor, keys: list[torch.Tensor],
+    def _results(self, items: Sequence[Item], hidden: torch.Tensor, keys: list[torch.Tensor],
                  values: list[torch.Tensor]) -> list[ItemResult]:
         results = []
         offset, read = 0, 0
@@ -138,5 +147,8 @@ class Packer:
 class _Rows:
     tokens: torch.Tensor
     positions: torch.Tensor
-    item_of_row: torch.Tensor
     readout: torch.Tensor
+
+
+def _long(values: list[int]) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.long)

@@ -8,8 +8,9 @@ masks; it returns hidden states only at the rows whose answers are read, and the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +18,14 @@ from torch import nn
 
 LayerType = Literal["full", "sliding"]
 Activation = Literal["silu", "gelu_tanh"]
+
+
+class AttentionSegment(Protocol):
+    """Rows that attend together: `context` columns of the context KV, then their own rows."""
+
+    rows: slice
+    context: torch.Tensor
+    masks: dict[LayerType, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -93,17 +102,21 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(arch.head_dim, arch.norm_eps, arch.gemma_norms)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...], context: tuple[torch.Tensor, torch.Tensor],
-                mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                segments: Sequence[AttentionSegment]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         arch, tokens = self.arch, x.shape[0]
         q = self.q_norm(self.q_proj(x).view(tokens, arch.heads, arch.head_dim)).transpose(0, 1)
         k = self.k_norm(self.k_proj(x).view(tokens, arch.kv_heads, arch.head_dim)).transpose(0, 1)
         v = self.v_proj(x).view(tokens, arch.kv_heads, arch.head_dim).transpose(0, 1)
         q, k = rotate(q, *rope), rotate(k, *rope)
-        keys = torch.cat((context[0], k), dim=1)
-        values = torch.cat((context[1], v), dim=1)
-        out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask[None, None],
-                                             scale=arch.attention_scale, enable_gqa=arch.heads != arch.kv_heads)
-        return self.o_proj(out[0].transpose(0, 1).reshape(tokens, -1)), k, v
+        out = torch.empty_like(q)
+        for segment in segments:
+            rows = segment.rows
+            keys = torch.cat((context[0].index_select(1, segment.context), k[:, rows]), dim=1)
+            values = torch.cat((context[1].index_select(1, segment.context), v[:, rows]), dim=1)
+            out[:, rows] = F.scaled_dot_product_attention(
+                q[None, :, rows], keys[None], values[None], attn_mask=segment.masks[self.kind][None, None],
+                scale=arch.attention_scale, enable_gqa=arch.heads != arch.kv_heads)[0]
+        return self.o_proj(out.transpose(0, 1).reshape(tokens, -1)), k, v
 
 
 class MLP(nn.Module):
@@ -134,8 +147,8 @@ class Block(nn.Module):
             self.post_feedforward_layernorm = RMSNorm(arch.hidden, arch.norm_eps, True)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...], context: tuple[torch.Tensor, torch.Tensor],
-                mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        attended, k, v = self.self_attn(self.input_layernorm(x), rope, context, mask)
+                segments: Sequence[AttentionSegment]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        attended, k, v = self.self_attn(self.input_layernorm(x), rope, context, segments)
         if self.gemma:
             x = x + self.post_attention_layernorm(attended)
             return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x))), k, v
@@ -171,14 +184,14 @@ class Transformer(nn.Module):
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, context: list[tuple[torch.Tensor, torch.Tensor]],
-                masks: dict[LayerType, torch.Tensor], readout: torch.Tensor) -> ForwardOutput:
-        """Prefill `tokens` at `positions`, attending to each layer's `context` KV and to each other as
-        `masks[kind]` ([T, C + T], True = may attend) allows; hidden states only at `readout` rows."""
+                segments: Sequence[AttentionSegment], readout: torch.Tensor) -> ForwardOutput:
+        """Prefill `tokens` at `positions`; each segment of rows attends to its columns of each layer's
+        `context` KV and to its own rows under its masks; hidden states only at `readout` rows."""
         x = self.embed(tokens)
         tables = rope_tables(self.arch, positions, x.dtype)
         keys, values = [], []
         for index, block in enumerate(self.layers):
-            x, k, v = block(x, tables[block.kind], context[index], masks[block.kind])
+            x, k, v = block(x, tables[block.kind], context[index], segments)
             keys.append(k)
             values.append(v)
         return ForwardOutput(self.norm(x[readout]), keys, values)
