@@ -54,7 +54,7 @@ def model_spec(kind: str, path: Path) -> quail.ModelSpec:
 
 
 def sharpen(model: torch.nn.Module, seed: int, gemma: bool) -> None:
-    """Unit-gain projections and QK-norm scales around 2, so attention is neither flat nor local."""
+    """Unit-gain projections; QK-norm scale ~2 for Qwen3 and (1 + w) ~1 for Gemma 3, so attention is not flat."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in model.named_parameters():

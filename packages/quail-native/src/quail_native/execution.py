@@ -48,6 +48,7 @@ class NativeExecution:
     def close(self) -> None:
         self.state.preambles.clear()
         self.state.retained.clear()
+        self.state.retained_by.clear()
         self.state.packer.arena = KVArena()
 
     def margin(self, result: ItemResult) -> float:

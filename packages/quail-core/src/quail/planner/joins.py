@@ -143,6 +143,12 @@ class JoinProblem:
             prefix_work = scan(prefix.plus(layout.frame), answers=False)
         return prefix_work, ask(prefix.plus(layout.frame), suffix)
 
+    def longest_prompt(self, edge: JoinEdge, anchor: str) -> float:
+        """Tokens of the worst tuple anchored on `anchor`: it must fit one forward chunk."""
+        layout = edge.layouts[anchor]
+        documents = self.stats[anchor].documents
+        return documents.maximum + layout.preamble + layout.frame + self.suffix(edge, anchor, layout, 1.0).maximum
+
     def reusable(self, anchor: str, anchored: frozenset[str]) -> bool:
         return anchor in anchored or self.stats[anchor].kv_retained
 

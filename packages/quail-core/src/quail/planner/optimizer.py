@@ -191,7 +191,7 @@ class _Optimizer:
         if plan is None:
             raise RefusalError(Refusal(
                 "no join order can run: every anchor's worst tuple exceeds one forward chunk",
-                needed=None, available=self.context.chunk_tokens, unit="tokens",
+                needed=self.shortest_worst_tuple(full), available=self.context.chunk_tokens, unit="tokens",
             ))
         anchors = ", ".join(f"#{k} on {v}" for k, v in sorted(plan.anchors.items()))
         self.remarks.append(f"join order {' ⋈ '.join(plan.order)}; anchors {anchors or 'none'} "
@@ -212,12 +212,18 @@ class _Optimizer:
                     options.append((step.seconds, anchor))
             if not options:
                 raise RefusalError(Refusal(f"the {subquery.semantics} join #{edge.position} fits no forward chunk",
+                                           needed=self.shortest_worst_tuple(single),
                                            available=self.context.chunk_tokens, unit="tokens"))
             seconds, anchor = min(options)
             anchors[edge.position] = anchor
             total += seconds
             self.remarks.append(f"{subquery.semantics} join #{edge.position} anchored on {anchor}")
         return total
+
+    @staticmethod
+    def shortest_worst_tuple(problem: JoinProblem) -> float:
+        """The smallest chunk that would let some anchor of some join run."""
+        return max(min(problem.longest_prompt(edge, anchor) for anchor in edge.layouts) for edge in problem.edges)
 
     def sol_join_seconds(self, stats: dict[str, AliasStats], plan: JoinPlan | None, anchors: dict[int, str]) -> float:
         """The same joins with every anchor's KV already resident: each distinct prefix once."""

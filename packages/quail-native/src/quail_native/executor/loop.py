@@ -20,7 +20,8 @@ from quail_native.executor.arena import KVArena
 from quail_native.executor.packing import Item, ItemResult, Packer
 
 Tokens = tuple[int, ...]
-DocKey = tuple[str, int]
+DocKey = tuple[Tokens, Tokens]
+"""(preamble, document tokens): the KV of a document prefix depends on nothing else."""
 
 
 @dataclass
@@ -39,6 +40,7 @@ class SharedState:
     budget: Budget
     preambles: dict[Tokens, int] = field(default_factory=dict)
     retained: dict[DocKey, int] = field(default_factory=dict)
+    retained_by: dict[str, set[DocKey]] = field(default_factory=dict)
     kv_hits: int = 0
     kv_misses: int = 0
     progress: Callable[[int, int], None] | None = None
@@ -64,7 +66,23 @@ class SharedState:
         """Admission: room in the KV budget, or nothing else in flight (so it can never deadlock)."""
         return in_flight == 0 or self.arena.tokens_held + extra <= self.budget.kv_tokens
 
-    def release(self, key: DocKey) -> None:
+    def retain(self, alias: str, key: DocKey, block: int) -> None:
+        """Keep a filter survivor's document KV for the join anchored on `alias`."""
+        earlier = self.retained.get(key)
+        if earlier is not None and earlier != block:
+            self.arena.free(block)
+            return
+        self.retained[key] = block
+        self.retained_by.setdefault(alias, set()).add(key)
+
+    def release(self, alias: str) -> None:
+        """Free whatever was kept for `alias` and not consumed: its anchoring join has finished."""
+        for key in self.retained_by.pop(alias, set()):
+            block = self.retained.pop(key, None)
+            if block is not None:
+                self.arena.free(block)
+
+    def consume(self, key: DocKey) -> None:
         block = self.retained.pop(key, None)
         if block is not None:
             self.arena.free(block)
@@ -99,6 +117,8 @@ def run_filter(state: SharedState, alias: str, rows: Sequence[int], documents: d
     """(row, stage index, answer, margin) for every evaluated (document, stage)."""
     pre = state.preamble(preamble)
     start = len(preamble)
+    if retain:
+        state.release(alias)
     fresh = deque(FilterDocument(r, documents[r]) for r in rows)
     ready: deque[FilterDocument] = deque()
     out: list[tuple[int, int, bool, float]] = []
@@ -151,7 +171,7 @@ def run_filter(state: SharedState, alias: str, rows: Sequence[int], documents: d
         in_flight[0] -= 1
         _drop(state, doc.frame_block)
         if verdict and retain and doc.doc_block is not None:
-            state.retained[(alias, doc.row)] = doc.doc_block
+            state.retain(alias, (preamble, doc.tokens), doc.doc_block)
         else:
             _drop(state, doc.doc_block)
 
@@ -191,7 +211,7 @@ def run_join(state: SharedState, anchors: list[Anchor], preamble: Tokens, frame:
     out: list[tuple[tuple[int, ...], bool, float]] = []
 
     def prefix_item(anchor: Anchor) -> Item:
-        reused = state.retained.get((anchor.alias, anchor.row))
+        reused = state.retained.get((preamble, anchor.tokens))
         if reused is not None:
             state.kv_hits += 1
             anchor.doc_block = reused
@@ -218,7 +238,7 @@ def run_join(state: SharedState, anchors: list[Anchor], preamble: Tokens, frame:
                 share -= 1
         while waiting:
             anchor = waiting[0]
-            size = len(frame) + (0 if (anchor.alias, anchor.row) in state.retained else len(anchor.tokens))
+            size = len(frame) + (0 if (preamble, anchor.tokens) in state.retained else len(anchor.tokens))
             if used + size > budget or not state.fits(size, len(active)):
                 break
             waiting.popleft()
@@ -246,9 +266,13 @@ def run_join(state: SharedState, anchors: list[Anchor], preamble: Tokens, frame:
         if not anchor.pending and anchor.outstanding == 0 and anchor in active:
             active.remove(anchor)
             _drop(state, anchor.frame_block)
-            state.retained.pop((anchor.alias, anchor.row), None)
-            _drop(state, anchor.doc_block)
+            if state.retained.get((preamble, anchor.tokens)) == anchor.doc_block:
+                state.consume((preamble, anchor.tokens))
+            else:
+                _drop(state, anchor.doc_block)
 
     total = sum(len(a.pending) for a in anchors)
     run_passes(state.packer, state.budget.pass_tokens, next_items, done, lambda: state.report(len(out), total))
+    if anchors:
+        state.release(anchors[0].alias)
     return out

@@ -1,0 +1,582 @@
+"""Exactness of the native executor: every answer equals a naive evaluation of its full prompt.
+
+The naive reference (naive_reference.NaiveModel) is Hugging Face transformers, fp32, eager attention, one
+plain forward pass over the full canonical prompt of each (document, predicate) or tuple — no
+packing, no KV reuse, no rewinds. The engine runs the same tiny Qwen3 / Gemma 3 checkpoints (Gemma
+with a 16-token sliding window; every document is longer) in fp32 with forward-pass budgets small
+enough to force many packed passes. For every query we check
+
+* each answer's raw margin (and score / label log-probability) within TOL of the naive one, and
+  the answer itself equal to the naive answer;
+* which (document, stage) / tuple the engine evaluated, against the semantics (stage k+1 only for
+  documents TRUE at stage k; every candidate pair of a full join);
+* the final rows, against a plain nested-loop evaluation of the query over the naive answers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pytest
+import torch
+from naive_reference import WINDOW, NaiveModel, TinyModel
+
+import quail
+from quail.frontend.prompts import filter_tail
+from quail.logical.expressions import AiPredicate, ColumnRef, Prompt
+from quail.physical import nodes as ph
+from quail.physical.graph import PhysicalGraph
+
+TOL = 1e-4
+KINDS = ("qwen3", "gemma3")
+CHUNKS = (96, 160, 4096)
+BQ = "bigquery"
+
+# -- data: short reviews from the tokenizer's words, a few out-of-vocabulary words -------------------
+
+REVIEWS = [
+    "the acting is superb and the cast loved the music",
+    "awful plot with boring dialogue and a zorblax ending",
+    "a funny movie the story is fast and the score is great",
+    "the ending is sad but the acting is superb",
+    "boring boring the movie is slow and the plot is awful",
+    "superb director with a great cast and funny dialogue",
+    "the story is about one task loved the quokka music",
+    "negative review the acting is awful and the scene is boring",
+    "a sad movie with slow pacing and kerfuffle music",
+    "the plot is fast the ending is superb the director is great",
+    "hated the film the dialogue is awful and the story is slow",
+    "funny and positive the movie has superb acting",
+    "the music of the film is sad and the score is slow",
+    "one review about the cast and serendipity",
+    "great acting great music great plot the pacing is fast",
+    "the scene is boring and the dialogue of the film is sad",
+    "a positive review of the cast the ending is funny",
+    "slow pacing and awful music the story is about hope",
+    "the director loved the score and the sad ending",
+    "the dialogue is fast and funny the plot is superb",
+]
+FILMS = ["f1", "f2", "f3", "f4"]
+ASPECTS = ["the acting", "the music", "the plot", "the dialogue"]
+GENRES = ["a sad story", "a funny film", "a fast movie"]
+NOTES = [("f1", "great cast"), ("f1", "slow music"), ("f2", "boring plot"), ("f3", "sad ending"),
+         ("f5", "superb director")]
+
+TABLES = {
+    "reviews": pa.table({"id": [100 + i for i in range(len(REVIEWS))], "body": REVIEWS,
+                         "film": [FILMS[i % len(FILMS)] for i in range(len(REVIEWS))]}),
+    "aspects": pa.table({"aid": list(range(len(ASPECTS))), "aspect": ASPECTS}),
+    "genres": pa.table({"gid": list(range(len(GENRES))), "description": GENRES}),
+    "notes": pa.table({"nid": list(range(len(NOTES))), "film": [f for f, _ in NOTES], "note": [n for _, n in NOTES]}),
+}
+ID_COLUMNS = {"reviews": "id", "aspects": "aid", "genres": "gid", "notes": "nid"}
+TEXT_COLUMNS = {"reviews": "body", "aspects": "aspect", "genres": "description", "notes": "note"}
+IDS = {name: table.column(ID_COLUMNS[name]).to_pylist() for name, table in TABLES.items()}
+TEXTS = {name: table.column(TEXT_COLUMNS[name]).to_pylist() for name, table in TABLES.items()}
+ALIASES = {"r": "reviews", "a": "aspects", "g": "genres", "n": "notes"}
+N = len(REVIEWS)
+
+ACTING = "Does the review praise the acting? {0}"
+MUSIC = "Is {0} about the music?"
+BORING = "Is the story of {0} boring?"
+POSITIVE = "Is {0} a positive review?"
+DISCUSS = "Does the review {0} discuss {1}?"
+THREE = "Does {0} discuss {1} the way {2} would?"
+AGREE = "Does {0} agree with {1}?"
+
+
+def sql_prompt(template: str, *refs: str) -> str:
+    return f"PROMPT('{template}', {', '.join(refs)})"
+
+
+# -- running a query on the engine -------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """One query run (on a fresh session, or after another run on its session) and the naive reference."""
+
+    session: quail.Session
+    query: quail.Query
+    result: quail.QueryResult | None
+    naive: NaiveModel
+    log: list[float]
+
+    @property
+    def graph(self) -> PhysicalGraph:
+        return self.query.plan().graph
+
+    @property
+    def report(self) -> dict:
+        assert self.result is not None
+        return self.result.report
+
+    def node(self, kind: type[ph.PhysicalNode]) -> ph.PhysicalNode:
+        [node] = [n for n in self.graph.nodes if isinstance(n, kind)]
+        return node
+
+    def answers(self, node_id: str) -> list[dict]:
+        assert self.result is not None
+        return self.result.answer_tables[node_id].to_pylist()
+
+    def metrics(self, node_id: str) -> dict:
+        return self.report["node_metrics"][node_id]
+
+    def rows(self) -> list[tuple]:
+        assert self.result is not None
+        return sorted(tuple(r.values()) for r in self.result.to_rows())
+
+    def doc(self, alias: str, row: int) -> tuple[int, ...]:
+        return self.naive.encode(TEXTS[self.query.aliases[alias]][row])
+
+    def close(self) -> None:
+        self.session.close()
+
+
+Open = Callable[..., Run]
+
+
+@pytest.fixture
+def open_run(tiny_checkpoints: dict[str, TinyModel], naive_models: dict[str, NaiveModel],
+             margin_log: list[float]) -> Iterator[Open]:
+    """`open_run(kind, chunk, sql, dialect=..., order=..., run=True, tables=..., after=...)`."""
+    runs: list[Run] = []
+
+    def open_(kind: str, chunk: int, sql: str, *, dialect: str = "snowflake", order: str | None = None,
+              run: bool = True, tables: dict[str, pa.Table] | None = None, after: Run | None = None) -> Run:
+        """A fresh session, or with `after` the session of an earlier run (its KV state kept)."""
+        if after is not None:
+            session = after.session
+        else:
+            tiny = tiny_checkpoints[kind]
+            registry = quail.ExtensionRegistry.with_built_ins()
+            registry.register_model(tiny.spec)
+            session = quail.Session(quail.EngineConfig(model=tiny.spec.name, chunk_tokens=chunk, precision="fp32"),
+                                    registry=registry)
+            for name, table in (tables or TABLES).items():
+                session.register(name, quail.DocumentProvider.from_table(table, ID_COLUMNS[name]))
+        query = session.sql(sql, dialect=dialect, order=order)
+        current = Run(session, query, None, naive_models[kind], margin_log)
+        runs.append(current)
+        if run:
+            current.result = query.run()
+        return current
+
+    yield open_
+    for run in runs:
+        run.close()
+
+
+# -- the naive evaluation ----------------------------------------------------------------------------
+
+
+def holds(predicate: AiPredicate, margin: float) -> bool:
+    """The SQL meaning: AI_FILTER is TRUE iff margin > 0; AI.SCORE <op> v compares sigmoid(margin)."""
+    if predicate.threshold is None:
+        return margin > 0
+    score = 1.0 / (1.0 + math.exp(-margin))
+    op, value = predicate.threshold.op, predicate.threshold.value
+    return {">=": score >= value, ">": score > value, "<=": score <= value, "<": score < value}[op]
+
+
+def filter_margin(run: Run, node: ph.AiFilter, row: int, position: int) -> float:
+    """Naive margin of the full prompt preamble + document + frame + question of one stage."""
+    [stage] = [s for s in node.stages if s.predicate.position == position]
+    tail = node.frame + stage.question
+    assert tail == run.naive.encode(filter_tail(stage.predicate.prompt)), "the tail is not the canonical text"
+    return run.naive.margin(node.preamble + run.doc(node.alias, row) + tail)
+
+
+def join_margin(run: Run, node: ph.AiJoin, rows: dict[str, int]) -> float:
+    """preamble + anchor doc + frame + Σ (label_j + partner doc j) + cue."""
+    ids = node.preamble + run.doc(node.anchor.alias, rows[node.anchor.alias]) + node.frame
+    for label, partner in zip(node.labels, node.partners, strict=True):
+        ids += label + run.doc(partner.alias, rows[partner.alias])
+    return run.naive.margin(ids + node.cue)
+
+
+def check_filter_answers(run: Run, node: ph.AiFilter) -> dict[tuple[int, int], bool]:
+    """Every evaluated (document, stage) equals naive; stage k+1 ran exactly for documents TRUE at k.
+
+    Returns the naive answer of every (row, predicate position) over all rows.
+    """
+    naive = {(row, s.predicate.position): holds(s.predicate, filter_margin(run, node, row, s.predicate.position))
+             for row in range(N) for s in node.stages}
+    evaluated = set()
+    for answer in run.answers(node.id):
+        row, position = answer[node.alias], answer["predicate"]
+        expected = filter_margin(run, node, row, position)
+        run.log.append(abs(answer["margin"] - expected))
+        assert answer["margin"] == pytest.approx(expected, abs=TOL), (row, position)
+        assert answer["answer"] == naive[(row, position)], (row, position, expected)
+        evaluated.add((row, position))
+    assert len(evaluated) == len(run.answers(node.id)), "a (document, stage) was evaluated twice"
+    should = set()
+    for row in range(N):
+        for stage in node.stages:
+            should.add((row, stage.predicate.position))
+            if not naive[(row, stage.predicate.position)]:
+                break
+    assert evaluated == should
+    return naive
+
+
+def check_join_answers(run: Run, node: ph.AiJoin) -> dict[tuple[int, ...], bool]:
+    """Every evaluated tuple equals naive; returns {tuple in answer-table column order: answer}."""
+    table = run.result.answer_tables[node.id]  # type: ignore[union-attr]
+    aliases = [c for c in table.column_names if c not in ("answer", "margin")]
+    out = {}
+    for answer in table.to_pylist():
+        rows = {alias: answer[alias] for alias in aliases}
+        expected = join_margin(run, node, rows)
+        run.log.append(abs(answer["margin"] - expected))
+        assert answer["margin"] == pytest.approx(expected, abs=TOL), rows
+        assert answer["answer"] == holds(node.predicate, expected), (rows, expected)
+        out[tuple(rows.values())] = answer["answer"]
+    assert len(out) == table.num_rows, "a tuple was evaluated twice"
+    return out
+
+
+def ids(alias: str, rows: Sequence[int]) -> list[int]:
+    return [IDS[ALIASES[alias]][r] for r in rows]
+
+
+# -- the reference itself has power ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_naive_answers_depend_on_the_document_and_are_mixed(kind, naive_models, tiny_checkpoints):
+    """Guards the tests' power: margins move with the document far beyond TOL, answers are mixed,
+    and (Gemma) every document is longer than the window, whose size changes the answer."""
+    naive = naive_models[kind]
+    docs = [naive.encode(text) for text in REVIEWS]
+    preamble = ((2,) if kind == "gemma3" else ()) + naive.encode("DOCUMENT:\n")
+    tail = naive.encode(filter_tail(Prompt(ACTING, (ColumnRef("r", "body"),))))
+    margins = [naive.margin(preamble + d + tail) for d in docs]
+    spread = max(margins) - min(margins)
+    assert spread > 1000 * TOL
+    assert any(m > 0 for m in margins) and any(m < 0 for m in margins)
+    if kind == "gemma3":
+        assert min(len(d) for d in docs) > WINDOW
+        from transformers import AutoModelForCausalLM
+
+        wide = AutoModelForCausalLM.from_pretrained(tiny_checkpoints[kind].path, sliding_window=4096,
+                                                    dtype=torch.float32, attn_implementation="eager").eval()
+        with torch.no_grad():
+            logits = wide(torch.tensor([list(preamble + docs[0] + tail)])).logits[0, -1]
+        wide_margin = float(logits[naive.true_ids].max() - logits[naive.false_ids].max())
+        assert abs(wide_margin - margins[0]) > 100 * TOL
+
+
+# -- filters -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("chunk", CHUNKS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_single_filter_answers_equal_naive(kind, chunk, open_run):
+    run = open_run(kind, chunk, f"SELECT r.id FROM reviews r WHERE AI_FILTER({sql_prompt(ACTING, 'r.body')})")
+    naive = check_filter_answers(run, run.node(ph.AiFilter))
+    assert run.rows() == sorted((i,) for i in ids("r", [r for r in range(N) if naive[(r, 0)]]))
+    if chunk < 4096:
+        assert run.metrics("filter_r")["chunks"] > 1
+
+
+@pytest.mark.parametrize("order", ["by_cost", "as_written"])
+@pytest.mark.parametrize("chunk", CHUNKS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_three_filters_rewind_to_question_tails(kind, chunk, order, open_run):
+    """Later stages compute only their question tails over the kept document + frame KV."""
+    sql = (f"SELECT r.id FROM reviews r WHERE AI_FILTER({sql_prompt(ACTING, 'r.body')}) "
+           f"AND AI_FILTER({sql_prompt(MUSIC, 'r.body')}) AND AI_FILTER({sql_prompt(POSITIVE, 'r.body')})")
+    run = open_run(kind, chunk, sql, order=order)
+    node = run.node(ph.AiFilter)
+    if order == "as_written":
+        assert [s.predicate.position for s in node.stages] == [0, 1, 2]
+    naive = check_filter_answers(run, node)
+    survivors = [r for r in range(N) if all(naive[(r, p)] for p in (0, 1, 2))]
+    assert run.rows() == sorted((i,) for i in ids("r", survivors))
+    # fresh tokens: the preamble once, each document + frame + first question once, later stages their tails
+    questions = {s.predicate.position: len(s.question) for s in node.stages}
+    first = node.stages[0].predicate.position
+    expected = len(node.preamble)
+    for answer in run.answers(node.id):
+        expected += questions[answer["predicate"]]
+        if answer["predicate"] == first:
+            expected += len(run.doc("r", answer["r"])) + len(node.frame)
+    metrics = run.metrics(node.id)
+    assert metrics["fresh_tokens"] == expected
+    assert any(a["predicate"] != first for a in run.answers(node.id)), "no document reached a later stage"
+    if chunk < 4096:
+        assert metrics["chunks"] > 1
+
+
+@pytest.mark.parametrize("chunk", CHUNKS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_score_threshold_filters_compare_sigmoid_of_naive_margin(kind, chunk, open_run):
+    sql = (f"SELECT r.id FROM reviews r WHERE AI.SCORE({sql_prompt(ACTING, 'r.body')}) >= 0.5 "
+           f"AND AI.SCORE({sql_prompt(BORING, 'r.body')}) < 0.6")
+    run = open_run(kind, chunk, sql, dialect=BQ, order="as_written")
+    naive = check_filter_answers(run, run.node(ph.AiFilter))
+    assert run.rows() == sorted((i,) for i in ids("r", [r for r in range(N) if naive[(r, 0)] and naive[(r, 1)]]))
+
+
+# -- joins -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("anchor", [None, "r", "a"])
+@pytest.mark.parametrize("chunk", CHUNKS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_full_join_answers_equal_naive(kind, chunk, anchor, open_run):
+    """Every review × aspect pair is evaluated once; each anchor's document + frame is computed once."""
+    options = f", {{'anchor': '{anchor}'}}" if anchor else ""
+    sql = (f"SELECT r.id, a.aid FROM reviews r JOIN aspects a "
+           f"ON AI_FILTER({sql_prompt(DISCUSS, 'r.body', 'a.aspect')}{options})")
+    run = open_run(kind, chunk, sql)
+    node = run.node(ph.AiJoin)
+    if anchor:
+        assert node.anchor.alias == anchor
+    answers = check_join_answers(run, node)
+    assert set(answers) == {(r, a) for r in range(N) for a in range(len(ASPECTS))}
+    expected = [(IDS["reviews"][r], IDS["aspects"][a]) for r in range(N) for a in range(len(ASPECTS))
+                if join_margin(run, node, {"r": r, "a": a}) > 0]
+    assert run.rows() == sorted(expected)
+    anchors = {t[0 if node.anchor.alias == "r" else 1] for t in answers}
+    partner = node.partners[0].alias
+    fresh = len(node.preamble) + sum(len(run.doc(node.anchor.alias, x)) + len(node.frame) for x in anchors)
+    fresh += sum(len(node.labels[0]) + len(run.doc(partner, t[0 if partner == "r" else 1])) + len(node.cue)
+                 for t in answers)
+    metrics = run.metrics(node.id)
+    assert metrics["fresh_tokens"] == fresh
+    if chunk < 4096:
+        assert metrics["chunks"] > 1
+
+
+@pytest.mark.parametrize("anchor", [None, "r"])
+@pytest.mark.parametrize("chunk", CHUNKS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_join_after_filters_reuses_survivor_kv(kind, chunk, anchor, open_run):
+    options = f", {{'anchor': '{anchor}'}}" if anchor else ""
+    sql = (f"SELECT r.id, a.aid FROM reviews r JOIN aspects a "
+           f"ON AI_FILTER({sql_prompt(DISCUSS, 'r.body', 'a.aspect')}{options}) "
+           f"WHERE AI_FILTER({sql_prompt(ACTING, 'r.body')}) AND AI_FILTER({sql_prompt(POSITIVE, 'r.body')})")
+    run = open_run(kind, chunk, sql)
+    filt, join = run.node(ph.AiFilter), run.node(ph.AiJoin)
+    naive = check_filter_answers(run, filt)
+    survivors = [r for r in range(N) if all(naive[(r, s.predicate.position)] for s in filt.stages)]
+    answers = check_join_answers(run, join)
+    assert {t[0] for t in answers} == set(survivors) and len(answers) == len(survivors) * len(ASPECTS)
+    expected = [(IDS["reviews"][r], IDS["aspects"][a]) for r in survivors for a in range(len(ASPECTS))
+                if join_margin(run, join, {"r": r, "a": a}) > 0]
+    assert run.rows() == sorted(expected)
+    metrics = run.metrics(join.id)
+    if anchor == "r":
+        assert join.anchor.alias == "r" and filt.retain_kv
+    if filt.retain_kv and join.anchor.alias == "r":
+        assert metrics["kv_hits"] == len(survivors) > 0 and metrics["kv_misses"] == 0
+        # no document recomputed: per anchor its frame, per pair its suffix
+        suffixes = sum(len(join.labels[0]) + len(run.doc("a", t[1])) + len(join.cue) for t in answers)
+        assert metrics["fresh_tokens"] == len(survivors) * len(join.frame) + suffixes
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_warm_session_answers_a_repeated_query_exactly(kind, open_run):
+    """The second run of a filter → join query reuses the session's arena and preamble KV, and is still exact."""
+    sql = (f"SELECT r.id, a.aid FROM reviews r JOIN aspects a "
+           f"ON AI_FILTER({sql_prompt(DISCUSS, 'r.body', 'a.aspect')}, {{'anchor': 'r'}}) "
+           f"WHERE AI_FILTER({sql_prompt(ACTING, 'r.body')})")
+    first = open_run(kind, 96, sql)
+    second = open_run(kind, 96, sql, after=first)
+    for run in (first, second):
+        check_filter_answers(run, run.node(ph.AiFilter))
+        check_join_answers(run, run.node(ph.AiJoin))
+    assert second.rows() == first.rows()
+    assert second.report["boot_kind"] == "warm"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_kv_kept_for_a_join_never_leaks_into_the_next_query(kind, open_run):
+    films = TABLES["reviews"].column("film").to_pylist()
+    orphans = [r for r in range(N) if films[r] not in {f for f, _ in NOTES}]
+    assert 3 in orphans and len(NOTES) > 3  # review 3 has no note; notes has a row 3
+    first = open_run(kind, 96, f"SELECT r.id, n.nid FROM reviews r JOIN notes n ON r.film = n.film AND "
+                               f"AI_FILTER({sql_prompt(AGREE, 'r.body', 'n.note')}, {{'anchor': 'r'}}) "
+                               f"WHERE AI_FILTER({sql_prompt(POSITIVE, 'r.body')})")
+    survivors = [a["r"] for a in first.answers("filter_r") if a["answer"]]
+    assert 3 in survivors  # so its document KV was kept for the join, which never anchors on it
+    second = open_run(kind, 96, f"SELECT r.nid, a.aid FROM notes r JOIN aspects a "
+                                f"ON AI_FILTER({sql_prompt(DISCUSS, 'r.note', 'a.aspect')}, {{'anchor': 'r'}})",
+                      after=first)
+    check_join_answers(second, second.node(ph.AiJoin))
+    assert second.metrics("join_0")["kv_hits"] == 0
+
+
+EXISTS_SCORE = {"qwen3": 0.6, "gemma3": 0.9}  # thresholds that leave some reviews without a match
+
+
+@pytest.mark.parametrize("condition", ["filter", "score"])
+@pytest.mark.parametrize("negated", [False, True])
+@pytest.mark.parametrize("chunk", CHUNKS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_exists_and_not_exists_follow_nested_loop_semantics(kind, chunk, negated, condition, open_run):
+    """Evaluated tuples equal naive; a review is kept iff (not) any aspect holds, by nested loops."""
+    if condition == "filter":
+        inner = f"AI.IF({sql_prompt(DISCUSS, 'r.body', 'a.aspect')})"
+    else:
+        inner = f"AI.SCORE({sql_prompt(DISCUSS, 'r.body', 'a.aspect')}) >= {EXISTS_SCORE[kind]}"
+    sql = (f"SELECT r.id FROM reviews r WHERE {'NOT ' if negated else ''}EXISTS "
+           f"(SELECT 1 FROM aspects a WHERE {inner})")
+    run = open_run(kind, chunk, sql, dialect=BQ)
+    node = run.node(ph.AiJoin)
+    check_join_answers(run, node)
+    matched = [r for r in range(N)
+               if any(holds(node.predicate, join_margin(run, node, {"r": r, "a": a})) for a in range(len(ASPECTS)))]
+    keep = [r for r in range(N) if (r in matched) != negated]
+    assert run.rows() == sorted((i,) for i in ids("r", keep))
+
+
+@pytest.mark.parametrize("chunk", (160, 4096))
+@pytest.mark.parametrize("kind", KINDS)
+def test_three_table_prompt_answers_equal_naive(kind, chunk, open_run):
+    sql = (f"SELECT r.id, a.aid, g.gid FROM reviews r CROSS JOIN aspects a CROSS JOIN genres g "
+           f"WHERE AI_FILTER({sql_prompt(THREE, 'r.body', 'a.aspect', 'g.description')})")
+    run = open_run(kind, chunk, sql)
+    node = run.node(ph.AiJoin)
+    answers = check_join_answers(run, node)
+    table = run.result.answer_tables[node.id]
+    order = [c for c in table.column_names if c not in ("answer", "margin")]
+    every = [(r, a, g) for r in range(N) for a in range(len(ASPECTS)) for g in range(len(GENRES))]
+    as_columns = {tuple(dict(zip("rag", t, strict=True))[alias] for alias in order) for t in every}
+    assert set(answers) == as_columns
+    expected = [(IDS["reviews"][r], IDS["aspects"][a], IDS["genres"][g]) for r, a, g in every
+                if join_margin(run, node, {"r": r, "a": a, "g": g}) > 0]
+    assert run.rows() == sorted(expected)
+
+
+@pytest.mark.parametrize("chunk", CHUNKS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_equality_restricted_join_evaluates_only_matching_pairs(kind, chunk, open_run):
+    sql = (f"SELECT r.id, n.nid FROM reviews r JOIN notes n "
+           f"ON r.film = n.film AND AI_FILTER({sql_prompt(AGREE, 'r.body', 'n.note')})")
+    run = open_run(kind, chunk, sql)
+    node = run.node(ph.AiJoin)
+    answers = check_join_answers(run, node)
+    films = TABLES["reviews"].column("film").to_pylist()
+    pairs = [(r, n) for r in range(N) for n in range(len(NOTES)) if films[r] == NOTES[n][0]]
+    table = run.result.answer_tables[node.id]
+    first = next(c for c in table.column_names if c not in ("answer", "margin"))
+    assert set(answers) == {p if first == "r" else p[::-1] for p in pairs}
+    expected = [(IDS["reviews"][r], IDS["notes"][n]) for r, n in pairs if join_margin(run, node, {"r": r, "n": n}) > 0]
+    assert run.rows() == sorted(expected)
+
+
+# -- classify and score ------------------------------------------------------------------------------
+
+LABELS = ("awful plot", "awful music", "boring story")  # chosen: mixed for both tiny models
+
+
+@pytest.mark.parametrize("chunk", CHUNKS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_classify_picks_the_label_of_highest_naive_log_probability(kind, chunk, open_run):
+    labels = ", ".join(f"'{x}'" for x in LABELS)
+    sql = (f"SELECT r.id, AI.CLASSIFY(r.body, [{labels}]) AS topic FROM reviews r "
+           f"WHERE topic IN ('{LABELS[0]}', '{LABELS[2]}')")
+    run = open_run(kind, chunk, sql, dialect=BQ)
+    node = run.node(ph.AiClassify)
+    assert all(len(t) > 1 for t in node.label_tokens), "the labels must be multi-token"
+    chosen = {}
+    for answer in run.answers(node.id):
+        prompt = node.preamble + run.doc("r", answer["r"]) + node.tail
+        scores = [run.naive.label_log_prob(prompt, label) for label in node.label_tokens]
+        for got, want in zip(answer["margins"], scores, strict=True):
+            run.log.append(abs(got - want))
+            assert got == pytest.approx(want, abs=TOL), answer["r"]
+        best = max(range(len(scores)), key=lambda k: (scores[k], -k))
+        assert answer["topic"] == LABELS[best], (answer["r"], scores)
+        chosen[answer["r"]] = LABELS[best]
+    assert sorted(chosen) == list(range(N))
+    assert len(set(chosen.values())) > 1, "every review got the same label"
+    keep = [r for r in range(N) if chosen[r] in (LABELS[0], LABELS[2])]
+    assert run.rows() == sorted((IDS["reviews"][r], chosen[r]) for r in keep)
+
+
+@pytest.mark.parametrize("chunk", CHUNKS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_score_in_select_is_sigmoid_of_naive_margin(kind, chunk, open_run):
+    sql = f"SELECT r.id, AI.SCORE({sql_prompt(POSITIVE, 'r.body')}) AS positivity FROM reviews r"
+    run = open_run(kind, chunk, sql, dialect=BQ)
+    node = run.node(ph.AiScore)
+    scores = {}
+    for answer in run.answers(node.id):
+        margin = run.naive.margin(node.preamble + run.doc("r", answer["r"]) + node.question)
+        run.log.append(abs(answer["margin"] - margin))
+        assert answer["margin"] == pytest.approx(margin, abs=TOL)
+        assert answer["positivity"] == pytest.approx(1.0 / (1.0 + math.exp(-margin)), abs=TOL)
+        scores[IDS["reviews"][answer["r"]]] = answer["positivity"]
+    assert sorted(scores) == IDS["reviews"]
+    assert run.rows() == sorted(scores.items())
+
+
+# -- cost: fresh tokens at the minimum, refusals at plan time ----------------------------------------
+
+
+@pytest.mark.parametrize("chunk", CHUNKS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_fresh_tokens_stay_within_two_percent_of_minimum(kind, chunk, open_run):
+    sql = (f"SELECT r.id, a.aid FROM reviews r JOIN aspects a "
+           f"ON AI_FILTER({sql_prompt(DISCUSS, 'r.body', 'a.aspect')}) "
+           f"WHERE AI_FILTER({sql_prompt(ACTING, 'r.body')}) AND AI_FILTER({sql_prompt(MUSIC, 'r.body')})")
+    run = open_run(kind, chunk, sql)
+    report = run.report
+    assert report["minimum_tokens"] > 0
+    assert report["fresh_tokens"] <= 1.02 * report["minimum_tokens"], (report["fresh_tokens"],
+                                                                        report["minimum_tokens"])
+
+
+LONG = " ".join(["the acting is superb and the plot is boring"] * 12)
+
+
+def long_tables() -> dict[str, pa.Table]:
+    reviews = TABLES["reviews"]
+    body = reviews.column("body").to_pylist()
+    body[3] = LONG
+    return {**TABLES, "reviews": reviews.set_column(1, "body", pa.array(body))}
+
+
+LONG_QUERIES = {
+    "filter": (f"SELECT r.id FROM reviews r WHERE AI_FILTER({sql_prompt(ACTING, 'r.body')})", "snowflake"),
+    "score": (f"SELECT r.id, AI.SCORE({sql_prompt(POSITIVE, 'r.body')}) AS s FROM reviews r", BQ),
+    "classify": ("SELECT r.id, AI.CLASSIFY(r.body, ['awful plot', 'boring story']) AS t FROM reviews r", BQ),
+    "join": (f"SELECT r.id, a.aid FROM reviews r JOIN aspects a "
+             f"ON AI_FILTER({sql_prompt(DISCUSS, 'r.body', 'a.aspect')})", "snowflake"),
+    "exists": (f"SELECT r.id FROM reviews r WHERE EXISTS (SELECT 1 FROM aspects a "
+               f"WHERE AI_FILTER({sql_prompt(DISCUSS, 'r.body', 'a.aspect')}))", "snowflake"),
+}
+
+
+def refusal_of(run: Run) -> quail.RefusalError:
+    with pytest.raises(quail.RefusalError) as error:
+        run.query.plan()
+    with pytest.raises(quail.RefusalError):
+        run.query.run()
+    return error.value
+
+
+@pytest.mark.parametrize("form", ["filter", "score", "classify"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_document_longer_than_the_chunk_is_refused_at_plan_time(kind, form, open_run):
+    sql, dialect = LONG_QUERIES[form]
+    error = refusal_of(open_run(kind, 96, sql, dialect=dialect, run=False, tables=long_tables()))
+    assert error.refusal.available == 96 and error.refusal.needed is not None and error.refusal.needed > 96
+    assert "needed" in str(error) and "available 96" in str(error)
+
+
+@pytest.mark.parametrize("form", ["join", "exists"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_join_over_a_document_longer_than_the_chunk_is_refused_naming_needed_tokens(kind, form, open_run):
+    sql, dialect = LONG_QUERIES[form]
+    error = refusal_of(open_run(kind, 96, sql, dialect=dialect, run=False, tables=long_tables()))
+    assert error.refusal.available == 96
+    assert error.refusal.needed is not None and error.refusal.needed > 96, str(error)
