@@ -15,6 +15,7 @@ two processes never convert at once. It prints nothing; pass `progress` to hear 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import io
 import json
@@ -486,3 +487,55 @@ def _shortest_float32(value: float) -> float:
 
     single = np.float32(value)
     return float(str(single)) if float(single) == value else value
+
+
+# -- any GGUF file on this machine ---------------------------------------------------------------------------
+
+GGUF_MARKER = "quail-gguf.json"
+
+
+def gguf_model_dir(gguf: Path, *, progress: Progress | None = None) -> Path:
+    """A GGUF file (Qwen3 or Gemma 3) converted once into a cached dense directory, like the embedded model.
+
+    The cache key is the file's path, size and modification time, so an edited file converts again.
+    """
+    gguf = gguf.expanduser().resolve()
+    if not gguf.is_file():
+        raise RefusalError(Refusal(f"no GGUF file at {gguf}"))
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    models = quail_home() / "models"
+    target = models / f"gguf-{gguf.stem}-{key}"
+    if (target / GGUF_MARKER).is_file():
+        return target
+    models.mkdir(parents=True, exist_ok=True)
+    with _exclusive_lock(models / f".gguf-{key}.lock", progress):
+        if (target / GGUF_MARKER).is_file():
+            return target
+        _convert_file(gguf, target, progress)
+    return target
+
+
+def _convert_file(gguf: Path, target: Path, progress: Progress | None) -> None:
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    output = staging / "model"
+    log = io.StringIO()
+    try:
+        try:
+            _report(progress, f"de-quantizing {gguf.name} (once)")
+            with _quiet(log):
+                model, tokenizer = _load_from_gguf(gguf)
+            _detach_quantization(model)
+            model.to(_torch_dtype("float32"))
+            with _quiet(log):
+                _save_converted(model, tokenizer, output)
+            _readable_like_config(output)
+            (output / GGUF_MARKER).write_text(json.dumps({"source": str(gguf), "format": FORMAT_VERSION}) + "\n")
+        except Exception as error:
+            raise RefusalError(Refusal(f"could not convert {gguf} to a safetensors directory",
+                                       (f"{type(error).__name__}: {error}",))) from error
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(output, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

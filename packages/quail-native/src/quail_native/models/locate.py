@@ -34,6 +34,10 @@ def model_directory(spec: ModelSpec) -> Path:
     path = Path(spec.source).expanduser()
     if path.is_dir():
         return path
+    if path.suffix == ".gguf" and path.is_file():
+        from quail_native.models.embedded import gguf_model_dir
+
+        return gguf_model_dir(path)
     if "/" in spec.source and not spec.source.startswith(("/", ".", "~")):
         cached = _from_hub_cache(spec.source)
         if cached is not None:

@@ -1,0 +1,52 @@
+"""Where a model's weights come from: a directory, a GGUF file converted once, or a clear refusal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import tiny_models
+
+from quail import ModelSpec, RefusalError
+from quail_native.models import embedded
+from quail_native.models.loading import load_model
+from quail_native.models.locate import model_directory
+
+
+def spec(source: str) -> ModelSpec:
+    return ModelSpec(name="tiny", architecture="qwen3", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=32,
+                     ffn=128, vocab=400, context_length=4096, source=source)
+
+
+def test_a_local_directory_is_used_as_it_is(tmp_path):
+    directory = tiny_models.build("qwen3", tmp_path / "qwen")
+    assert model_directory(spec(str(directory))) == directory
+
+
+def test_a_gguf_file_is_converted_once_into_a_cached_directory(tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    monkeypatch.setenv("QUAIL_HOME", str(tmp_path / "home"))
+    source = tiny_models.build("qwen3", tmp_path / "source")
+    gguf = tmp_path / "tiny.gguf"
+    gguf.write_bytes(b"GGUF stand-in: the de-quantizing loader is replaced below")
+    calls: list[Path] = []
+
+    def load(path: Path) -> tuple[object, object]:
+        calls.append(path)
+        tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(source / "tokenizer.json"))
+        return AutoModelForCausalLM.from_pretrained(source), tokenizer
+
+    monkeypatch.setattr(embedded, "_load_from_gguf", load)
+    converted = model_directory(spec(str(gguf)))
+    assert (converted / "config.json").is_file() and (converted / "tokenizer.json").is_file()
+    assert load_model(converted).arch.family == "qwen3"
+    assert model_directory(spec(str(gguf))) == converted
+    assert calls == [gguf.resolve()]
+
+
+def test_missing_weights_are_refused_with_how_to_provide_them(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(RefusalError, match="not on this machine") as caught:
+        model_directory(spec("Qwen/Qwen3-8B"))
+    assert "never downloads" in str(caught.value)
