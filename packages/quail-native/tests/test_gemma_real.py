@@ -1,0 +1,78 @@
+"""Exactness on the real embedded Gemma 3 270M: a handful of documents, every margin vs transformers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import quail
+from quail import datasets
+from quail.frontend.prompts import answer_tokens
+from quail.physical.nodes import AiFilter, AiJoin
+
+pytestmark = pytest.mark.slow
+
+SQL = """SELECT r.id, a.aspect FROM reviews r JOIN aspects a
+  ON AI_FILTER(PROMPT('Does the review {0} speak well of the {1}?', r.body, a.aspect))
+WHERE AI_FILTER(PROMPT('Is this movie review positive? {0}', r.body))
+  AND AI_FILTER(PROMPT('Would the reviewer recommend this movie to a friend? {0}', r.body))"""
+
+
+@pytest.fixture(scope="module")
+def run():
+    with quail.Session(quail.EngineConfig(chunk_tokens=256)) as session:
+        session.register("reviews", quail.DocumentProvider.from_table(datasets.reviews().slice(0, 5), "id"))
+        session.register("aspects", quail.DocumentProvider.from_table(datasets.aspects().slice(0, 3), "id"))
+        query = session.sql(SQL)
+        result = query.run()
+        assert session.tokenizer is not None
+        yield query.plan().graph, result, session.tokenizer
+
+
+def naive_margin(model: torch.nn.Module, ids: tuple[int, ...], true_ids: tuple[int, ...],
+                 false_ids: tuple[int, ...]) -> float:
+    with torch.inference_mode():
+        logits = model(torch.tensor([ids]), logits_to_keep=1).logits[0, -1]
+    return (logits[list(true_ids)].max() - logits[list(false_ids)].max()).item()
+
+
+def test_filter_and_join_margins_equal_a_plain_transformers_forward(run):
+    from transformers import AutoModelForCausalLM
+
+    from quail_native.models.embedded import embedded_model_dir
+
+    graph, result, tokenizer = run
+    model = AutoModelForCausalLM.from_pretrained(embedded_model_dir(), dtype=torch.float32).eval()
+    tokens = answer_tokens(tokenizer)
+    bodies = datasets.reviews().column("body").to_pylist()
+    aspects = datasets.aspects().column("aspect").to_pylist()
+    checked = 0
+    node = graph.node("filter_r")
+    assert isinstance(node, AiFilter)
+    stages = {s.predicate.position: s for s in node.stages}
+    table = result.answer_tables["filter_r"]
+    for row, position, margin in zip(*(table.column(c).to_pylist() for c in ("r", "predicate", "margin")),
+                                     strict=True):
+        ids = node.preamble + tuple(tokenizer.encode(bodies[row])) + node.frame + stages[position].question
+        assert naive_margin(model, ids, tokens.true_ids, tokens.false_ids) == pytest.approx(margin, abs=1e-4)
+        checked += 1
+    join = graph.node("join_0")
+    assert isinstance(join, AiJoin)
+    table = result.answer_tables["join_0"]
+    documents = {"r": bodies, "a": aspects}
+    for r_row, a_row, margin in zip(*(table.column(c).to_pylist() for c in ("r", "a", "margin")), strict=True):
+        rows = {"r": r_row, "a": a_row}
+        ids = join.preamble + tuple(tokenizer.encode(documents[join.anchor.alias][rows[join.anchor.alias]]))
+        ids += join.frame
+        for label, partner in zip(join.labels, join.partners, strict=True):
+            ids += label + tuple(tokenizer.encode(documents[partner.alias][rows[partner.alias]]))
+        ids += join.cue
+        assert naive_margin(model, ids, tokens.true_ids, tokens.false_ids) == pytest.approx(margin, abs=1e-4)
+        checked += 1
+    assert checked >= 10
+
+
+def test_fresh_tokens_stay_within_two_percent_of_the_minimum(run):
+    _, result, _ = run
+    report = result.report
+    assert report["fresh_tokens"] <= 1.02 * report["minimum_tokens"]
