@@ -15,7 +15,7 @@ from quail.errors import Refusal, RefusalError
 from quail.frontend.prompts import PromptStyle, bind_classify, bind_filters, bind_join, filter_tail
 from quail.logical.expressions import AiPredicate
 from quail.logical.nodes import Classify, LogicalNode, Project, Score
-from quail.planner.cost import CostModel, Lengths, Work, ask, scan
+from quail.planner.cost import CostModel, Lengths, ask, scan
 from quail.planner.filters import FilterOrder, StagePrice, order_filters, selectivity_of
 from quail.planner.joins import (
     AliasStats,
@@ -282,5 +282,3 @@ class _Optimizer:
 def _constant(count: float, length: int) -> Lengths:
     return Lengths(count, count * length, count * length * length, float(length))
 
-
-__all__ = ["Decisions", "OptimizedPlan", "Work", "optimize"]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from quail.backends.base import ModelRegion, PhysicalCandidate, PlanningContext
 from quail.data.tokenizer import Tokenizer
 from quail.frontend.prompts import PromptStyle, bind_classify, bind_filters, bind_join
+from quail.logical.expressions import AiPredicate
 from quail.logical.nodes import Classify, Join, LogicalNode, Project, Scan, Score, SemanticFilter, SemanticJoin
 from quail.physical import nodes as ph
 from quail.physical.graph import Edge, PhysicalGraph
@@ -119,8 +120,6 @@ class _GraphBuilder:
     def score(self, node: Score) -> Port:
         rows = self.rows(node.child)
         alias = node.prompt.aliases[0]
-        from quail.logical.expressions import AiPredicate
-
         bound = bind_filters([AiPredicate(node.prompt, node.position)], self.tokenizer, self.style)
         model = self.add(ph.AiScore(f"score_{node.output}", alias=alias, column=bound.column, output=node.output,
                                     position=node.position, prompt=node.prompt, preamble=bound.preamble,

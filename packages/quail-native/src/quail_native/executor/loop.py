@@ -15,10 +15,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from quail_native.executor.arena import KVArena
 from quail_native.executor.packing import Item, ItemResult, Packer
 
+Tag = TypeVar("Tag")
 Tokens = tuple[int, ...]
 DocKey = tuple[Tokens, Tokens]
 """(preamble, document tokens): the KV of a document prefix depends on nothing else."""
@@ -88,8 +90,8 @@ class SharedState:
             self.arena.free(block)
 
 
-def run_passes(packer: Packer, budget: int, next_items: Callable[[int], list[tuple[Item, object]]],
-               done: Callable[[object, ItemResult], None], after_pass: Callable[[], None] = lambda: None) -> None:
+def run_passes(packer: Packer, budget: int, next_items: Callable[[int], list[tuple[Item, Tag]]],
+               done: Callable[[Tag, ItemResult], None], after_pass: Callable[[], None] = lambda: None) -> None:
     """Keep asking for items that fit `budget` tokens and running them until none come."""
     while True:
         batch = next_items(budget)
@@ -135,8 +137,8 @@ def run_filter(state: SharedState, alias: str, rows: Sequence[int], documents: d
         question = questions[doc.stage]
         return Item(question, start + len(doc.tokens) + len(frame), parents, (len(question) - 1,))
 
-    def next_items(budget: int) -> list[tuple[Item, object]]:
-        batch: list[tuple[Item, object]] = []
+    def next_items(budget: int) -> list[tuple[Item, FilterDocument]]:
+        batch: list[tuple[Item, FilterDocument]] = []
         used = 0
         while ready and used + len(item_for(ready[0]).tokens) <= budget:
             doc = ready.popleft()
@@ -153,9 +155,7 @@ def run_filter(state: SharedState, alias: str, rows: Sequence[int], documents: d
             used += size
         return batch
 
-    def done(tag: object, result: ItemResult) -> None:
-        doc = tag  # type: FilterDocument
-        assert isinstance(doc, FilterDocument)
+    def done(doc: FilterDocument, result: ItemResult) -> None:
         if doc.stage == 0:
             in_flight[0] += 1
             if result.blocks:
@@ -200,6 +200,10 @@ class Anchor:
     started: bool = False
 
 
+JoinTag = tuple[Anchor, tuple[int, ...] | None]
+"""An anchor's prefix item (rows None) or one candidate tuple's suffix item."""
+
+
 def run_join(state: SharedState, anchors: list[Anchor], preamble: Tokens, frame: Tokens, stop_at_true: bool,
              margin_of: Callable[[ItemResult], float], answer: Callable[[float], bool]
              ) -> list[tuple[tuple[int, ...], bool, float]]:
@@ -225,8 +229,8 @@ def run_join(state: SharedState, anchors: list[Anchor], preamble: Tokens, frame:
         return Item(suffix, start + len(anchor.tokens) + len(frame), tuple(p for p in parents if p is not None),
                     (len(suffix) - 1,))
 
-    def next_items(budget: int) -> list[tuple[Item, object]]:
-        batch: list[tuple[Item, object]] = []
+    def next_items(budget: int) -> list[tuple[Item, JoinTag]]:
+        batch: list[tuple[Item, JoinTag]] = []
         used = 0
         for anchor in active:
             share = max(1, len(anchor.pending) // 4) if stop_at_true else len(anchor.pending)
@@ -247,8 +251,8 @@ def run_join(state: SharedState, anchors: list[Anchor], preamble: Tokens, frame:
             used += size
         return batch
 
-    def done(tag: object, result: ItemResult) -> None:
-        anchor, rows = tag  # type: ignore[misc]
+    def done(tag: JoinTag, result: ItemResult) -> None:
+        anchor, rows = tag
         if rows is None:
             if anchor.doc_block is None:
                 anchor.doc_block, anchor.frame_block = result.blocks
