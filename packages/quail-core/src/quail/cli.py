@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from collections.abc import Sequence
 
 from quail.config import DEFAULT_BACKEND, DEFAULT_DEVICE, DEFAULT_MODEL
 from quail.errors import QuailError
 from quail.plugins.registry import FIRST_PARTY_BACKENDS, ExtensionRegistry
+from quail.query_cli import add_arguments as add_query_arguments
+from quail.query_cli import run_query_command
 
 USER_ERROR = 2
+INTERNAL_ERROR = 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """0 on success, 2 on a user error (message, no traceback), 1 on an internal error."""
     parser = _parser()
     args = parser.parse_args(argv)
     try:
@@ -21,6 +26,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except QuailError as exc:
         print(f"quail: {exc}", file=sys.stderr)
         return USER_ERROR
+    except KeyboardInterrupt:
+        print("quail: interrupted", file=sys.stderr)
+        return USER_ERROR
+    except Exception:
+        print("quail: internal error — please report it with the traceback below", file=sys.stderr)
+        traceback.print_exc()
+        return INTERNAL_ERROR
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--device", default=DEFAULT_DEVICE)
     demo.add_argument("--backend", default=DEFAULT_BACKEND)
     demo.set_defaults(handler=_demo)
+    query = commands.add_parser("query", help="run an AI SQL query over Parquet / CSV / JSONL / Arrow tables")
+    add_query_arguments(query)
+    query.set_defaults(handler=run_query_command)
     return parser
 
 

@@ -75,9 +75,10 @@ def format_report(report: dict[str, ReportValue]) -> str:
     return "\n".join(lines)
 
 
-def run_demo(config: EngineConfig, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+def run_demo(config: EngineConfig, out: TextIO | None = None, err: TextIO | None = None) -> int:
     from quail import datasets
 
+    out, err = out or sys.stdout, err or sys.stderr
     print("Quail demo: two AI filters and an AI join over 64 bundled movie reviews × 12 aspects.", file=out)
     print(f"Opening a session on {config.model} / {config.device} / {config.backend} "
           "(the first run converts the embedded model once).", file=err)

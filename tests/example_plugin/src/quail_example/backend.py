@@ -18,6 +18,7 @@ from quail import (
     RefusalError,
     SupportResult,
 )
+from quail.testing import KeywordBackend
 
 NO_PLANS = Refusal("the example backend runs no queries", ("it exists to test plugin discovery",))
 
@@ -38,3 +39,9 @@ class ExampleBackend:
 
     def execute_request(self, context: BackendExecutionContext) -> PhysicalResponse:
         raise RefusalError(NO_PLANS)
+
+
+class ExampleKeywordBackend(KeywordBackend):
+    """quail.testing's deterministic keyword backend, under a name of this plugin's own."""
+
+    name = "example-keyword"

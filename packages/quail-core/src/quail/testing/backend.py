@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -38,7 +38,7 @@ class KeywordBackend:
     name = "keyword"
 
     def __init__(self, tokenizer: Tokenizer | None = None) -> None:
-        self.tokenizer = tokenizer or ByteTokenizer()
+        self._tokenizer = tokenizer or ByteTokenizer()
         self.started = 0
 
     def supports(self, model: ModelSpec, device: DeviceSpec, gpu_count: int) -> SupportResult:
@@ -46,12 +46,20 @@ class KeywordBackend:
             return SupportResult.reject("the keyword test backend runs on the CPU only")
         return SupportResult.accept()
 
+    def tokenizer(self, model: ModelSpec) -> Tokenizer:
+        """Whatever the model, the keyword rule reads bytes."""
+        return self.tokenizer_in_use
+
+    @property
+    def tokenizer_in_use(self) -> Tokenizer:
+        return self._tokenizer
+
     def plan(self, region: ModelRegion, context: PlanningContext) -> Sequence[PhysicalCandidate] | Refusal:
         return [plan_query(self.name, region, context, BASE_STYLE)]
 
     def start(self, context: GpuContext) -> ModelExecution:
         self.started += 1
-        return KeywordExecution(self.tokenizer)
+        return KeywordExecution(self._tokenizer)
 
     def execute_request(self, context: BackendExecutionContext) -> PhysicalResponse:
         raise RefusalError(Refusal("the keyword backend runs plans node by node", ("use start()",)))
@@ -61,6 +69,10 @@ class KeywordExecution:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self.closed = False
+        self.progress: Callable[[int, int], None] | None = None
+
+    def set_progress(self, callback: Callable[[int, int], None] | None) -> None:
+        self.progress = callback
 
     def close(self) -> None:
         self.closed = True
@@ -82,6 +94,8 @@ class KeywordExecution:
             table, tokens = self.score(node, inputs)
         else:
             raise RefusalError(Refusal(f"the keyword backend cannot run {node.kind}"))
+        if self.progress is not None:
+            self.progress(table.num_rows, table.num_rows)
         rows_in = sum(t.num_rows for k, t in inputs.items() if not k.startswith("documents:"))
         metrics = NodeMetrics(time.perf_counter() - started, rows_in=rows_in, rows_out=table.num_rows,
                               fresh_tokens=tokens, cached_tokens=0)

@@ -1,0 +1,123 @@
+"""`quail query`: every option, and the exit codes (0 success, 2 user error, 1 internal error)."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+import pytest
+
+from quail.cli import main
+
+REVIEWS = pa.table({
+    "id": [11, 12, 13, 14],
+    "body": ["The acting was superb", "a boring plot", "great acting, weak plot", "lovely music"],
+})
+ASPECTS = pa.table({"key": [1, 2], "aspect": ["acting", "plot"]})
+FILTER = "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Does {0} mention \"acting\"?', r.body))"
+JOIN = ("SELECT r.id, a.aspect FROM reviews r JOIN aspects a "
+        "ON AI_FILTER(PROMPT('Does {0} discuss {1}?', r.body, a.aspect))")
+BACKEND = ["--backend", "example-keyword", "--no-progress"]
+
+
+@pytest.fixture
+def files(tmp_path):
+    pq.write_table(REVIEWS, tmp_path / "reviews.parquet")
+    pa_csv.write_csv(REVIEWS, tmp_path / "reviews.csv")
+    (tmp_path / "reviews.jsonl").write_text("".join(json.dumps(r) + "\n" for r in REVIEWS.to_pylist()))
+    pq.write_table(ASPECTS, tmp_path / "aspects.parquet")
+    return tmp_path
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(["query", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("name", ["reviews.parquet", "reviews.csv", "reviews.jsonl"])
+def test_runs_sql_over_each_file_format_and_prints_rows_and_report(files, capsys, name):
+    code, out, _ = run(capsys, FILTER, "--table", f"reviews={files / name}", *BACKEND)
+    assert code == 0
+    assert "r.id" in out and "11" in out and "13" in out and "12" not in out.split("-- report --")[0]
+    assert "-- report --" in out and "backend: example-keyword" in out
+
+
+def test_reads_the_query_from_a_file_and_takes_an_id_column(files, capsys):
+    (files / "q.sql").write_text(JOIN)
+    code, out, _ = run(capsys, "--file", str(files / "q.sql"), "--table", f"reviews={files / 'reviews.parquet'}",
+                       "--table", f"aspects={files / 'aspects.parquet'}:key", *BACKEND)
+    assert code == 0 and "acting" in out
+
+
+def test_bigquery_dialect_and_order_option(files, capsys):
+    sql = FILTER.replace("AI_FILTER", "AI.IF")
+    code, out, _ = run(capsys, sql, "--dialect", "bigquery", "--order", "as_written",
+                       "--table", f"reviews={files / 'reviews.parquet'}", *BACKEND)
+    assert code == 0 and "order_rule: as_written" in out
+
+
+def test_explain_prints_the_plan_and_runs_nothing(files, capsys):
+    code, out, _ = run(capsys, FILTER, "--explain", "--table", f"reviews={files / 'reviews.parquet'}", *BACKEND)
+    assert code == 0
+    assert "== Logical plan" in out and "== Physical plan" in out and "-- report --" not in out
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".csv", ".json", ".jsonl"])
+def test_output_writes_the_rows(files, capsys, suffix):
+    target = files / f"out{suffix}"
+    code, out, _ = run(capsys, FILTER, "--table", f"reviews={files / 'reviews.parquet'}", "--output", str(target),
+                       *BACKEND)
+    assert code == 0 and f"wrote 2 rows to {target}" in out
+    if suffix == ".parquet":
+        assert sorted(pq.read_table(target).column("r.id").to_pylist()) == [11, 13]
+    elif suffix == ".csv":
+        assert sorted(pa_csv.read_csv(target).column("r.id").to_pylist()) == [11, 13]
+    elif suffix == ".json":
+        assert sorted(row["r.id"] for row in json.loads(target.read_text())) == [11, 13]
+    else:
+        assert sorted(json.loads(line)["r.id"] for line in target.read_text().splitlines()) == [11, 13]
+
+
+def test_model_and_device_options_select_the_engine(files, capsys):
+    code, out, _ = run(capsys, FILTER, "--model", "qwen3-0.6b", "--device", "cpu",
+                       "--table", f"reviews={files / 'reviews.parquet'}", *BACKEND)
+    assert code == 0 and "model: qwen3-0.6b" in out
+
+
+def test_progress_bar_is_drawn_on_stderr(files, capsys):
+    code, _, err = run(capsys, FILTER, "--table", f"reviews={files / 'reviews.parquet'}", "--backend",
+                       "example-keyword")
+    assert code == 0 and "AiFilter r" in err and "4/4" in err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["SELECT 1"], "no FROM clause"),
+    (["SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('x', r.body)) OR 1 = 1"], "OR is not supported"),
+    (["SELECT * FROM nowhere n WHERE AI_FILTER(PROMPT('{0}', n.x))"], "unknown table 'nowhere'"),
+    ([FILTER, "--table", "reviews"], "write name=path[:id_col]"),
+    ([FILTER, "--table", "reviews=/no/such/file.parquet"], "no file or directory"),
+    ([FILTER, "--file", "/no/such/query.sql"], "--file"),
+    ([], "either as an argument or with --file"),
+    ([FILTER, "--output", "rows.xlsx"], "--output"),
+    ([FILTER, "--backend", "nope"], "unknown backend 'nope'"),
+])
+def test_user_errors_exit_2_with_a_message_and_no_traceback(files, capsys, argv, message):
+    code, _, err = run(capsys, *argv, "--no-progress")
+    assert code == 2
+    assert message in err and "Traceback" not in err
+
+
+def test_an_internal_error_exits_1_with_the_traceback(files, capsys, monkeypatch):
+    import quail.query_cli
+
+    def broken(*_args: object) -> None:
+        raise RuntimeError("a bug inside quail")
+
+    monkeypatch.setattr(quail.query_cli, "write_output", broken)
+    code, _, err = run(capsys, FILTER, "--table", f"reviews={files / 'reviews.parquet'}",
+                       "--output", str(files / "o.csv"), *BACKEND)
+    assert code == 1
+    assert "internal error" in err and "a bug inside quail" in err and "Traceback" in err
