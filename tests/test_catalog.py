@@ -80,3 +80,13 @@ def test_device_spec_rejects_non_positive_numbers():
     with pytest.raises(ValueError, match="bandwidth"):
         DeviceSpec(name="bad", kind="cuda", memory_bytes=1, peak_bf16_flops=1, peak_fp32_flops=1,
                    bandwidth_bytes_per_s=0)
+
+
+def test_cpu_peak_comes_from_the_vector_units_of_the_first_processor(tmp_path):
+    from quail.catalog.devices import _cpu_flags_and_mhz
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\ncpu MHz\t\t: 2000.000\nflags\t\t: fpu avx2 fma\n\n"
+                    "processor\t: 1\ncpu MHz\t\t: 3000.000\nflags\t\t: fpu\n")
+    flags, mhz = _cpu_flags_and_mhz(info)
+    assert {"avx2", "fma"} <= flags and mhz == 2000.0

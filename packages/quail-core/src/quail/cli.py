@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from quail.config import DEFAULT_BACKEND, DEFAULT_DEVICE, DEFAULT_MODEL
 from quail.errors import QuailError
+from quail.plugins.loading import add_plugin_commands
 from quail.plugins.registry import FIRST_PARTY_BACKENDS, ExtensionRegistry
 from quail.query_cli import add_arguments as add_query_arguments
 from quail.query_cli import run_query_command
@@ -51,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     query = commands.add_parser("query", help="run an AI SQL query over Parquet / CSV / JSONL / Arrow tables")
     add_query_arguments(query)
     query.set_defaults(handler=run_query_command)
+    add_plugin_commands(commands)
     return parser
 
 

@@ -65,19 +65,19 @@ DEFAULT_CPU_BANDWIDTH = 40 * GB
 
 
 def _cpu_flags_and_mhz(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[frozenset[str], float]:
+    """Flags and clock of the first processor listed (its block ends at the first blank line)."""
     try:
         text = cpuinfo.read_text()
     except OSError:
         return frozenset(), 2000.0
     flags: frozenset[str] = frozenset()
     mhz = 2000.0
-    for line in text.splitlines():
+    for line in text.split("\n\n", 1)[0].splitlines():
         key, _, value = line.partition(":")
-        if key.strip() == "flags" and not flags:
+        if key.strip() == "flags":
             flags = frozenset(value.split())
         elif key.strip() == "cpu MHz":
             mhz = float(value)
-            break
     return flags, mhz
 
 

@@ -1,7 +1,13 @@
-"""Small bundled datasets for demos and benchmarks: invented movie reviews with labels.
+"""Small bundled datasets for demos and benchmarks, all invented: movie reviews, claims with evidence, agent traces.
 
 `reviews()` has 64 reviews with an overall `sentiment`, `stars` and, in `aspects`, one label per
 aspect ("positive", "negative" or "none"); `aspects()` names and defines the 12 aspects.
+
+`claims()` has 24 one-sentence claims, each citing a page `url` and labelled "supported", "refuted" or
+"unverifiable"; `evidence()` has 60 passages from 20 pages (`source`), 2 to 5 for every cited page.
+
+`traces()` has 32 cumulative agent logs, 4 sessions of 8 steps: within a session each row's `log` is the
+previous row's `log` plus one more step, with the session's `outcome` and whether an error has occurred so far.
 """
 
 from __future__ import annotations
@@ -12,7 +18,23 @@ from pathlib import Path
 
 import pyarrow as pa
 
-__all__ = ["ASPECTS_SCHEMA", "ASPECT_NAMES", "REVIEWS_SCHEMA", "aspects", "path", "reviews"]
+__all__ = [
+    "ASPECTS_SCHEMA",
+    "ASPECT_NAMES",
+    "CLAIMS_SCHEMA",
+    "DATASET_NAMES",
+    "EVIDENCE_SCHEMA",
+    "REVIEWS_SCHEMA",
+    "TRACES_SCHEMA",
+    "aspects",
+    "claims",
+    "evidence",
+    "path",
+    "reviews",
+    "traces",
+]
+
+DATASET_NAMES: tuple[str, ...] = ("reviews", "aspects", "claims", "evidence", "traces")
 
 ASPECT_NAMES: tuple[str, ...] = (
     "acting",
@@ -42,9 +64,24 @@ REVIEWS_SCHEMA = pa.schema(
 
 ASPECTS_SCHEMA = pa.schema([("id", pa.int64()), ("aspect", pa.string()), ("description", pa.string())])
 
+CLAIMS_SCHEMA = pa.schema([("id", pa.int64()), ("text", pa.string()), ("url", pa.string()), ("label", pa.string())])
+
+EVIDENCE_SCHEMA = pa.schema([("id", pa.int64()), ("source", pa.string()), ("passage", pa.string())])
+
+TRACES_SCHEMA = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("session", pa.int64()),
+        ("step", pa.int64()),
+        ("log", pa.string()),
+        ("outcome", pa.string()),
+        ("has_error", pa.bool_()),
+    ]
+)
+
 
 def path(name: str) -> Path:
-    """The file of a bundled dataset: `path("reviews")` or `path("reviews.jsonl")`."""
+    """The file of a bundled dataset (one of `DATASET_NAMES`): `path("claims")` or `path("claims.jsonl")`."""
     filename = name if "." in name else f"{name}.jsonl"
     resource = files(__name__).joinpath(filename)
     if not resource.is_file():
@@ -66,3 +103,18 @@ def reviews() -> pa.Table:
 def aspects() -> pa.Table:
     """The 12 review aspects with a one-sentence description (schema `ASPECTS_SCHEMA`)."""
     return _read("aspects", ASPECTS_SCHEMA)
+
+
+def claims() -> pa.Table:
+    """The 24 labelled claims, each citing one page url (schema `CLAIMS_SCHEMA`)."""
+    return _read("claims", CLAIMS_SCHEMA)
+
+
+def evidence() -> pa.Table:
+    """The 60 evidence passages with the url of the page they come from (schema `EVIDENCE_SCHEMA`)."""
+    return _read("evidence", EVIDENCE_SCHEMA)
+
+
+def traces() -> pa.Table:
+    """The 32 cumulative agent-trace rows, 4 sessions of 8 steps (schema `TRACES_SCHEMA`)."""
+    return _read("traces", TRACES_SCHEMA)

@@ -11,6 +11,7 @@ By convention the entry-point name is the name of the backend the plugin provide
 
 from __future__ import annotations
 
+import argparse
 from typing import Protocol
 
 import pluggy
@@ -46,4 +47,13 @@ def quail_register(registry: Registrar) -> None:
     stays fast and a missing engine is reported by `supports()` rather than at import.
     If it raises or registers something invalid, none of its registrations are kept, the failure
     is reported, and every other plugin still loads.
+    """
+
+
+@hookspec
+def quail_add_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add subcommands to the `quail` command line (e.g. quail-native adds `quail bench`).
+
+    Each added parser must `set_defaults(handler=callable(args) -> int)`. Called when the CLI
+    builds its parser; a plugin that raises here is skipped with a warning.
     """

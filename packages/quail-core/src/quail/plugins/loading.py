@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import warnings
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
@@ -121,3 +122,19 @@ def _message(exc: BaseException) -> str:
 def _fail(registry: ExtensionRegistry, failure: PluginFailure) -> None:
     registry.record_failure(failure)
     warnings.warn(failure.describe(), PluginLoadWarning, stacklevel=3)
+
+
+def add_plugin_commands(commands: argparse._SubParsersAction, group: str = GROUP) -> None:  # type: ignore[type-arg]
+    """Let every installed plugin add its `quail` subcommands; one that fails is skipped with a warning."""
+    manager = plugin_manager()
+    for entry in _unique_entry_points(group):
+        try:
+            manager.load_setuptools_entrypoints(group, name=entry.name)
+        except Exception:  # reported by the registry when backends load; the CLI just goes on
+            continue
+    for implementation in manager.hook.quail_add_commands.get_hookimpls():
+        try:
+            implementation.function(commands=commands)
+        except Exception as exc:  # a plugin's command must not break the CLI
+            warnings.warn(f"plugin {implementation.plugin_name!r} could not add its commands: {_message(exc)}",
+                          PluginLoadWarning, stacklevel=2)

@@ -1,6 +1,6 @@
 """Side-by-side: the packed executor vs one plain transformers forward per (document, predicate).
 
-    python -m quail_native.bench [--reviews 64] [--chunk-tokens 1024]
+    python -m quail_native.benchmark.naive_filters [--reviews 64] [--chunk-tokens 1024]
 
 Both evaluate the same canonical prompts with the same weights; the ratio lines compare them in
 one run, so the machine's speed cancels out.

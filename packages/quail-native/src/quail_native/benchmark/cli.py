@@ -1,0 +1,23 @@
+"""The `quail bench` subcommand's arguments; the benchmark itself (and torch) load only when it runs."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+SCALE_NAMES = ("tiny", "small", "medium", "large")
+
+
+def add_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = commands.add_parser("bench", help="QUAIL-B-shaped workloads: every backend beside a naive baseline")
+    parser.add_argument("--scale", choices=SCALE_NAMES, default="small")
+    parser.add_argument("--out", type=Path, default=Path("bench-out"))
+    parser.add_argument("--backends", default="native", help="comma-separated backends to try")
+    parser.add_argument("--chunk-tokens", type=int, default=1024)
+    parser.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from quail_native.benchmark.command import run
+
+    return run(args)

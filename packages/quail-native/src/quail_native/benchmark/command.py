@@ -1,0 +1,164 @@
+"""`quail bench`: run the workloads on every backend that can run here, beside the naive baseline."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+import quail
+from quail.frontend.prompts import answer_tokens
+from quail.runtime.execution import document_columns
+from quail_native.backend import NativeBackend
+from quail_native.benchmark.naive import NaiveModel
+from quail_native.benchmark.workloads import WORKLOADS, tables
+
+
+@dataclass(frozen=True)
+class Row:
+    workload: str
+    backend: str
+    wall_s: float
+    naive_s: float | None
+    fresh_tokens: int | None
+    minimum_tokens: int | None
+    sol_s: float | None
+    estimated_s: float | None
+    agreement: float | None
+    efficiency: float | None
+    rows: int
+
+
+def gemm_peak(size: int = 1024, repeats: int = 5) -> float:
+    """Best fp32 GEMM FLOP/s of torch on this machine, measured now."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    best = 0.0
+    for _ in range(repeats):
+        started = time.perf_counter()
+        a @ b
+        best = max(best, 2 * size ** 3 / (time.perf_counter() - started))
+    return best
+
+
+def run(args: argparse.Namespace) -> int:
+    from quail_native.models.embedded import embedded_model_dir
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    peak = gemm_peak()
+    registry = quail.ExtensionRegistry.with_built_ins()
+    model = registry.model("gemma-3-270m")
+    rows: list[Row] = []
+    notes: list[str] = []
+    naive: NaiveModel | None = None
+    for backend in args.backends.split(","):
+        try:
+            session = quail.Session(quail.EngineConfig(backend=backend, chunk_tokens=args.chunk_tokens),
+                                    registry=registry)
+        except quail.QuailError as error:
+            notes.append(f"{backend}: skipped — {error}")
+            continue
+        with session:
+            for name, load in tables(args.scale).items():
+                session.register(name, quail.DocumentProvider.from_table(load(), "id"))
+            if naive is None:
+                tokenizer = session.tokenizer or NativeBackend().tokenizer(session.model)
+                naive = NaiveModel(embedded_model_dir(), tokenizer, answer_tokens(tokenizer))
+            for workload in WORKLOADS:
+                rows.append(measure(session, workload.name, workload.sql, naive, peak, model.non_embedding_params))
+                print(f"  {workload.name} [{backend}]: {rows[-1].wall_s:.2f} s (naive {rows[-1].naive_s:.2f} s)")
+    write_outputs(args.out, rows, notes, peak)
+    print_summary(rows, notes)
+    return 0
+
+
+def measure(session: quail.Session, name: str, sql: str, naive: NaiveModel, peak: float, params: int) -> Row:
+    query = session.sql(sql)
+    query.plan()
+    result = query.run()
+    report = result.report
+    wall = float(report["wall_s"]) - float(report["boot_s"] or 0.0)  # type: ignore[arg-type]
+    texts = {alias: session.provider(table).to_table([column]).column(column).to_pylist()
+             for alias, table in query.aliases.items()
+             for a, column in document_columns(query).items() if a == alias}
+    baseline = naive.run(query.plan().graph, dict(result.answer_tables), texts)
+    fresh = report["fresh_tokens"]
+    efficiency = 2 * params * fresh / wall / peak if isinstance(fresh, int) and wall > 0 else None
+    return Row(name, session.backend.name, wall, baseline.seconds, fresh if isinstance(fresh, int) else None,
+               report["minimum_tokens"] if isinstance(report["minimum_tokens"], int) else None,
+               _float(report["sol_seconds"]), _float(report["estimated_seconds"]), baseline.agreement, efficiency,
+               result.count())
+
+
+def _float(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
+
+
+def write_outputs(out: Path, rows: list[Row], notes: list[str], peak: float) -> None:
+    (out / "results.json").write_text(json.dumps({"gemm_peak_flops": peak, "rows": [asdict(r) for r in rows],
+                                                  "notes": notes}, indent=1))
+    lines = ["# Quail benchmark", "", f"torch fp32 GEMM peak measured in this run: {peak / 1e9:.1f} GFLOP/s", "",
+             "| workload | backend | wall s | naive s | native/naive | fresh | minimum | fresh/min | SoL s | "
+             "agreement | % GEMM peak |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.workload} | {r.backend} | {r.wall_s:.2f} | {r.naive_s or 0:.2f} | "
+                     f"{r.wall_s / r.naive_s if r.naive_s else float('nan'):.3f} | {r.fresh_tokens} | "
+                     f"{r.minimum_tokens} | {_ratio(r.fresh_tokens, r.minimum_tokens)} | {r.sol_s or 0:.2f} | "
+                     f"{(r.agreement or 0):.1%} | {(r.efficiency or 0):.0%} |")
+    lines += ["", *summary_lines(rows), *(f"- {n}" for n in notes)]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    chart(out / "chart.png", rows)
+
+
+def _ratio(a: int | None, b: int | None) -> str:
+    return f"{a / b:.3f}" if a is not None and b else "?"
+
+
+def chart(path: Path, rows: list[Row]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r.workload for r in rows]
+    positions = range(len(rows))
+    figure, axis = plt.subplots(figsize=(11, 5))
+    axis.barh([p + 0.2 for p in positions], [r.naive_s or 0 for r in rows], height=0.4, label="naive transformers")
+    axis.barh([p - 0.2 for p in positions], [r.wall_s for r in rows], height=0.4, label="quail native")
+    axis.scatter([r.sol_s or 0 for r in rows], [p - 0.2 for p in positions], marker="|", s=300, color="black",
+                 label="speed of light (estimate)", zorder=3)
+    axis.set_yticks(list(positions), names, fontsize=8)
+    axis.set_xlabel("seconds")
+    axis.invert_yaxis()
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def summary_lines(rows: list[Row]) -> list[str]:
+    timed = [r for r in rows if r.naive_s]
+    wall, naive = sum(r.wall_s for r in timed), sum(r.naive_s or 0 for r in timed)
+    fresh = sum(r.fresh_tokens or 0 for r in rows)
+    minimum = sum(r.minimum_tokens or 0 for r in rows)
+    sol = sum(r.sol_s or 0 for r in rows)
+    efficiency = [r.efficiency for r in rows if r.efficiency is not None]
+    agreement = min((r.agreement for r in rows if r.agreement is not None), default=1.0)
+    return [
+        f"ratio native/naive wall: {wall / naive:.3f} (speed-up {naive / wall:.2f}x over {len(timed)} queries)",
+        f"ratio fresh/minimum tokens: {fresh / minimum:.3f}" if minimum else "ratio fresh/minimum tokens: ?",
+        f"ratio SoL/measured wall: {sol / wall:.1%}" if wall else "ratio SoL/measured wall: ?",
+        f"CPU efficiency (dense model FLOP/s ÷ GEMM peak): mean {sum(efficiency) / max(len(efficiency), 1):.0%}",
+        f"lowest agreement with naive answers: {agreement:.1%}",
+    ]
+
+
+def print_summary(rows: list[Row], notes: list[str]) -> None:
+    for note in notes:
+        print(f"note: {note}")
+    for line in summary_lines(rows):
+        print(line)

@@ -1,0 +1,106 @@
+"""The naive baseline: one plain transformers forward of the full prompt per (document, predicate) or tuple.
+
+It re-evaluates exactly the items the engine evaluated (from its answer tables), with the same
+canonical prompt ids, so wall time and agreement compare like with like.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import torch
+
+from quail.data.tokenizer import Tokenizer
+from quail.frontend.prompts import AnswerTokens
+from quail.physical import nodes as ph
+from quail.physical.graph import PhysicalGraph
+
+Texts = dict[str, list[str]]
+
+
+@dataclass(frozen=True)
+class NaiveRun:
+    seconds: float
+    tokens: int
+    items: int
+    agreeing: int
+
+    @property
+    def agreement(self) -> float:
+        return self.agreeing / self.items if self.items else 1.0
+
+
+class NaiveModel:
+    def __init__(self, directory: Path, tokenizer: Tokenizer, answers: AnswerTokens) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+        self.tokenizer = tokenizer
+        self.answers = answers
+
+    def margin(self, ids: tuple[int, ...]) -> float:
+        with torch.inference_mode():
+            logits = self.model(torch.tensor([ids]), logits_to_keep=1).logits[0, -1]
+        return (logits[list(self.answers.true_ids)].max() - logits[list(self.answers.false_ids)].max()).item()
+
+    def label_score(self, prompt: tuple[int, ...], label: tuple[int, ...]) -> float:
+        ids = prompt + label
+        with torch.inference_mode():
+            logits = self.model(torch.tensor([ids]), logits_to_keep=len(label) + 1).logits[0, :-1]
+        return torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(label)[:, None]).sum().item()
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        return tuple(self.tokenizer.encode(text))
+
+    def run(self, graph: PhysicalGraph, answers: dict[str, pa.Table], texts: Texts) -> NaiveRun:
+        started = time.perf_counter()
+        tokens = items = agreeing = 0
+        for node in graph.nodes:
+            table = answers.get(node.id)
+            if table is None:
+                continue
+            for prompt, expected, check in self.items(node, table, texts):
+                tokens += len(prompt)
+                items += 1
+                agreeing += int(check(expected))
+        return NaiveRun(time.perf_counter() - started, tokens, items, agreeing)
+
+    def items(self, node: ph.PhysicalNode, table: pa.Table, texts: Texts):  # noqa: ANN201 - a local generator
+        rows = table.to_pylist()
+        if isinstance(node, ph.AiFilter):
+            stages = {s.predicate.position: s for s in node.stages}
+            for row in rows:
+                ids = node.preamble + self.encode(texts[node.alias][row[node.alias]]) + node.frame + \
+                    stages[row["predicate"]].question
+                margin = self.margin(ids)
+                yield ids, row["answer"], lambda answer, m=margin, s=stages[row["predicate"]]: _holds(s, m) == answer
+        elif isinstance(node, ph.AiJoin):
+            for row in rows:
+                ids = node.preamble + self.encode(texts[node.anchor.alias][row[node.anchor.alias]]) + node.frame
+                for label, partner in zip(node.labels, node.partners, strict=True):
+                    ids += label + self.encode(texts[partner.alias][row[partner.alias]])
+                ids += node.cue
+                margin = self.margin(ids)
+                yield ids, row["answer"], lambda answer, m=margin: (m > 0) == answer
+        elif isinstance(node, ph.AiClassify):
+            names = [label.name for label in node.labels]
+            for row in rows:
+                prompt = node.preamble + self.encode(texts[node.alias][row[node.alias]]) + node.tail
+                scores = [self.label_score(prompt, label) for label in node.label_tokens]
+                best = names[max(range(len(scores)), key=lambda k: (scores[k], -k))]
+                yield prompt, row[node.output], lambda label, b=best: label == b
+        elif isinstance(node, ph.AiScore):
+            for row in rows:
+                ids = node.preamble + self.encode(texts[node.alias][row[node.alias]]) + node.question
+                margin = self.margin(ids)
+                yield ids, row["margin"], lambda value, m=margin: abs(value - m) < 1e-3
+
+
+def _holds(stage: ph.FilterStage, margin: float) -> bool:
+    from quail.backends.shapes import sigmoid
+
+    threshold = stage.predicate.threshold
+    return margin > 0 if threshold is None else threshold.holds(sigmoid(margin))
