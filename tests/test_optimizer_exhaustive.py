@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from quail.catalog.devices import BUILT_IN_DEVICES, DeviceSpec
 from quail.catalog.models import BUILT_IN_MODELS, ModelSpec
-from quail.planner.cost import CostModel, Lengths, Work, ask, precision_of, scan, stream, triangle
+from quail.planner.cost import ANSWER_COLUMNS, CostModel, Lengths, Work, ask, precision_of, scan, stream, triangle
 from quail.planner.filters import (
     DEFAULT_SELECTIVITY,
     StagePrice,
@@ -623,10 +623,13 @@ def test_roofline_attention_picks_the_slower_of_pair_flops_and_kv_traffic():
 
 def test_roofline_components_add():
     cost = CostModel(TOY, TOY_DEVICE, chunk_tokens=1000)
-    dense, attention, head = Work(tokens=100), Work(pairs=1e5, kv_read=10), Work(answers=7)
+    dense, attention = Work(tokens=100), Work(pairs=1e5, kv_read=10)
+    head = Work(answers=7, vocabulary_rows=3)
     assert cost.seconds(dense + attention) == pytest.approx(cost.seconds(dense) + cost.seconds(attention), rel=1e-12)
-    assert cost.seconds(head) == pytest.approx(2 * 64 * 1000 * 7 / 1e12, rel=1e-12)
-    assert cost.flops(dense + attention + head) == 2 * TOY_PARAMS * 100 + TOY_PAIR_FLOPS * 1e5 + 2 * 64 * 1000 * 7
+    # TRUE/FALSE answers read ANSWER_COLUMNS head columns; label rows read the whole vocabulary (1000 here).
+    head_flops = 2 * 64 * (ANSWER_COLUMNS * 7 + 1000 * 3)
+    assert cost.seconds(head) == pytest.approx(head_flops / 1e12, rel=1e-12)
+    assert cost.flops(dense + attention + head) == 2 * TOY_PARAMS * 100 + TOY_PAIR_FLOPS * 1e5 + head_flops
 
 
 def test_decode_like_asks_are_bandwidth_bound_and_long_scans_compute_bound_on_a_gpu():
@@ -638,7 +641,7 @@ def test_decode_like_asks_are_bandwidth_bound_and_long_scans_compute_bound_on_a_
     kv_bytes = model.kv_bytes_per_token * (one_token.kv_read + one_token.kv_written)
     assert kv_bytes / device.bandwidth_bytes_per_s > attention_flops / cost.peak
     long_scan = scan(Lengths.of([8192]))
-    dense_flops = 2 * model.non_embedding_params * long_scan.tokens + 2 * model.hidden * model.vocab * long_scan.answers
+    dense_flops = 2 * model.non_embedding_params * long_scan.tokens + cost.head_flops(long_scan)
     dense_bytes = model.non_embedding_params * model.weight_bytes * long_scan.tokens / cost.chunk_tokens
     assert dense_flops / cost.peak > dense_bytes / device.bandwidth_bytes_per_s
 

@@ -53,13 +53,18 @@ class Lengths:
 
 @dataclass(frozen=True)
 class Work:
-    """What a stage asks of the model; every field is additive and linear in the number of items."""
+    """What a stage asks of the model; every field is additive and linear in the number of items.
+
+    `answers` are rows read through a handful of head columns (TRUE/FALSE); `vocabulary_rows` need the
+    whole head (label log-probabilities).
+    """
 
     tokens: float = 0.0
     pairs: float = 0.0
     kv_read: float = 0.0
     kv_written: float = 0.0
     answers: float = 0.0
+    vocabulary_rows: float = 0.0
 
     def __add__(self, other: Work) -> Work:
         return Work(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
@@ -69,6 +74,9 @@ class Work:
 
 
 NOTHING = Work()
+
+ANSWER_COLUMNS = 8
+"""Head columns a TRUE/FALSE readout computes (the TRUE-like and FALSE-like first tokens)."""
 
 
 def triangle(lengths: Lengths) -> float:
@@ -122,7 +130,7 @@ class CostModel:
     def seconds(self, work: Work) -> float:
         model, bandwidth = self.model, self.device.bandwidth_bytes_per_s
         passes = work.tokens / self.chunk_tokens
-        dense_flops = 2 * model.non_embedding_params * work.tokens + 2 * model.hidden * model.vocab * work.answers
+        dense_flops = 2 * model.non_embedding_params * work.tokens + self.head_flops(work)
         dense_bytes = model.non_embedding_params * model.weight_bytes * passes
         dense = max(dense_flops / self.peak, dense_bytes / bandwidth)
         attention_flops = 4 * model.heads * model.head_dim * model.layers * work.pairs
@@ -133,5 +141,9 @@ class CostModel:
     def flops(self, work: Work) -> float:
         """Model FLOPs of the work: the numerator of achieved-FLOP/s efficiency."""
         model = self.model
-        return (2 * model.non_embedding_params * work.tokens + 2 * model.hidden * model.vocab * work.answers
+        return (2 * model.non_embedding_params * work.tokens + self.head_flops(work)
                 + 4 * model.heads * model.head_dim * model.layers * work.pairs)
+
+    def head_flops(self, work: Work) -> float:
+        model = self.model
+        return 2 * model.hidden * (ANSWER_COLUMNS * work.answers + model.vocab * work.vocabulary_rows)

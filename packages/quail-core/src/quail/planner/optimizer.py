@@ -259,6 +259,8 @@ class _Optimizer:
         work = scan(documents)
         for length in labels:
             work = work + ask(documents, _constant(documents.count, length))
+        if isinstance(output, Classify):  # label log-probabilities need the whole vocabulary head
+            work = replace(work, vocabulary_rows=work.answers, answers=0.0)
         return self.cost.seconds(work)
 
     # -- the rewritten plan -------------------------------------------------------------------
