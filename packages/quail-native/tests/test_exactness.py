@@ -580,3 +580,22 @@ def test_a_join_over_a_document_longer_than_the_chunk_is_refused_naming_needed_t
     error = refusal_of(open_run(kind, 96, sql, dialect=dialect, run=False, tables=long_tables()))
     assert error.refusal.available == 96
     assert error.refusal.needed is not None and error.refusal.needed > 96, str(error)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_two_joins_sharing_an_anchor_compute_its_documents_once(kind, open_run):
+    """The first join keeps each anchor's document KV; the second reuses it and stays exact."""
+    sql = (f"SELECT r.id, a.aid, m.aid FROM reviews r "
+           f"JOIN aspects a ON AI_FILTER({sql_prompt(DISCUSS, 'r.body', 'a.aspect')}, {{'anchor': 'r'}}) "
+           f"JOIN aspects m ON AI_FILTER({sql_prompt(DISCUSS, 'r.body', 'm.aspect')}, {{'anchor': 'r'}})")
+    run = open_run(kind, 4096, sql)
+    first, second = sorted((n for n in run.graph.nodes if isinstance(n, ph.AiJoin)),
+                           key=lambda n: n.retain_anchor_kv, reverse=True)
+    assert first.retain_anchor_kv and not second.retain_anchor_kv
+    check_join_answers(run, first)
+    check_join_answers(run, second)
+    anchors = {row["r"] for row in run.answers(second.id)}
+    metrics = run.metrics(second.id)
+    assert metrics["kv_hits"] == len(anchors) > 0 and metrics["kv_misses"] == 0
+    report = run.report
+    assert report["fresh_tokens"] <= 1.02 * report["minimum_tokens"]

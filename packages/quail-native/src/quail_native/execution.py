@@ -106,7 +106,8 @@ class NativeExecution:
             anchor = anchors.setdefault(row, Anchor(anchor_alias, row, texts[anchor_alias][row], deque()))
             anchor.pending.append((item, suffix))
         found = run_join(self.state, [anchors[r] for r in sorted(anchors)], node.preamble, node.frame,
-                         node.semantics != "full", self.margin, lambda m: holds(node.predicate, m))
+                         node.semantics != "full", self.margin, lambda m: holds(node.predicate, m),
+                         retain=node.retain_anchor_kv)
         columns = {alias: [f[0][i] for f in found] for i, alias in enumerate(aliases)}
         return shapes.join_answers(columns, [f[1] for f in found], [f[2] for f in found], anchor=anchor_alias,
                                    partners=partner_aliases, semantics=node.semantics,

@@ -134,6 +134,7 @@ class AiJoin(PhysicalNode):
     cue: TokenIds = ()
     selectivity: float = 0.2
     assumed_selectivity: bool = True
+    retain_anchor_kv: bool = False
 
     INPUTS: ClassVar[Mapping[str, PortType]] = _ports(left=PortType.ROWS, right=PortType.ROWS,
                                                       candidates=PortType.ROWS)
@@ -146,7 +147,9 @@ class AiJoin(PhysicalNode):
 
     def describe(self) -> str:
         partners = ", ".join(p.alias for p in self.partners)
-        return f"AiJoin {self.semantics} #{self.predicate.position} anchor {self.anchor.alias} partners {partners}"
+        kept = ", keep anchor KV for the next join" if self.retain_anchor_kv else ""
+        head = f"AiJoin {self.semantics} #{self.predicate.position} anchor {self.anchor.alias}"
+        return f"{head} partners {partners}{kept}"
 
 
 @dataclass(frozen=True)

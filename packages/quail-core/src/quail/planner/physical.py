@@ -8,7 +8,17 @@ from quail.backends.base import ModelRegion, PhysicalCandidate, PlanningContext
 from quail.data.tokenizer import Tokenizer
 from quail.frontend.prompts import PromptStyle, bind_classify, bind_filters, bind_join
 from quail.logical.expressions import AiPredicate
-from quail.logical.nodes import Classify, Join, LogicalNode, Project, Scan, Score, SemanticFilter, SemanticJoin
+from quail.logical.nodes import (
+    Classify,
+    Join,
+    LogicalNode,
+    Project,
+    Scan,
+    Score,
+    SemanticFilter,
+    SemanticJoin,
+    walk,
+)
 from quail.physical import nodes as ph
 from quail.physical.graph import Edge, PhysicalGraph
 from quail.planner.filters import selectivity_of
@@ -36,6 +46,12 @@ class _GraphBuilder:
     decisions: Decisions
     nodes: list[ph.PhysicalNode] = field(default_factory=list)
     edges: list[Edge] = field(default_factory=list)
+    join_order: list[int] = field(default_factory=list)
+
+    def anchored_again(self, position: int, anchor: str) -> bool:
+        """Whether a join that runs after this one anchors on the same alias (its KV is then kept)."""
+        later = self.join_order[self.join_order.index(position) + 1:]
+        return any(self.decisions.anchors.get(p) == anchor for p in later)
 
     def add(self, node: ph.PhysicalNode, **inputs: Port) -> str:
         self.nodes.append(node)
@@ -44,6 +60,7 @@ class _GraphBuilder:
         return node.id
 
     def build(self, plan: Project) -> PhysicalGraph:
+        self.join_order = [n.predicate.position for n in reversed(walk(plan)) if isinstance(n, SemanticJoin)]
         rows = self.rows(plan.child)
         if plan.limit is not None:
             rows = (self.add(ph.Limit("limit", count=plan.limit), rows=rows), "rows")
@@ -95,7 +112,8 @@ class _GraphBuilder:
                                    predicate=predicate, anchor=bound.anchor, partners=bound.partners,
                                    semantics=node.semantics, preamble=bound.preamble, frame=bound.frame,
                                    labels=bound.labels, cue=bound.cue, selectivity=selectivity,
-                                   assumed_selectivity=assumed), **inputs)
+                                   assumed_selectivity=assumed,
+                                   retain_anchor_kv=self.anchored_again(predicate.position, anchor)), **inputs)
         return self.add(ph.RecombineJoin(f"joined_{predicate.position}", semantics=node.semantics),
                         left=left, right=right, answers=(model, "answers")), "rows"
 

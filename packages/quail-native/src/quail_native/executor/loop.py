@@ -205,9 +205,12 @@ JoinTag = tuple[Anchor, tuple[int, ...] | None]
 
 
 def run_join(state: SharedState, anchors: list[Anchor], preamble: Tokens, frame: Tokens, stop_at_true: bool,
-             margin_of: Callable[[ItemResult], float], answer: Callable[[float], bool]
+             margin_of: Callable[[ItemResult], float], answer: Callable[[float], bool], retain: bool = False
              ) -> list[tuple[tuple[int, ...], bool, float]]:
-    """(tuple of rows, answer, margin) per evaluated candidate, anchor by anchor."""
+    """(tuple of rows, answer, margin) per evaluated candidate, anchor by anchor.
+
+    `retain` keeps each anchor's document KV for a later join anchored on the same alias.
+    """
     pre = state.preamble(preamble)
     start = len(preamble)
     waiting = deque(anchors)
@@ -270,13 +273,22 @@ def run_join(state: SharedState, anchors: list[Anchor], preamble: Tokens, frame:
         if not anchor.pending and anchor.outstanding == 0 and anchor in active:
             active.remove(anchor)
             _drop(state, anchor.frame_block)
-            if state.retained.get((preamble, anchor.tokens)) == anchor.doc_block:
-                state.consume((preamble, anchor.tokens))
-            else:
-                _drop(state, anchor.doc_block)
+            _finish_anchor(state, anchor, (preamble, anchor.tokens), retain)
 
     total = sum(len(a.pending) for a in anchors)
     run_passes(state.packer, state.budget.pass_tokens, next_items, done, lambda: state.report(len(out), total))
-    if anchors:
+    if anchors and not retain:
         state.release(anchors[0].alias)
     return out
+
+
+def _finish_anchor(state: SharedState, anchor: Anchor, key: DocKey, retain: bool) -> None:
+    """Keep the anchor's document KV for the next join on its alias, or free it."""
+    kept = state.retained.get(key) == anchor.doc_block
+    if retain and anchor.doc_block is not None:
+        if not kept:
+            state.retain(anchor.alias, key, anchor.doc_block)
+    elif kept:
+        state.consume(key)
+    else:
+        _drop(state, anchor.doc_block)
