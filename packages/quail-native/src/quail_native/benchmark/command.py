@@ -73,8 +73,7 @@ def run(args: argparse.Namespace) -> int:
                 rows.append(measure(session, workload.name, workload.sql, naive, peak, model.non_embedding_params))
                 print(f"  {workload.name} [{backend}]: {rows[-1].wall_s:.2f} s (naive {rows[-1].naive_s:.2f} s)")
     peak = max(peak, gemm_peak())  # measured again after the run: the better of the two is the ceiling
-    rows = [replace(r, efficiency=None if r.efficiency is None else r.efficiency * r_peak / peak)
-            for r, r_peak in zip(rows, [first_peak] * len(rows), strict=True)]
+    rows = [replace(r, efficiency=None if r.efficiency is None else r.efficiency * first_peak / peak) for r in rows]
     write_outputs(args.out, rows, notes, peak)
     print_summary(rows, notes)
     return 0
