@@ -12,7 +12,6 @@ import torch
 from quail.backends import shapes
 from quail.backends.base import NodeMetrics, NodeOutput
 from quail.errors import Refusal, RefusalError
-from quail.logical.expressions import AiPredicate
 from quail.physical import nodes as ph
 from quail.runtime.relational import equality_pairs
 from quail_native.executor.arena import KVArena
@@ -22,12 +21,6 @@ from quail_native.executor.readout import AnswerColumns, log_probabilities, marg
 from quail_native.models.loading import LoadedModel
 
 Tokens = tuple[int, ...]
-
-
-def holds(predicate: AiPredicate, margin: float) -> bool:
-    if predicate.threshold is None:
-        return margin > 0
-    return predicate.threshold.holds(shapes.sigmoid(margin))
 
 
 def documents(inputs: Mapping[str, pa.Table], alias: str) -> dict[int, Tokens]:
@@ -83,7 +76,8 @@ class NativeExecution:
         stages = node.stages
         found = run_filter(
             self.state, node.alias, rows, documents(inputs, node.alias), node.preamble, node.frame,
-            [s.question for s in stages], lambda k, m: holds(stages[k].predicate, m), self.margin, node.retain_kv,
+            [s.question for s in stages], lambda k, m: shapes.predicate_holds(stages[k].predicate, m), self.margin,
+            node.retain_kv,
         )
         return shapes.filter_answers(node.alias, [f[0] for f in found],
                                      [stages[f[1]].predicate.position for f in found],
@@ -106,7 +100,7 @@ class NativeExecution:
             anchor = anchors.setdefault(row, Anchor(anchor_alias, row, texts[anchor_alias][row], deque()))
             anchor.pending.append((item, suffix))
         found = run_join(self.state, [anchors[r] for r in sorted(anchors)], node.preamble, node.frame,
-                         node.semantics != "full", self.margin, lambda m: holds(node.predicate, m),
+                         node.semantics != "full", self.margin, lambda m: shapes.predicate_holds(node.predicate, m),
                          retain=node.retain_anchor_kv)
         columns = {alias: [f[0][i] for f in found] for i, alias in enumerate(aliases)}
         return shapes.join_answers(columns, [f[1] for f in found], [f[2] for f in found], anchor=anchor_alias,

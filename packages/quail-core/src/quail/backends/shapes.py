@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 
-from quail.logical.expressions import Semantics
+from quail.logical.expressions import AiPredicate, Semantics
 
 KIND = b"kind"
 
@@ -42,6 +42,13 @@ def sigmoid(margin: float) -> float:
         return 1.0 / (1.0 + math.exp(-margin))
     e = math.exp(margin)
     return e / (1.0 + e)
+
+
+def predicate_holds(predicate: AiPredicate, margin: float) -> bool:
+    """A predicate's answer from its TRUE−FALSE margin: margin > 0, or its AI.SCORE threshold on sigmoid(margin)."""
+    if predicate.threshold is None:
+        return margin > 0
+    return predicate.threshold.holds(sigmoid(margin))
 
 
 def document_ids(alias: str, rows: Sequence[int] | pa.Array) -> pa.Table:

@@ -297,7 +297,7 @@ class _Reader:
                               "compare AI.SCORE with a number, or name AI.CLASSIFY in SELECT and filter with IN")
         prompt, options = self._prompt_and_options(call, {"selectivity", "anchor"})
         self.predicates.append(PredicateSpec(
-            prompt, self.order_of(call.node), _selectivity(options, call.node), _anchor(options, call.node),
+            prompt, self.order_of(call.node), _selectivity(options), _string_option(options, "anchor"),
             None, on_of, subquery_of, where_of(call.node),
         ))
 
@@ -314,7 +314,7 @@ class _Reader:
             raise unsupported(f"comparison of AI.SCORE with {safe_sql(number)}", node, "compare with a number literal")
         prompt, options = self._prompt_and_options(call, {"selectivity", "anchor"})
         self.predicates.append(PredicateSpec(
-            prompt, self.order_of(call.node), _selectivity(options, call.node), _anchor(options, call.node),
+            prompt, self.order_of(call.node), _selectivity(options), _string_option(options, "anchor"),
             ScoreThreshold(op, value), on_of, subquery_of, where_of(call.node),
         ))
 
@@ -398,7 +398,7 @@ class _Reader:
         prompt = self._classify_input(call.arguments[0])
         labels = _labels(call.arguments[1])
         options = _options(call.arguments[2], {"task_description"}) if len(call.arguments) == 3 else {}
-        instructions = _string_option(options, "task_description", call.node)
+        instructions = _string_option(options, "task_description")
         self.classifies.append(ClassifySpec(prompt, labels, output, self.order_of(call.node), instructions,
                                             where_of(call.node)))
 
@@ -491,7 +491,7 @@ def _options(node: exp.Expression, keys: set[str]) -> dict[str, exp.Expression]:
     return options
 
 
-def _selectivity(options: dict[str, exp.Expression], call: exp.Expression) -> float | None:
+def _selectivity(options: dict[str, exp.Expression]) -> float | None:
     value = options.get("selectivity")
     if value is None:
         return None
@@ -503,11 +503,7 @@ def _selectivity(options: dict[str, exp.Expression], call: exp.Expression) -> fl
     return number
 
 
-def _anchor(options: dict[str, exp.Expression], call: exp.Expression) -> str | None:
-    return _string_option(options, "anchor", call)
-
-
-def _string_option(options: dict[str, exp.Expression], key: str, call: exp.Expression) -> str | None:
+def _string_option(options: dict[str, exp.Expression], key: str) -> str | None:
     value = options.get(key)
     if value is None:
         return None

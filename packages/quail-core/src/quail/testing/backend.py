@@ -47,11 +47,7 @@ class KeywordBackend:
         return SupportResult.accept()
 
     def tokenizer(self, model: ModelSpec) -> Tokenizer:
-        """Whatever the model, the keyword rule reads bytes."""
-        return self.tokenizer_in_use
-
-    @property
-    def tokenizer_in_use(self) -> Tokenizer:
+        """Whatever the model, the keyword rule reads the text back from this tokenizer's ids."""
         return self._tokenizer
 
     def plan(self, region: ModelRegion, context: PlanningContext) -> Sequence[PhysicalCandidate] | Refusal:
@@ -111,7 +107,7 @@ class KeywordExecution:
         for row in inputs["rows"].column(node.alias).to_pylist():
             for stage in node.stages:
                 margin = predicate_margin(stage.predicate.prompt.template, [texts[row]])
-                answer = _holds(stage.predicate, margin)
+                answer = shapes.predicate_holds(stage.predicate, margin)
                 rows.append(row)
                 predicates.append(stage.predicate.position)
                 answers.append(answer)
@@ -139,7 +135,7 @@ class KeywordExecution:
                 continue
             margin = predicate_margin(node.predicate.prompt.template,
                                       [texts[a][r] for a, r in zip(aliases, item, strict=True)])
-            answer = _holds(node.predicate, margin)
+            answer = shapes.predicate_holds(node.predicate, margin)
             answered[anchor_row] = answered.get(anchor_row, False) or answer
             for alias, row in zip(aliases, item, strict=True):
                 columns[alias].append(row)
@@ -167,8 +163,3 @@ class KeywordExecution:
         tokens = sum(len(node.preamble) + len(self.tokenizer.encode(texts[r])) + len(node.question) for r in rows)
         return shapes.score_answers(node.alias, node.output, rows, margins), tokens
 
-
-def _holds(predicate: ph.AiPredicate, margin: float) -> bool:
-    if predicate.threshold is None:
-        return margin > 0
-    return predicate.threshold.holds(shapes.sigmoid(margin))

@@ -13,6 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import torch
 
+from quail.backends.shapes import predicate_holds
 from quail.data.tokenizer import Tokenizer
 from quail.frontend.prompts import AnswerTokens
 from quail.physical import nodes as ph
@@ -76,7 +77,8 @@ class NaiveModel:
                 ids = node.preamble + self.encode(texts[node.alias][row[node.alias]]) + node.frame + \
                     stages[row["predicate"]].question
                 margin = self.margin(ids)
-                yield ids, row["answer"], lambda answer, m=margin, s=stages[row["predicate"]]: _holds(s, m) == answer
+                predicate = stages[row["predicate"]].predicate
+                yield ids, row["answer"], lambda answer, m=margin, p=predicate: predicate_holds(p, m) == answer
         elif isinstance(node, ph.AiJoin):
             for row in rows:
                 ids = node.preamble + self.encode(texts[node.anchor.alias][row[node.anchor.alias]]) + node.frame
@@ -84,7 +86,7 @@ class NaiveModel:
                     ids += label + self.encode(texts[partner.alias][row[partner.alias]])
                 ids += node.cue
                 margin = self.margin(ids)
-                yield ids, row["answer"], lambda answer, m=margin: (m > 0) == answer
+                yield ids, row["answer"], lambda answer, m=margin: predicate_holds(node.predicate, m) == answer
         elif isinstance(node, ph.AiClassify):
             names = [label.name for label in node.labels]
             for row in rows:
@@ -98,9 +100,3 @@ class NaiveModel:
                 margin = self.margin(ids)
                 yield ids, row["margin"], lambda value, m=margin: abs(value - m) < 1e-3
 
-
-def _holds(stage: ph.FilterStage, margin: float) -> bool:
-    from quail.backends.shapes import sigmoid
-
-    threshold = stage.predicate.threshold
-    return margin > 0 if threshold is None else threshold.holds(sigmoid(margin))
