@@ -146,6 +146,7 @@ def test_new_loaders_return_tables_with_the_declared_schemas(loader, schema, col
 def test_path_knows_every_dataset_and_each_file_has_exactly_the_schema_fields():
     schemas = {
         "reviews": datasets.REVIEWS_SCHEMA,
+        "labeled_reviews": datasets.REVIEWS_SCHEMA,
         "aspects": datasets.ASPECTS_SCHEMA,
         "claims": datasets.CLAIMS_SCHEMA,
         "evidence": datasets.EVIDENCE_SCHEMA,
@@ -225,3 +226,20 @@ def test_has_error_flags_rows_whose_log_so_far_reports_an_error(traces):
     assert any(not any(flags) for flags in by_session.values())
     for flags in by_session.values():
         assert flags == sorted(flags)
+
+
+def test_the_labeled_reviews_are_240_balanced_varied_and_distinct_from_the_demo_reviews(reviews):
+    labeled = datasets.labeled_reviews().to_pylist()
+    assert [r["id"] for r in labeled] == list(range(1001, 1241))
+    assert Counter(r["sentiment"] for r in labeled) == {"positive": 80, "negative": 80, "mixed": 80}
+    for review in labeled:
+        assert review["stars"] in STARS[review["sentiment"]], review["id"]
+        assert set(review["aspects"].values()) <= ASPECT_LABELS
+        assert 1 <= sum(v != "none" for v in review["aspects"].values()) <= 5, review["id"]
+    for aspect in EXPECTED_ASPECTS:
+        labels = Counter(r["aspects"][aspect] for r in labeled)
+        assert labels["positive"] >= 8 and labels["negative"] >= 8, aspect
+    words = [len(r["body"].split()) for r in labeled]
+    assert min(words) < 40 and max(words) > 110 and sum(w > 110 for w in words) >= 48
+    titles = {r["title"] for r in labeled}
+    assert len(titles) == 240 and not titles & {r["title"] for r in reviews}

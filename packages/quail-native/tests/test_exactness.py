@@ -16,6 +16,7 @@ enough to force many packed passes. For every query we check
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -31,6 +32,8 @@ from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
 
 TOL = 1e-4
+DEVICE = os.environ.get("QUAIL_TEST_DEVICE", "cpu")
+"""The engine's device (dev/gpu-check.sh sets a CUDA one); the naive reference always runs on the CPU."""
 KINDS = ("qwen3", "gemma3")
 CHUNKS = (96, 160, 4096)
 BQ = "bigquery"
@@ -64,6 +67,10 @@ ASPECTS = ["the acting", "the music", "the plot", "the dialogue"]
 GENRES = ["a sad story", "a funny film", "a fast movie"]
 NOTES = [("f1", "great cast"), ("f1", "slow music"), ("f2", "boring plot"), ("f3", "sad ending"),
          ("f5", "superb director")]
+STEPS = 6
+TRACE_LOGS = [" ".join(REVIEWS[session * STEPS: session * STEPS + step + 1])
+              for session in range(3) for step in range(STEPS)]
+"""Cumulative traces: within a session each log is the previous one plus one more review."""
 
 TABLES = {
     "reviews": pa.table({"id": [100 + i for i in range(len(REVIEWS))], "body": REVIEWS,
@@ -71,9 +78,10 @@ TABLES = {
     "aspects": pa.table({"aid": list(range(len(ASPECTS))), "aspect": ASPECTS}),
     "genres": pa.table({"gid": list(range(len(GENRES))), "description": GENRES}),
     "notes": pa.table({"nid": list(range(len(NOTES))), "film": [f for f, _ in NOTES], "note": [n for _, n in NOTES]}),
+    "traces": pa.table({"tid": [500 + i for i in range(len(TRACE_LOGS))], "log": TRACE_LOGS}),
 }
-ID_COLUMNS = {"reviews": "id", "aspects": "aid", "genres": "gid", "notes": "nid"}
-TEXT_COLUMNS = {"reviews": "body", "aspects": "aspect", "genres": "description", "notes": "note"}
+ID_COLUMNS = {"reviews": "id", "aspects": "aid", "genres": "gid", "notes": "nid", "traces": "tid"}
+TEXT_COLUMNS = {"reviews": "body", "aspects": "aspect", "genres": "description", "notes": "note", "traces": "log"}
 IDS = {name: table.column(ID_COLUMNS[name]).to_pylist() for name, table in TABLES.items()}
 TEXTS = {name: table.column(TEXT_COLUMNS[name]).to_pylist() for name, table in TABLES.items()}
 ALIASES = {"r": "reviews", "a": "aspects", "g": "genres", "n": "notes"}
@@ -146,16 +154,22 @@ def open_run(tiny_checkpoints: dict[str, TinyModel], naive_models: dict[str, Nai
     runs: list[Run] = []
 
     def open_(kind: str, chunk: int, sql: str, *, dialect: str = "snowflake", order: str | None = None,
-              run: bool = True, tables: dict[str, pa.Table] | None = None, after: Run | None = None) -> Run:
-        """A fresh session, or with `after` the session of an earlier run (its KV state kept)."""
+              run: bool = True, tables: dict[str, pa.Table] | None = None, after: Run | None = None,
+              engine: dict | None = None) -> Run:
+        """A fresh session, or with `after` the session of an earlier run (its KV state kept).
+
+        `engine` adds EngineConfig fields (arena size, page size, prefix sharing, calibration — off unless
+        given: the tiny models are base models, and raw decisions are margin > 0).
+        """
         if after is not None:
             session = after.session
         else:
             tiny = tiny_checkpoints[kind]
             registry = quail.ExtensionRegistry.with_built_ins()
             registry.register_model(tiny.spec)
-            session = quail.Session(quail.EngineConfig(model=tiny.spec.name, chunk_tokens=chunk, precision="fp32"),
-                                    registry=registry)
+            fields = {"calibration": "off", "device": DEVICE, **(engine or {})}
+            config = quail.EngineConfig(model=tiny.spec.name, chunk_tokens=chunk, precision="fp32", **fields)
+            session = quail.Session(config, registry=registry)
             for name, table in (tables or TABLES).items():
                 session.register(name, quail.DocumentProvider.from_table(table, ID_COLUMNS[name]))
         query = session.sql(sql, dialect=dialect, order=order)
@@ -203,8 +217,9 @@ def check_filter_answers(run: Run, node: ph.AiFilter) -> dict[tuple[int, int], b
 
     Returns the naive answer of every (row, predicate position) over all rows.
     """
+    documents = len(TEXTS[run.query.aliases[node.alias]])
     naive = {(row, s.predicate.position): holds(s.predicate, filter_margin(run, node, row, s.predicate.position))
-             for row in range(N) for s in node.stages}
+             for row in range(documents) for s in node.stages}
     evaluated = set()
     for answer in run.answers(node.id):
         row, position = answer[node.alias], answer["predicate"]
@@ -215,7 +230,7 @@ def check_filter_answers(run: Run, node: ph.AiFilter) -> dict[tuple[int, int], b
         evaluated.add((row, position))
     assert len(evaluated) == len(run.answers(node.id)), "a (document, stage) was evaluated twice"
     should = set()
-    for row in range(N):
+    for row in range(documents):
         for stage in node.stages:
             should.add((row, stage.predicate.position))
             if not naive[(row, stage.predicate.position)]:
@@ -599,3 +614,159 @@ def test_two_joins_sharing_an_anchor_compute_its_documents_once(kind, open_run):
     assert metrics["kv_hits"] == len(anchors) > 0 and metrics["kv_misses"] == 0
     report = run.report
     assert report["fresh_tokens"] <= 1.02 * report["minimum_tokens"]
+
+
+# -- the paged arena: evictions under a tiny budget, cross-document prefix sharing -------------------
+
+PAGE = 4
+
+
+def arena_bytes(tiny: TinyModel, pages: int) -> int:
+    """A KV budget of `pages` pages of PAGE tokens for the tiny model in fp32."""
+    spec = tiny.spec
+    return pages * PAGE * 2 * spec.layers * spec.kv_heads * spec.head_dim * 4
+
+
+@pytest.mark.parametrize("chunk", CHUNKS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_tiny_arena_evicts_kept_kv_and_recomputes_it_exactly(kind, chunk, open_run, tiny_checkpoints):
+    """Survivors' KV kept for the join does not fit 24 pages: the lowest-priority documents are evicted,
+    the join recomputes them, and every answer still equals naive."""
+    sql = (f"SELECT r.id, a.aid FROM reviews r JOIN aspects a "
+           f"ON AI_FILTER({sql_prompt(DISCUSS, 'r.body', 'a.aspect')}, {{'anchor': 'r'}}) "
+           f"WHERE AI_FILTER({sql_prompt(ACTING, 'r.body')}) AND AI_FILTER({sql_prompt(POSITIVE, 'r.body')})")
+    engine = {"kv_page_tokens": PAGE, "kv_budget_bytes": arena_bytes(tiny_checkpoints[kind], 24)}
+    run = open_run(kind, chunk, sql, engine=engine)
+    filt, join = run.node(ph.AiFilter), run.node(ph.AiJoin)
+    naive = check_filter_answers(run, filt)
+    survivors = [r for r in range(N) if all(naive[(r, s.predicate.position)] for s in filt.stages)]
+    answers = check_join_answers(run, join)
+    assert {t[0] for t in answers} == set(survivors) and len(answers) == len(survivors) * len(ASPECTS)
+    expected = [(IDS["reviews"][r], IDS["aspects"][a]) for r in survivors for a in range(len(ASPECTS))
+                if join_margin(run, join, {"r": r, "a": a}) > 0]
+    assert run.rows() == sorted(expected)
+    kv = run.report["kv"]
+    assert filt.retain_kv and kv["evictions"] > 0 and kv["recomputed_tokens"] > 0, kv
+    join_metrics = run.metrics(join.id)
+    assert join_metrics["kv_hits"] + join_metrics["kv_misses"] == len(survivors)
+    assert join_metrics["kv_misses"] > 0 and join_metrics["recomputed_tokens"] > 0, join_metrics
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_arena_smaller_than_one_document_is_refused_naming_pages(kind, open_run, tiny_checkpoints):
+    sql = f"SELECT r.id FROM reviews r WHERE AI_FILTER({sql_prompt(ACTING, 'r.body')}) " \
+          f"AND AI_FILTER({sql_prompt(POSITIVE, 'r.body')})"
+    engine = {"kv_page_tokens": PAGE, "kv_budget_bytes": arena_bytes(tiny_checkpoints[kind], 3)}
+    with pytest.raises(quail.RefusalError, match=r"needed \d+ pages of 4 tokens"):
+        open_run(kind, 4096, sql, engine=engine)
+
+
+def trace_filter_sql(filters: int) -> str:
+    questions = [sql_prompt(BORING, "t.log"), sql_prompt(POSITIVE, "t.log")][:filters]
+    return "SELECT t.tid FROM traces t WHERE " + " AND ".join(f"AI_FILTER({q})" for q in questions)
+
+
+@pytest.mark.parametrize("filters", (1, 2))
+@pytest.mark.parametrize("chunk", (256, 4096))
+@pytest.mark.parametrize("kind", KINDS)
+def test_prefix_sharing_on_cumulative_traces_is_exact_and_skips_every_borrowed_token(kind, chunk, filters,
+                                                                                     open_run):
+    from quail.planner.prefixes import plan_borrows
+
+    sql = trace_filter_sql(filters)
+    shared = open_run(kind, chunk, sql, engine={"kv_page_tokens": PAGE, "prefix_sharing": "on"})
+    plain = open_run(kind, chunk, sql, engine={"kv_page_tokens": PAGE, "prefix_sharing": "off"})
+    assert shared.node(ph.AiFilter).share_prefixes and not plain.node(ph.AiFilter).share_prefixes
+    check_filter_answers(shared, shared.node(ph.AiFilter))
+    check_filter_answers(plain, plain.node(ph.AiFilter))
+    assert shared.rows() == plain.rows()
+    _, borrows = plan_borrows({r: shared.doc("t", r) for r in range(len(TRACE_LOGS))}, PAGE)
+    borrowed = sum(b.tokens for b in borrows.values())
+    assert borrowed > 0
+    assert plain.report["fresh_tokens"] - shared.report["fresh_tokens"] == borrowed
+    # each borrower recomputes less than one page of what its lender already holds
+    assert shared.report["minimum_tokens"] <= shared.report["fresh_tokens"] \
+        < shared.report["minimum_tokens"] + PAGE * len(borrows)
+
+
+@pytest.mark.parametrize("pages", (50, 64, 80))
+@pytest.mark.parametrize("kind", KINDS)
+def test_prefix_sharing_survives_a_tiny_arena(kind, pages, open_run, tiny_checkpoints):
+    """Borrowed pages pinned for waiting documents and survivors kept for the join compete for 50–80
+    pages: evicted ones are recomputed, and every answer stays exact."""
+    engine = {"kv_page_tokens": PAGE, "prefix_sharing": "on",
+              "kv_budget_bytes": arena_bytes(tiny_checkpoints[kind], pages)}
+    sql = (f"SELECT t.tid, a.aid FROM traces t JOIN aspects a "
+           f"ON AI_FILTER({sql_prompt(DISCUSS, 't.log', 'a.aspect')}, {{'anchor': 't'}}) "
+           f"WHERE AI_FILTER({sql_prompt(BORING, 't.log')}) AND AI_FILTER({sql_prompt(POSITIVE, 't.log')})")
+    run = open_run(kind, 256, sql, engine=engine)
+    filt, join = run.node(ph.AiFilter), run.node(ph.AiJoin)
+    assert filt.share_prefixes and filt.retain_kv
+    check_filter_answers(run, filt)
+    check_join_answers(run, join)
+    assert run.report["kv"]["evictions"] > 0 and run.report["kv"]["recomputed_tokens"] > 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_planner_shares_prefixes_only_where_documents_share_pages_and_never_under_limit(kind, open_run):
+    traces = open_run(kind, 4096, trace_filter_sql(1), run=False, engine={"kv_page_tokens": PAGE})
+    reviews = open_run(kind, 4096, f"SELECT r.id FROM reviews r WHERE AI_FILTER({sql_prompt(ACTING, 'r.body')})",
+                       run=False, engine={"kv_page_tokens": PAGE})
+    limited = open_run(kind, 4096, trace_filter_sql(1) + " LIMIT 3", run=False,
+                       engine={"kv_page_tokens": PAGE, "prefix_sharing": "on"})
+    assert traces.node(ph.AiFilter).share_prefixes
+    assert not reviews.node(ph.AiFilter).share_prefixes
+    assert not limited.node(ph.AiFilter).share_prefixes
+    assert "borrow shared document prefixes" in traces.query.explain()
+    assert any("LIMIT" in remark for remark in limited.query.plan().remarks)
+
+
+# -- contextual calibration --------------------------------------------------------------------------
+
+
+def content_free_margin(run: Run, prompt_of: Callable[[tuple[int, ...]], tuple[int, ...]]) -> float:
+    documents = [run.naive.encode(text) for text in ("N/A", "", "[MASK]")]
+    return sum(run.naive.margin(prompt_of(d)) for d in documents) / len(documents)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_calibrated_answers_beat_the_naive_content_free_margin(kind, open_run):
+    """Each predicate's threshold is the naive mean margin of its prompt over 'N/A', '' and '[MASK]';
+    answers are margin > threshold, raw margins stay in the answer tables, the report and explain show it."""
+    sql = (f"SELECT r.id, a.aid FROM reviews r JOIN aspects a "
+           f"ON AI_FILTER({sql_prompt(DISCUSS, 'r.body', 'a.aspect')}, {{'anchor': 'r'}}) "
+           f"WHERE AI_FILTER({sql_prompt(ACTING, 'r.body')}) AND AI_FILTER({sql_prompt(POSITIVE, 'r.body')})")
+    run = open_run(kind, 160, sql, engine={"calibration": "auto"})  # a base model: auto calibrates
+    filt, join = run.node(ph.AiFilter), run.node(ph.AiJoin)
+    assert len(filt.calibration) == 3 and len(join.calibration) == 3
+    thresholds = {s.predicate.position: content_free_margin(run, lambda d, s=s: filt.preamble + d + filt.frame +
+                                                            s.question) for s in filt.stages}
+    thresholds[join.predicate.position] = content_free_margin(
+        run, lambda d: join.preamble + d + join.frame + join.labels[0] + d + join.cue)
+    measured = {int(p): o for p, o in run.report["calibration"].items()}
+    assert measured == pytest.approx(thresholds, abs=TOL)
+    live = set(range(N))
+    for stage in filt.stages:
+        position = stage.predicate.position
+        answers = {a["r"]: a for a in run.answers(filt.id) if a["predicate"] == position}
+        assert set(answers) == live
+        for row, answer in answers.items():
+            margin = filter_margin(run, filt, row, position)
+            assert answer["margin"] == pytest.approx(margin, abs=TOL)
+            assert answer["answer"] == (margin > thresholds[position])
+        live = {r for r in live if answers[r]["answer"]}
+    for answer in run.answers(join.id):
+        margin = join_margin(run, join, {"r": answer["r"], "a": answer["a"]})
+        assert answer["margin"] == pytest.approx(margin, abs=TOL)
+        assert answer["answer"] == (margin > thresholds[join.predicate.position])
+    assert {a["r"] for a in run.answers(join.id)} == live
+    assert "calibrated on 3 content-free documents" in run.query.explain()
+    assert any("calibrate" in remark for remark in run.query.plan().remarks)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_calibration_off_decides_on_the_raw_margin_and_reports_nothing(kind, open_run):
+    run = open_run(kind, 160, f"SELECT r.id FROM reviews r WHERE AI_FILTER({sql_prompt(ACTING, 'r.body')})")
+    assert run.node(ph.AiFilter).calibration == ()
+    assert run.report["calibration"] is None
+    check_filter_answers(run, run.node(ph.AiFilter))

@@ -21,6 +21,7 @@ from quail import (
 )
 from quail.data.tokenizer import Tokenizer
 from quail.frontend.prompts import answer_tokens, style_for
+from quail.planner.calibration import calibrates
 from quail.planner.physical import plan_query
 
 ARCHITECTURES = ("qwen3", "gemma3")
@@ -53,12 +54,13 @@ class NativeBackend:
             return Refusal("the native backend plans with the model's tokenizer, and none was given")
         answer_tokens(context.tokenizer)  # refuses a tokenizer that cannot tell TRUE from FALSE
         style = style_for(context.model.chat_template, context.model.architecture)
-        return [plan_query(self.name, region, context, style)]
+        return [plan_query(self.name, region, context, style, calibrate=calibrates(context))]
 
     def start(self, context: GpuContext) -> ModelExecution:
         import torch
 
         from quail_native.execution import NativeExecution
+        from quail_native.executor.arena import KVArena, KVShape
         from quail_native.executor.loop import Budget
         from quail_native.executor.readout import AnswerColumns
         from quail_native.models.loading import load_model
@@ -70,12 +72,14 @@ class NativeBackend:
             else torch.float32
         loaded = load_model(model_directory(context.model), dtype, device)
         tokens = answer_tokens(loaded.tokenizer)
-        chunk = context.config.chunk_tokens
-        kv_tokens = chunk * DEFAULT_KV_CHUNKS
-        if context.config.kv_budget_bytes is not None:
-            per_token = 2 * loaded.arch.layers * loaded.arch.kv_heads * loaded.arch.head_dim * dtype.itemsize
-            kv_tokens = max(chunk, int(context.config.kv_budget_bytes // per_token))
-        return NativeExecution(loaded, AnswerColumns(tokens.true_ids, tokens.false_ids), Budget(chunk, kv_tokens))
+        config = context.config
+        shape = KVShape(loaded.arch.layers, loaded.arch.kv_heads, loaded.arch.head_dim, dtype)
+        budget = config.kv_budget_bytes
+        if budget is None:
+            budget = config.chunk_tokens * DEFAULT_KV_CHUNKS * shape.bytes_per_token()
+        arena = KVArena.from_budget(shape, budget, config.kv_page_tokens, device)
+        return NativeExecution(loaded, AnswerColumns(tokens.true_ids, tokens.false_ids), arena,
+                               Budget(config.chunk_tokens))
 
     def execute_request(self, context: BackendExecutionContext) -> PhysicalResponse:
         raise RefusalError(Refusal("the native backend runs plans node by node through start()"))

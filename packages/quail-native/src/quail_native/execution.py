@@ -15,7 +15,8 @@ from quail.errors import Refusal, RefusalError
 from quail.physical import nodes as ph
 from quail.runtime.relational import equality_pairs
 from quail_native.executor.arena import KVArena
-from quail_native.executor.loop import Anchor, Budget, SharedState, run_filter, run_join
+from quail_native.executor.loop import Anchor, Budget, FilterLayout, JoinLayout, SharedState, run_filter, run_join
+from quail_native.executor.memory import Memory, RecomputeCost
 from quail_native.executor.packing import Item, ItemResult, Packer
 from quail_native.executor.readout import AnswerColumns, log_probabilities, margins
 from quail_native.models.loading import LoadedModel
@@ -30,19 +31,17 @@ def documents(inputs: Mapping[str, pa.Table], alias: str) -> dict[int, Tokens]:
 
 
 class NativeExecution:
-    def __init__(self, loaded: LoadedModel, answers: AnswerColumns, budget: Budget) -> None:
+    def __init__(self, loaded: LoadedModel, answers: AnswerColumns, arena: KVArena, budget: Budget) -> None:
         self.loaded = loaded
         self.answers = answers
-        self.state = SharedState(Packer(loaded.model, KVArena(), loaded.device), budget)
+        memory = Memory(arena, RecomputeCost.of(loaded.arch))
+        self.state = SharedState(Packer(loaded.model, arena, loaded.device), memory, budget)
 
     def set_progress(self, callback: Callable[[int, int], None] | None) -> None:
         self.state.progress = callback
 
     def close(self) -> None:
-        self.state.preambles.clear()
-        self.state.retained.clear()
-        self.state.retained_by.clear()
-        self.state.packer.arena = KVArena()
+        self.state.forget()
 
     def margin(self, result: ItemResult) -> float:
         return margins(self.loaded.model, result.hidden, self.answers)[0]
@@ -50,11 +49,14 @@ class NativeExecution:
     def execute(self, node: ph.PhysicalNode, inputs: Mapping[str, pa.Table]) -> NodeOutput:
         started = time.perf_counter()
         before = self.state.packer.counters.snapshot()
-        hits, misses = self.state.kv_hits, self.state.kv_misses
+        kv_before = self.state.counters.snapshot()
+        offsets: tuple[tuple[int, float], ...] | None = None
         if isinstance(node, ph.AiFilter):
-            table = self.filter(node, inputs)
+            offsets = self.filter_offsets(node)
+            table = self.filter(node, inputs, dict(offsets))
         elif isinstance(node, ph.AiJoin):
-            table = self.join(node, inputs)
+            offsets = self.join_offsets(node)
+            table = self.join(node, inputs, dict(offsets))
         elif isinstance(node, ph.AiClassify):
             table = self.classify(node, inputs)
         elif isinstance(node, ph.AiScore):
@@ -63,29 +65,55 @@ class NativeExecution:
             raise RefusalError(Refusal(f"the native backend has no runtime for {node.kind}"))
         passes, fresh, cached = (a - b for a, b in zip(self.state.packer.counters.snapshot(), before, strict=True))
         rows_in = sum(t.num_rows for k, t in inputs.items() if not k.startswith("documents:"))
+        hits, misses, evictions, recomputed = (a - b for a, b in zip(self.state.counters.snapshot(), kv_before,
+                                                                   strict=True))
         metrics = NodeMetrics(time.perf_counter() - started, rows_in=rows_in, rows_out=table.num_rows,
-                              fresh_tokens=fresh, cached_tokens=cached, chunks=passes,
-                              kv_hits=self.state.kv_hits - hits, kv_misses=self.state.kv_misses - misses,
-                              kv_evictions=0, recomputed_tokens=0)
+                              fresh_tokens=fresh, cached_tokens=cached, chunks=passes, kv_hits=hits,
+                              kv_misses=misses, kv_evictions=evictions, recomputed_tokens=recomputed,
+                              calibration_offsets=offsets or None)
         return NodeOutput({"answers": table}, metrics)
 
     # -- filters ------------------------------------------------------------------------------
 
-    def filter(self, node: ph.AiFilter, inputs: Mapping[str, pa.Table]) -> pa.Table:
+    def filter(self, node: ph.AiFilter, inputs: Mapping[str, pa.Table], offsets: Mapping[int, float]) -> pa.Table:
         rows = sorted(set(inputs["rows"].column(node.alias).to_pylist()))
         stages = node.stages
-        found = run_filter(
-            self.state, node.alias, rows, documents(inputs, node.alias), node.preamble, node.frame,
-            [s.question for s in stages], lambda k, m: shapes.predicate_holds(stages[k].predicate, m), self.margin,
-            node.retain_kv,
-        )
+        layout = FilterLayout(node.preamble, node.frame, tuple(s.question for s in stages))
+
+        def holds(stage: int, margin: float) -> bool:
+            predicate = stages[stage].predicate
+            return shapes.predicate_holds(predicate, margin, offsets.get(predicate.position, 0.0))
+
+        found = run_filter(self.state, node.alias, rows, documents(inputs, node.alias), layout, holds, self.margin,
+                           node.retain_kv, share=node.share_prefixes)
         return shapes.filter_answers(node.alias, [f[0] for f in found],
                                      [stages[f[1]].predicate.position for f in found],
                                      [f[2] for f in found], [f[3] for f in found])
 
+    # -- calibration: mean margins on content-free documents ----------------------------------
+
+    def filter_offsets(self, node: ph.AiFilter) -> tuple[tuple[int, float], ...]:
+        prompts = {s.predicate.position: [d + node.frame + s.question for d in node.calibration] for s in node.stages}
+        return self.mean_margins(node.preamble, prompts)
+
+    def join_offsets(self, node: ph.AiJoin) -> tuple[tuple[int, float], ...]:
+        def prompt(document: Tokens) -> Tokens:
+            return document + node.frame + sum((label + document for label in node.labels), ()) + node.cue
+
+        return self.mean_margins(node.preamble, {node.predicate.position: [prompt(d) for d in node.calibration]})
+
+    def mean_margins(self, preamble: Tokens, prompts: Mapping[int, list[Tokens]]) -> tuple[tuple[int, float], ...]:
+        """(position, mean margin of its prompts after the preamble); nothing when there are no prompts."""
+        if not any(prompts.values()):
+            return ()
+        pre = self.state.preamble(preamble)
+        items = [Item(p, len(preamble), (pre,), (len(p) - 1,)) for group in prompts.values() for p in group]
+        found = iter(self.margin(result) for result in self.state.run(items))
+        return tuple((position, sum(next(found) for _ in group) / len(group)) for position, group in prompts.items())
+
     # -- joins --------------------------------------------------------------------------------
 
-    def join(self, node: ph.AiJoin, inputs: Mapping[str, pa.Table]) -> pa.Table:
+    def join(self, node: ph.AiJoin, inputs: Mapping[str, pa.Table], offsets: Mapping[int, float]) -> pa.Table:
         aliases = [c.alias for c in node.predicate.prompt.columns]
         texts = {alias: documents(inputs, alias) for alias in aliases}
         anchor_alias = node.anchor.alias
@@ -99,8 +127,9 @@ class NativeExecution:
             suffix += node.cue
             anchor = anchors.setdefault(row, Anchor(anchor_alias, row, texts[anchor_alias][row], deque()))
             anchor.pending.append((item, suffix))
-        found = run_join(self.state, [anchors[r] for r in sorted(anchors)], node.preamble, node.frame,
-                         node.semantics != "full", self.margin, lambda m: shapes.predicate_holds(node.predicate, m),
+        found = run_join(self.state, [anchors[r] for r in sorted(anchors)],
+                         JoinLayout(node.preamble, node.frame, node.semantics), self.margin,
+                         lambda m: shapes.predicate_holds(node.predicate, m, offsets.get(node.predicate.position, 0.0)),
                          retain=node.retain_anchor_kv)
         columns = {alias: [f[0][i] for f in found] for i, alias in enumerate(aliases)}
         return shapes.join_answers(columns, [f[1] for f in found], [f[2] for f in found], anchor=anchor_alias,
@@ -129,7 +158,8 @@ class NativeExecution:
         for row in rows:
             tokens = texts[row] + node.tail
             keep = ((0, len(tokens)),) if needs_more else ()
-            [result] = self.state.packer.run([Item(tokens, start, (pre,), (len(tokens) - 1,), keep)])
+            self.state.memory.admit(self.state.arena.pages_for(len(tokens)) if needs_more else 0, busy=False)
+            [result] = self.state.run([Item(tokens, start, (pre,), (len(tokens) - 1,), keep)])
             logits = self.loaded.model.logits(result.hidden)
             firsts = torch.log_softmax(logits, dim=-1)[0, first.to(logits.device)].tolist()
             scores[row] = [firsts[k] + self.continuation(label, result, start + len(tokens), pre)
@@ -145,14 +175,14 @@ class NativeExecution:
         if len(label) < 2:
             return 0.0
         inputs = label[:-1]
-        [result] = self.state.packer.run([Item(inputs, start, (preamble_block, *prefix.blocks),
+        [result] = self.state.run([Item(inputs, start, (preamble_block, *prefix.blocks),
                                                tuple(range(len(inputs))))])
         return sum(log_probabilities(self.loaded.model, result.hidden, torch.tensor(label[1:])))
 
     def score(self, node: ph.AiScore, inputs: Mapping[str, pa.Table]) -> pa.Table:
         rows = sorted(set(inputs["rows"].column(node.alias).to_pylist()))
         texts = documents(inputs, node.alias)
-        found = run_filter(self.state, node.alias, rows, texts, node.preamble, (), [node.question],
+        found = run_filter(self.state, node.alias, rows, texts, FilterLayout(node.preamble, (), (node.question,)),
                            lambda _k, _m: True, self.margin, retain=False)
         return shapes.score_answers(node.alias, node.output, [f[0] for f in found], [f[3] for f in found])
 

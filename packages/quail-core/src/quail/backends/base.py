@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
-from quail.config import EngineConfig
+from quail.config import EngineConfig, Switch
 from quail.data.tokenizer import Tokenizer
 from quail.errors import Refusal
 from quail.logical.nodes import LogicalNode
@@ -69,6 +69,11 @@ class PlanningContext:
     equality_pair_fractions: Mapping[tuple[str, str], float] = field(default_factory=dict)
     chunk_tokens: int = 2048
     kv_budget_bytes: float | None = None
+    kv_page_tokens: int = 16
+    prefix_sharing: Switch = "auto"
+    document_shared_prefix_tokens: Mapping[str, int] = field(default_factory=dict)
+    """Per alias: Σ whole pages each document shares with its predecessor in token order."""
+    calibration: Switch = "auto"
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,8 @@ class NodeMetrics:
     kv_misses: int | None = None
     kv_evictions: int | None = None
     recomputed_tokens: int | None = None
+    calibration_offsets: tuple[tuple[int, float], ...] | None = None
+    """(predicate position, mean margin on content-free documents) when the node was calibrated."""
 
 
 @dataclass(frozen=True)

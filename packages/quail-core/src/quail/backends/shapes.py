@@ -44,11 +44,16 @@ def sigmoid(margin: float) -> float:
     return e / (1.0 + e)
 
 
-def predicate_holds(predicate: AiPredicate, margin: float) -> bool:
-    """A predicate's answer from its TRUE−FALSE margin: margin > 0, or its AI.SCORE threshold on sigmoid(margin)."""
+def predicate_holds(predicate: AiPredicate, margin: float, offset: float = 0.0) -> bool:
+    """A predicate's answer from its TRUE−FALSE margin: margin > 0, or its AI.SCORE threshold on sigmoid(margin).
+
+    `offset` is the margin measured on content-free documents when the plan is calibrated: the
+    decision is then taken on margin − offset (the raw margin is what answer tables keep).
+    """
+    calibrated = margin - offset
     if predicate.threshold is None:
-        return margin > 0
-    return predicate.threshold.holds(sigmoid(margin))
+        return calibrated > 0
+    return predicate.threshold.holds(sigmoid(calibrated))
 
 
 def document_ids(alias: str, rows: Sequence[int] | pa.Array) -> pa.Table:

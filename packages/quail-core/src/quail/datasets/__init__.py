@@ -3,6 +3,10 @@
 `reviews()` has 64 reviews with an overall `sentiment`, `stars` and, in `aspects`, one label per
 aspect ("positive", "negative" or "none"); `aspects()` names and defines the 12 aspects.
 
+`labeled_reviews()` has 240 more reviews in the same schema (ids 1001–1240: 80 positive, 80 negative,
+80 mixed; 15 to 200 words; sarcasm and praise inside pans included), written to measure answer quality
+(contextual calibration) and to run the benchmark at ≥ 200 documents.
+
 `claims()` has 24 one-sentence claims, each citing a page `url` and labelled "supported", "refuted" or
 "unverifiable"; `evidence()` has 60 passages from 20 pages (`source`), 2 to 5 for every cited page.
 
@@ -29,12 +33,13 @@ __all__ = [
     "aspects",
     "claims",
     "evidence",
+    "labeled_reviews",
     "path",
     "reviews",
     "traces",
 ]
 
-DATASET_NAMES: tuple[str, ...] = ("reviews", "aspects", "claims", "evidence", "traces")
+DATASET_NAMES: tuple[str, ...] = ("reviews", "labeled_reviews", "aspects", "claims", "evidence", "traces")
 
 ASPECT_NAMES: tuple[str, ...] = (
     "acting",
@@ -98,6 +103,11 @@ def _read(name: str, schema: pa.Schema) -> pa.Table:
 def reviews() -> pa.Table:
     """The 64 labelled movie reviews (schema `REVIEWS_SCHEMA`)."""
     return _read("reviews", REVIEWS_SCHEMA)
+
+
+def labeled_reviews() -> pa.Table:
+    """240 further labelled movie reviews for quality measurements (schema `REVIEWS_SCHEMA`)."""
+    return _read("labeled_reviews", REVIEWS_SCHEMA)
 
 
 def aspects() -> pa.Table:

@@ -141,6 +141,15 @@ def _first_tokens(tokenizer: Tokenizer, spellings: Sequence[str]) -> TokenIds:
     return tuple(ids)
 
 
+CONTENT_FREE = ("N/A", "", "[MASK]")
+"""Documents that say nothing: a base model's margin on them is its bias for a question."""
+
+
+def content_free_documents(tokenizer: Tokenizer) -> tuple[TokenIds, ...]:
+    """The content-free documents, tokenized as documents are (calibration puts them in the document slot)."""
+    return tuple(tuple(tokenizer.encode(text)) for text in CONTENT_FREE)
+
+
 def preamble_ids(tokenizer: Tokenizer, style: PromptStyle) -> TokenIds:
     bos = () if tokenizer.bos_id is None else (tokenizer.bos_id,)
     return bos + tuple(tokenizer.encode(style.preamble))

@@ -101,6 +101,9 @@ class AiFilter(PhysicalNode):
     frame: TokenIds = ()
     stages: tuple[FilterStage, ...] = ()
     retain_kv: bool = False
+    share_prefixes: bool = False
+    calibration: tuple[TokenIds, ...] = ()
+    """Content-free documents: when given, a stage holds iff the margin beats their mean margin."""
 
     INPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
     OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(answers=PortType.FILTER_ANSWERS)
@@ -112,7 +115,12 @@ class AiFilter(PhysicalNode):
     def describe(self) -> str:
         order = " → ".join(f"#{s.predicate.position}" for s in self.stages)
         kept = ", keep survivors' KV" if self.retain_kv else ""
-        return f"AiFilter {self.alias} stages {order}{kept}"
+        shared = ", borrow shared document prefixes" if self.share_prefixes else ""
+        return f"AiFilter {self.alias} stages {order}{kept}{shared}{_calibrated(self.calibration)}"
+
+
+def _calibrated(documents: tuple[TokenIds, ...]) -> str:
+    return f", calibrated on {len(documents)} content-free documents" if documents else ""
 
 
 @dataclass(frozen=True)
@@ -135,6 +143,8 @@ class AiJoin(PhysicalNode):
     selectivity: float = 0.2
     assumed_selectivity: bool = True
     retain_anchor_kv: bool = False
+    calibration: tuple[TokenIds, ...] = ()
+    """Content-free documents for every slot: a tuple holds iff its margin beats their mean margin."""
 
     INPUTS: ClassVar[Mapping[str, PortType]] = _ports(left=PortType.ROWS, right=PortType.ROWS,
                                                       candidates=PortType.ROWS)
@@ -149,7 +159,7 @@ class AiJoin(PhysicalNode):
         partners = ", ".join(p.alias for p in self.partners)
         kept = ", keep anchor KV for the next join" if self.retain_anchor_kv else ""
         head = f"AiJoin {self.semantics} #{self.predicate.position} anchor {self.anchor.alias}"
-        return f"{head} partners {partners}{kept}"
+        return f"{head} partners {partners}{kept}{_calibrated(self.calibration)}"
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from quail.backends.base import ModelRegion, PhysicalCandidate, PlanningContext
 from quail.data.tokenizer import Tokenizer
-from quail.frontend.prompts import PromptStyle, bind_classify, bind_filters, bind_join
+from quail.frontend.prompts import PromptStyle, bind_classify, bind_filters, bind_join, content_free_documents
 from quail.logical.expressions import AiPredicate
 from quail.logical.nodes import (
     Classify,
@@ -21,22 +21,29 @@ from quail.logical.nodes import (
 )
 from quail.physical import nodes as ph
 from quail.physical.graph import Edge, PhysicalGraph
+from quail.planner.calibration import REMARK as CALIBRATION_REMARK
 from quail.planner.filters import selectivity_of
 from quail.planner.optimizer import Decisions, optimize
 
 Port = tuple[str, str]
 
 
-def plan_query(backend: str, region: ModelRegion, context: PlanningContext, style: PromptStyle) -> PhysicalCandidate:
-    """Optimize the region's plan and lay it out as model nodes the backend runs one by one."""
+def plan_query(backend: str, region: ModelRegion, context: PlanningContext, style: PromptStyle,
+               calibrate: bool = False) -> PhysicalCandidate:
+    """Optimize the region's plan and lay it out as model nodes the backend runs one by one.
+
+    `calibrate` gives every filter and join the content-free documents its decisions are measured against.
+    """
     optimized = optimize(region.root, context, style)
     assert context.tokenizer is not None
-    builder = _GraphBuilder(context.tokenizer, style, optimized.decisions)
+    calibration = content_free_documents(context.tokenizer) if calibrate else ()
+    builder = _GraphBuilder(context.tokenizer, style, optimized.decisions, calibration)
     graph = builder.build(optimized.logical)
     graph.validate()
     decisions = optimized.decisions
+    remarks = decisions.remarks + ((CALIBRATION_REMARK,) if calibrate else ())
     return PhysicalCandidate(backend, graph, optimized.logical, decisions.estimated_seconds, decisions.sol_seconds,
-                             decisions.remarks)
+                             remarks)
 
 
 @dataclass
@@ -44,6 +51,7 @@ class _GraphBuilder:
     tokenizer: Tokenizer
     style: PromptStyle
     decisions: Decisions
+    calibration: tuple[ph.TokenIds, ...] = ()
     nodes: list[ph.PhysicalNode] = field(default_factory=list)
     edges: list[Edge] = field(default_factory=list)
     join_order: list[int] = field(default_factory=list)
@@ -93,7 +101,9 @@ class _GraphBuilder:
         estimate = ph.NodeEstimate(rows=None, seconds=order.seconds if order else None)
         model = self.add(ph.AiFilter(f"filter_{node.alias}", estimate, alias=node.alias, column=bound.column,
                                      preamble=bound.preamble, frame=bound.frame, stages=stages,
-                                     retain_kv=node.alias in self.decisions.retained), rows=rows)
+                                     retain_kv=node.alias in self.decisions.retained,
+                                     share_prefixes=node.alias in self.decisions.shared_prefixes,
+                                     calibration=self.calibration), rows=rows)
         return self.add(ph.RecombineFilter(f"survivors_{node.alias}", alias=node.alias),
                         rows=rows, answers=(model, "answers")), "rows"
 
@@ -113,7 +123,8 @@ class _GraphBuilder:
                                    semantics=node.semantics, preamble=bound.preamble, frame=bound.frame,
                                    labels=bound.labels, cue=bound.cue, selectivity=selectivity,
                                    assumed_selectivity=assumed,
-                                   retain_anchor_kv=self.anchored_again(predicate.position, anchor)), **inputs)
+                                   retain_anchor_kv=self.anchored_again(predicate.position, anchor),
+                                   calibration=self.calibration), **inputs)
         return self.add(ph.RecombineJoin(f"joined_{predicate.position}", semantics=node.semantics),
                         left=left, right=right, answers=(model, "answers")), "rows"
 

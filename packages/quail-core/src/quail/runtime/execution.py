@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -15,6 +17,7 @@ from quail.logical.expressions import Equality
 from quail.logical.nodes import Classify, Score, SemanticFilter, SemanticJoin, walk
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
+from quail.planner.prefixes import shareable_tokens
 from quail.runtime.explain import explain_text
 from quail.runtime.report import QueryReport, minimum_tokens, model_token_totals, stages
 from quail.runtime.results import QueryResult
@@ -77,6 +80,18 @@ def _pair_fraction(query: Query, equality: Equality) -> float:
     return (pairs or 0) / total if total else 0.0
 
 
+def shared_prefixes(tokens: Mapping[str, TokenColumn], page_tokens: int, switch: str) -> dict[str, int]:
+    """Per alias, the whole pages its documents share with a neighbour (not measured when sharing is off)."""
+    if switch == "off":
+        return {}
+    return {alias: _shareable(column, page_tokens) for alias, column in tokens.items()}
+
+
+@lru_cache(maxsize=64)
+def _shareable(column: TokenColumn, page_tokens: int) -> int:
+    return shareable_tokens(column.tokens.to_pylist(), page_tokens)
+
+
 def plan_physical(query: Query) -> PhysicalCandidate:
     session = query.session
     tokens = token_columns(query)
@@ -84,10 +99,14 @@ def plan_physical(query: Query) -> PhysicalCandidate:
     for alias, table in query.aliases.items():
         column = tokens.get(alias)
         lengths[alias] = column.lengths().to_pylist() if column else [0] * session.provider(table).num_rows
+    config = session.config
     context = PlanningContext(
-        model=session.model, device=session.device, gpu_count=session.config.gpus, document_token_lengths=lengths,
+        model=session.model, device=session.device, gpu_count=config.gpus, document_token_lengths=lengths,
         order_rule=query.order, tokenizer=session.tokenizer, equality_pair_fractions=equality_fractions(query),
-        chunk_tokens=session.config.chunk_tokens, kv_budget_bytes=session.config.kv_budget_bytes,
+        chunk_tokens=config.chunk_tokens, kv_budget_bytes=config.kv_budget_bytes,
+        kv_page_tokens=config.kv_page_tokens, prefix_sharing=config.prefix_sharing,
+        document_shared_prefix_tokens=shared_prefixes(tokens, config.kv_page_tokens, config.prefix_sharing),
+        calibration=config.calibration,
     )
     offered = session.backend.plan(ModelRegion(query.logical_plan), context)
     if isinstance(offered, Refusal):

@@ -40,6 +40,10 @@ def _measured(metrics: NodeMetrics | None) -> str:
         parts.append(f"fresh tokens {metrics.fresh_tokens:,}")
     if metrics.chunks is not None:
         parts.append(f"chunks {metrics.chunks}")
+    if metrics.kv_evictions:
+        parts.append(f"KV evictions {metrics.kv_evictions:,} ({metrics.recomputed_tokens or 0:,} tokens recomputed)")
+    for position, offset in metrics.calibration_offsets or ():
+        parts.append(f"#{position} TRUE above margin {offset:+.3f}")
     return "measured: " + ", ".join(parts)
 
 

@@ -106,9 +106,9 @@ def minimum_tokens(graph: PhysicalGraph, answers: Mapping[str, pa.Table], tokens
         if table is None or table.num_rows == 0:
             continue
         if isinstance(node, ph.AiFilter):
-            counter.total += _filter_tails(node, table, counter)
+            counter.total += _filter_tails(node, table, counter) + _filter_calibration(node)
         elif isinstance(node, ph.AiJoin):
-            counter.total += _join_tails(node, table, counter, tokens)
+            counter.total += _join_tails(node, table, counter, tokens) + _join_calibration(node)
         elif isinstance(node, ph.AiClassify | ph.AiScore):
             rows = pc.unique(table.column(node.alias).combine_chunks())
             counter.document_prefixes(node.preamble, node.alias, rows)
@@ -126,6 +126,18 @@ def _filter_tails(node: ph.AiFilter, table: pa.Table, counter: _PrefixCounter) -
     asked = sum(lengths[p] * c for p, c in zip(per_stage.column("predicate").to_pylist(),
                                                per_stage.column("predicate_count").to_pylist(), strict=True))
     return len(node.frame) * len(rows) + asked
+
+
+def _filter_calibration(node: ph.AiFilter) -> int:
+    """Each content-free document and the frame once, then every stage's question."""
+    questions = sum(len(s.question) for s in node.stages)
+    return sum(len(d) + len(node.frame) + questions for d in node.calibration)
+
+
+def _join_calibration(node: ph.AiJoin) -> int:
+    """The content-free document in every slot, once per content-free document."""
+    return sum(len(d) + len(node.frame) + sum(len(label) + len(d) for label in node.labels) + len(node.cue)
+               for d in node.calibration)
 
 
 def _join_tails(node: ph.AiJoin, table: pa.Table, counter: _PrefixCounter, tokens: Mapping[str, TokenColumn]) -> int:
@@ -167,6 +179,11 @@ class QueryReport:
             "recomputed_tokens": _sum_known([m.recomputed_tokens for m in model]),
         }
 
+    def calibration(self) -> dict[str, float] | None:
+        """Predicate position → the margin a TRUE answer had to beat; None when nothing was calibrated."""
+        offsets = {str(p): o for m in self.node_metrics.values() for p, o in (m.calibration_offsets or ())}
+        return offsets or None
+
     def as_dict(self) -> dict[str, ReportValue]:
         return {
             "backend": self.backend,
@@ -183,6 +200,7 @@ class QueryReport:
             "stages": [dict(asdict(s), aliases=list(s.aliases)) for s in self.stages],
             "node_metrics": {k: asdict(v) for k, v in self.node_metrics.items()},
             "kv": dict(self.kv()),
+            "calibration": self.calibration(),
             "remarks": list(self.remarks),
             "order_rule": self.order_rule,
         }

@@ -51,7 +51,8 @@ class KeywordBackend:
         return self._tokenizer
 
     def plan(self, region: ModelRegion, context: PlanningContext) -> Sequence[PhysicalCandidate] | Refusal:
-        return [plan_query(self.name, region, context, BASE_STYLE)]
+        # keyword margins carry no language-model bias, so `auto` leaves them uncalibrated
+        return [plan_query(self.name, region, context, BASE_STYLE, calibrate=context.calibration == "on")]
 
     def start(self, context: GpuContext) -> ModelExecution:
         self.started += 1
@@ -104,10 +105,12 @@ class KeywordExecution:
                                              strict=True)}
         rows, predicates, answers, margins = [], [], [], []
         tokens = 0
+        offsets = {s.predicate.position: self.offset(s.predicate.prompt.template, 1, node.calibration)
+                   for s in node.stages}
         for row in inputs["rows"].column(node.alias).to_pylist():
             for stage in node.stages:
                 margin = predicate_margin(stage.predicate.prompt.template, [texts[row]])
-                answer = shapes.predicate_holds(stage.predicate, margin)
+                answer = shapes.predicate_holds(stage.predicate, margin, offsets[stage.predicate.position])
                 rows.append(row)
                 predicates.append(stage.predicate.position)
                 answers.append(answer)
@@ -129,13 +132,14 @@ class KeywordExecution:
         columns: dict[str, list[int]] = {a: [] for a in aliases}
         answers, margins = [], []
         tokens = 0
+        offset = self.offset(node.predicate.prompt.template, len(aliases), node.calibration)
         for item in sorted(tuples, key=lambda t: t[anchor_index]):
             anchor_row = item[anchor_index]
             if node.semantics != "full" and answered.get(anchor_row):
                 continue
             margin = predicate_margin(node.predicate.prompt.template,
                                       [texts[a][r] for a, r in zip(aliases, item, strict=True)])
-            answer = shapes.predicate_holds(node.predicate, margin)
+            answer = shapes.predicate_holds(node.predicate, margin, offset)
             answered[anchor_row] = answered.get(anchor_row, False) or answer
             for alias, row in zip(aliases, item, strict=True):
                 columns[alias].append(row)
@@ -146,6 +150,13 @@ class KeywordExecution:
                                     partners=[p.alias for p in node.partners], semantics=node.semantics,
                                     position=node.predicate.position)
         return table, tokens
+
+    def offset(self, template: str, slots: int, calibration: tuple[tuple[int, ...], ...]) -> float:
+        """The mean keyword margin of the content-free documents in every slot (0 when not calibrated)."""
+        if not calibration:
+            return 0.0
+        margins = [predicate_margin(template, [self.tokenizer.decode(d)] * slots) for d in calibration]
+        return sum(margins) / len(margins)
 
     def classify(self, node: ph.AiClassify, inputs: Mapping[str, pa.Table]) -> tuple[pa.Table, int]:
         texts = self.text(inputs, node.alias)

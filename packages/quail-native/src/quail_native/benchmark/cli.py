@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-SCALE_NAMES = ("tiny", "small", "medium", "large")
+SCALE_NAMES = ("tiny", "small", "medium", "large", "xlarge")
 
 
 def add_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -14,6 +14,11 @@ def add_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     parser.add_argument("--backends", default="native", help="comma-separated backends to try")
     parser.add_argument("--chunk-tokens", type=int, default=1024)
+    parser.add_argument("--workloads", help="comma-separated parts of workload names to run (default: all)")
+    parser.add_argument("--device", default="cpu", help="device name from the catalog (cpu, h100-sxm, h200, …)")
+    parser.add_argument("--model-dir", type=Path,
+                        help="run a checkpoint directory of the embedded model's shape instead of the embedded "
+                             "weights (a machine the weights cannot reach)")
     parser.set_defaults(handler=_run)
 
 

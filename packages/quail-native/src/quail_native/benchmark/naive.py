@@ -35,23 +35,38 @@ class NaiveRun:
 
 
 class NaiveModel:
-    def __init__(self, directory: Path, tokenizer: Tokenizer, answers: AnswerTokens) -> None:
+    def __init__(self, directory: Path, tokenizer: Tokenizer, answers: AnswerTokens,
+                 device: torch.device | None = None) -> None:
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+        self.device = device or torch.device("cpu")
+        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self.model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).to(self.device).eval()
         self.tokenizer = tokenizer
         self.answers = answers
 
     def margin(self, ids: tuple[int, ...]) -> float:
         with torch.inference_mode():
-            logits = self.model(torch.tensor([ids]), logits_to_keep=1).logits[0, -1]
+            logits = self.model(torch.tensor([ids], device=self.device), logits_to_keep=1).logits[0, -1].float()
         return (logits[list(self.answers.true_ids)].max() - logits[list(self.answers.false_ids)].max()).item()
 
     def label_score(self, prompt: tuple[int, ...], label: tuple[int, ...]) -> float:
         ids = prompt + label
         with torch.inference_mode():
-            logits = self.model(torch.tensor([ids]), logits_to_keep=len(label) + 1).logits[0, :-1]
-        return torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(label)[:, None]).sum().item()
+            logits = self.model(torch.tensor([ids], device=self.device), logits_to_keep=len(label) + 1).logits[0, :-1]
+        labels = torch.tensor(label, device=self.device)[:, None]
+        return torch.log_softmax(logits.float(), -1).gather(1, labels).sum().item()
+
+    def offset(self, prompts: list[tuple[int, ...]]) -> float:
+        """Mean margin of the content-free prompts (calibration), 0 when there are none."""
+        return sum(self.margin(p) for p in prompts) / len(prompts) if prompts else 0.0
+
+    @staticmethod
+    def join_prompt(node: ph.AiJoin, anchor: tuple[int, ...], partners: list[tuple[int, ...]]) -> tuple[int, ...]:
+        ids = node.preamble + anchor + node.frame
+        for label, partner in zip(node.labels, partners, strict=True):
+            ids += label + partner
+        return ids + node.cue
 
     def encode(self, text: str) -> tuple[int, ...]:
         return tuple(self.tokenizer.encode(text))
@@ -73,20 +88,22 @@ class NaiveModel:
         rows = table.to_pylist()
         if isinstance(node, ph.AiFilter):
             stages = {s.predicate.position: s for s in node.stages}
+            offsets = {p: self.offset([node.preamble + d + node.frame + s.question for d in node.calibration])
+                       for p, s in stages.items()}
             for row in rows:
                 ids = node.preamble + self.encode(texts[node.alias][row[node.alias]]) + node.frame + \
                     stages[row["predicate"]].question
                 margin = self.margin(ids)
-                predicate = stages[row["predicate"]].predicate
-                yield ids, row["answer"], lambda answer, m=margin, p=predicate: predicate_holds(p, m) == answer
+                predicate, offset = stages[row["predicate"]].predicate, offsets[row["predicate"]]
+                yield ids, row["answer"], lambda answer, m=margin, p=predicate, o=offset: \
+                    predicate_holds(p, m, o) == answer
         elif isinstance(node, ph.AiJoin):
+            offset = self.offset([self.join_prompt(node, d, [d] * len(node.partners)) for d in node.calibration])
             for row in rows:
-                ids = node.preamble + self.encode(texts[node.anchor.alias][row[node.anchor.alias]]) + node.frame
-                for label, partner in zip(node.labels, node.partners, strict=True):
-                    ids += label + self.encode(texts[partner.alias][row[partner.alias]])
-                ids += node.cue
+                ids = self.join_prompt(node, self.encode(texts[node.anchor.alias][row[node.anchor.alias]]),
+                                       [self.encode(texts[p.alias][row[p.alias]]) for p in node.partners])
                 margin = self.margin(ids)
-                yield ids, row["answer"], lambda answer, m=margin: predicate_holds(node.predicate, m) == answer
+                yield ids, row["answer"], lambda answer, m=margin: predicate_holds(node.predicate, m, offset) == answer
         elif isinstance(node, ph.AiClassify):
             names = [label.name for label in node.labels]
             for row in rows:

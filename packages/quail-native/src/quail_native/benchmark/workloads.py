@@ -37,18 +37,36 @@ SCALES = {
     "small": Scale(reviews=16, aspects=12, claims=24, evidence=60, traces=16),
     "medium": Scale(reviews=40, aspects=12, claims=24, evidence=60, traces=24),
     "large": Scale(reviews=64, aspects=12, claims=24, evidence=60, traces=32),
+    "xlarge": Scale(reviews=240, aspects=12, claims=24, evidence=60, traces=32),
 }
+"""Up to 64 reviews come from `datasets.reviews()`; more (xlarge) from the 240 `datasets.labeled_reviews()`."""
 
 
 def tables(scale: str) -> dict[str, Callable[[], pa.Table]]:
     size = SCALES[scale]
     return {
-        "reviews": lambda: datasets.reviews().slice(0, size.reviews).select(["id", "title", "body"]),
+        "reviews": lambda: _reviews(size.reviews),
         "aspects": lambda: datasets.aspects().slice(0, size.aspects),
         "claims": lambda: datasets.claims().slice(0, size.claims),
         "evidence": lambda: datasets.evidence().slice(0, size.evidence),
         "traces": lambda: datasets.traces().slice(0, size.traces),
     }
+
+
+def _reviews(count: int) -> pa.Table:
+    source = datasets.reviews() if count <= 64 else datasets.labeled_reviews()
+    return source.slice(0, count).select(["id", "title", "body"])
+
+
+def selected(patterns: str | None) -> tuple[Workload, ...]:
+    """The workloads whose names contain one of the comma-separated patterns (all when None)."""
+    if not patterns:
+        return WORKLOADS
+    wanted = [p.strip() for p in patterns.split(",") if p.strip()]
+    chosen = tuple(w for w in WORKLOADS if any(p in w.name for p in wanted))
+    if not chosen:
+        raise ValueError(f"no workload matches {patterns!r}; workloads: {', '.join(w.name for w in WORKLOADS)}")
+    return chosen
 
 
 WORKLOADS: tuple[Workload, ...] = (

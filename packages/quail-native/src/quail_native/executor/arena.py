@@ -1,7 +1,9 @@
-"""The KV arena: blocks of per-layer keys and values for token spans at known positions.
+"""The paged KV arena: keys and values in fixed-size pages, allocated once from a budget.
 
-A block is the KV of one span (a shared preamble, a document, a frame); items of a forward pass
-name the blocks they attend to. The arena counts the tokens it holds so admission can be bounded.
+A block is the KV of one span of positions (a shared preamble, a document, a frame), stored in
+whole pages. Blocks may share leading pages — a document borrowing the common prefix of another
+document holds references to that document's first pages — so pages are reference-counted and
+return to the free list the moment no block reads them. Nothing is allocated after start-up.
 """
 
 from __future__ import annotations
@@ -11,13 +13,27 @@ from dataclasses import dataclass
 import torch
 
 
-@dataclass
+class ArenaFull(RuntimeError):
+    """More pages were asked for than are free; admission should have prevented it."""
+
+
+@dataclass(frozen=True)
+class KVShape:
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+
+    def bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
 class Block:
     id: int
     start: int
     length: int
-    keys: list[torch.Tensor]  # per layer [kv_heads, length, head_dim]
-    values: list[torch.Tensor]
+    pages: tuple[int, ...]
 
     @property
     def positions(self) -> torch.Tensor:
@@ -25,31 +41,123 @@ class Block:
 
 
 class KVArena:
-    def __init__(self) -> None:
+    def __init__(self, shape: KVShape, pages: int, page_tokens: int, device: torch.device) -> None:
+        if pages < 1 or page_tokens < 1:
+            raise ValueError(f"an arena needs at least one page of one token, got {pages} × {page_tokens}")
+        self.shape = shape
+        self.page_tokens = page_tokens
+        self.pages = pages
+        slots = pages * page_tokens
+        self.keys = [torch.empty(shape.kv_heads, slots, shape.head_dim, dtype=shape.dtype, device=device)
+                     for _ in range(shape.layers)]
+        self.values = [torch.empty_like(k) for k in self.keys]
+        self._references = [0] * pages
+        self._free = list(range(pages - 1, -1, -1))
         self._blocks: dict[int, Block] = {}
         self._next = 0
-        self.tokens_held = 0
-        self.peak_tokens = 0
+        self.peak_pages = 0
+
+    @classmethod
+    def from_budget(cls, shape: KVShape, budget_bytes: float, page_tokens: int, device: torch.device) -> KVArena:
+        pages = int(budget_bytes // (shape.bytes_per_token() * page_tokens))
+        return cls(shape, max(pages, 1), page_tokens, device)
+
+    # -- accounting ---------------------------------------------------------------------------
+
+    def pages_for(self, tokens: int) -> int:
+        return -(-tokens // self.page_tokens)
+
+    @property
+    def free_pages(self) -> int:
+        return len(self._free)
+
+    @property
+    def used_pages(self) -> int:
+        return self.pages - len(self._free)
+
+    def exclusive_pages(self, block_id: int) -> int:
+        """Pages that freeing this block would return (those no other block reads)."""
+        return sum(1 for p in self._blocks[block_id].pages if self._references[p] == 1)
+
+    # -- blocks -------------------------------------------------------------------------------
 
     def add(self, start: int, keys: list[torch.Tensor], values: list[torch.Tensor]) -> int:
-        block_id = self._next
-        self._next += 1
+        """Store a span's KV (per layer [kv_heads, length, head_dim]) in fresh pages."""
         length = keys[0].shape[1]
-        self._blocks[block_id] = Block(block_id, start, length, keys, values)
-        self.tokens_held += length
-        self.peak_tokens = max(self.peak_tokens, self.tokens_held)
-        return block_id
+        pages = self._allocate(self.pages_for(length))
+        rows = self._rows(pages, length)
+        for layer, (k, v) in enumerate(zip(keys, values, strict=True)):
+            self.keys[layer].index_copy_(1, rows, k)
+            self.values[layer].index_copy_(1, rows, v)
+        return self._register(start, length, pages)
+
+    def view(self, block_id: int, tokens: int) -> int:
+        """A new block over the first `tokens` of a block (whole pages), sharing its pages."""
+        block = self._blocks[block_id]
+        if tokens % self.page_tokens or not 0 < tokens <= block.length:
+            raise ValueError(f"a view covers whole pages of its block: {tokens} of {block.length} tokens")
+        pages = block.pages[: tokens // self.page_tokens]
+        for page in pages:
+            self._references[page] += 1
+        return self._register(block.start, tokens, pages)
+
+    def concat(self, first: int, second: int) -> int:
+        """One block of `first` followed by `second`; both ids are consumed."""
+        a, b = self._blocks[first], self._blocks[second]
+        if a.length % self.page_tokens or b.start != a.start + a.length:
+            raise ValueError("only a whole-page block can be continued, at the position right after it")
+        for page in a.pages + b.pages:
+            self._references[page] += 1
+        joined = self._register(a.start, a.length + b.length, a.pages + b.pages)
+        self.free(first)
+        self.free(second)
+        return joined
 
     def get(self, block_id: int) -> Block:
         return self._blocks[block_id]
 
     def free(self, block_id: int) -> None:
         block = self._blocks.pop(block_id, None)
-        if block is not None:
-            self.tokens_held -= block.length
+        if block is None:
+            return
+        for page in block.pages:
+            self._references[page] -= 1
+            if self._references[page] == 0:
+                self._free.append(page)
+
+    def gather(self, block_ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer (keys, values) of the blocks laid end to end, as the attention context."""
+        if not block_ids:
+            empty = torch.zeros(self.shape.kv_heads, 0, self.shape.head_dim, dtype=self.shape.dtype,
+                                device=self.keys[0].device)
+            return [(empty, empty)] * self.shape.layers
+        rows = torch.cat([self._rows(self._blocks[b].pages, self._blocks[b].length) for b in block_ids])
+        return [(k.index_select(1, rows), v.index_select(1, rows)) for k, v in zip(self.keys, self.values, strict=True)]
 
     def __contains__(self, block_id: int) -> bool:
         return block_id in self._blocks
 
     def __len__(self) -> int:
         return len(self._blocks)
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _allocate(self, count: int) -> tuple[int, ...]:
+        if count > len(self._free):
+            raise ArenaFull(f"{count} KV pages asked for, {len(self._free)} of {self.pages} free")
+        pages = tuple(self._free.pop() for _ in range(count))
+        for page in pages:
+            self._references[page] = 1
+        self.peak_pages = max(self.peak_pages, self.used_pages)
+        return pages
+
+    def _register(self, start: int, length: int, pages: tuple[int, ...]) -> int:
+        block_id = self._next
+        self._next += 1
+        self._blocks[block_id] = Block(block_id, start, length, pages)
+        return block_id
+
+    def _rows(self, pages: tuple[int, ...], length: int) -> torch.Tensor:
+        device = self.keys[0].device
+        base = torch.tensor(pages, dtype=torch.long, device=device)[:, None] * self.page_tokens
+        return (base + torch.arange(self.page_tokens, device=device)[None, :]).reshape(-1)[:length]

@@ -17,7 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from quail.planner.prefixes import plan_borrows
 from quail_native.executor.arena import KVArena
+from quail_native.executor.memory import KVCounters, Memory
 from quail_native.executor.packing import Item, ItemResult, Packer
 
 Tag = TypeVar("Tag")
@@ -28,10 +30,9 @@ DocKey = tuple[Tokens, Tokens]
 
 @dataclass
 class Budget:
-    """Tokens per forward pass, and KV tokens the arena may hold for work in flight."""
+    """Tokens per forward pass (KV pages are the arena's)."""
 
     pass_tokens: int
-    kv_tokens: int
 
 
 @dataclass
@@ -39,12 +40,12 @@ class SharedState:
     """What outlives one node: the arena, preamble blocks, and documents' KV kept for later nodes."""
 
     packer: Packer
+    memory: Memory
     budget: Budget
     preambles: dict[Tokens, int] = field(default_factory=dict)
     retained: dict[DocKey, int] = field(default_factory=dict)
     retained_by: dict[str, set[DocKey]] = field(default_factory=dict)
-    kv_hits: int = 0
-    kv_misses: int = 0
+    evicted: set[DocKey] = field(default_factory=set)
     progress: Callable[[int, int], None] | None = None
 
     def report(self, done: int, total: int) -> None:
@@ -55,131 +56,262 @@ class SharedState:
     def arena(self) -> KVArena:
         return self.packer.arena
 
+    @property
+    def counters(self) -> KVCounters:
+        return self.memory.counters
+
+    def run(self, items: Sequence[Item]) -> list[ItemResult]:
+        """One pass; the pages reserved for it are now allocated."""
+        results = self.packer.run(items)
+        self.memory.pass_ran()
+        return results
+
     def preamble(self, tokens: Tokens) -> int:
         """The block of a preamble, computed once and shared by every document after it."""
         block = self.preambles.get(tokens)
         if block is None or block not in self.arena:
-            [result] = self.packer.run([Item(tokens, 0, keep=((0, len(tokens)),))])
+            self.memory.admit(self.arena.pages_for(len(tokens)), busy=False)
+            [result] = self.run([Item(tokens, 0, keep=((0, len(tokens)),))])
             block = result.blocks[0]
             self.preambles[tokens] = block
         return block
 
-    def fits(self, extra: int, in_flight: int) -> bool:
-        """Admission: room in the KV budget, or nothing else in flight (so it can never deadlock)."""
-        return in_flight == 0 or self.arena.tokens_held + extra <= self.budget.kv_tokens
-
-    def retain(self, alias: str, key: DocKey, block: int) -> None:
-        """Keep a filter survivor's document KV for the join anchored on `alias`."""
+    def retain(self, alias: str, key: DocKey, block: int, reuse: float = 1.0) -> None:
+        """Keep a document's KV for the join anchored on `alias` (evictable, recomputed if evicted)."""
         earlier = self.retained.get(key)
         if earlier is not None and earlier != block:
             self.arena.free(block)
             return
         self.retained[key] = block
         self.retained_by.setdefault(alias, set()).add(key)
+        self.memory.keep(block, reuse, lambda: self._lost(alias, key))
+
+    def _lost(self, alias: str, key: DocKey) -> None:
+        self.retained.pop(key, None)
+        self.retained_by.get(alias, set()).discard(key)
+        self.evicted.add(key)
+
+    def take(self, key: DocKey) -> int | None:
+        """A kept document's KV for an anchor (now in flight), or None: a miss, recomputed if it was evicted."""
+        block = self.retained.pop(key, None)
+        if block is None:
+            self.counters.misses += 1
+            if key in self.evicted:
+                self.evicted.discard(key)
+                self.counters.recomputed_tokens += len(key[1])
+            return None
+        self.counters.hits += 1
+        self.memory.unkeep(block)
+        for keys in self.retained_by.values():
+            keys.discard(key)
+        return block
 
     def release(self, alias: str) -> None:
         """Free whatever was kept for `alias` and not consumed: its anchoring join has finished."""
         for key in self.retained_by.pop(alias, set()):
             block = self.retained.pop(key, None)
             if block is not None:
+                self.memory.unkeep(block)
                 self.arena.free(block)
 
-    def consume(self, key: DocKey) -> None:
-        block = self.retained.pop(key, None)
-        if block is not None:
+    def forget(self) -> None:
+        for block in list(self.preambles.values()) + list(self.retained.values()):
+            self.memory.unkeep(block)
             self.arena.free(block)
+        self.preambles.clear()
+        self.retained.clear()
+        self.retained_by.clear()
+        self.evicted.clear()
 
 
-def run_passes(packer: Packer, budget: int, next_items: Callable[[int], list[tuple[Item, Tag]]],
+def run_passes(state: SharedState, next_items: Callable[[int], list[tuple[Item, Tag]]],
                done: Callable[[Tag, ItemResult], None], after_pass: Callable[[], None] = lambda: None) -> None:
-    """Keep asking for items that fit `budget` tokens and running them until none come."""
+    """Keep asking for items that fit a pass and running them until none come."""
     while True:
-        batch = next_items(budget)
+        batch = next_items(state.budget.pass_tokens)
         if not batch:
             return
-        results = packer.run([item for item, _ in batch])
+        results = state.run([item for item, _ in batch])
         for (_, tag), result in zip(batch, results, strict=True):
             done(tag, result)
         after_pass()
 
 
-@dataclass
+@dataclass(eq=False)
 class FilterDocument:
     row: int
     tokens: Tokens
     stage: int = 0
     doc_block: int | None = None
     frame_block: int | None = None
+    borrowed: int = 0
+    view: int | None = None
+    borrowers: list[FilterDocument] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class FilterLayout:
+    preamble: Tokens
+    frame: Tokens
+    questions: tuple[Tokens, ...]
 
 
 def run_filter(state: SharedState, alias: str, rows: Sequence[int], documents: dict[int, Tokens],
-               preamble: Tokens, frame: Tokens, questions: Sequence[Tokens],
-               answer: Callable[[int, float], bool], margin_of: Callable[[ItemResult], float],
-               retain: bool) -> list[tuple[int, int, bool, float]]:
+               layout: FilterLayout, answer: Callable[[int, float], bool], margin_of: Callable[[ItemResult], float],
+               retain: bool, share: bool = False) -> list[tuple[int, int, bool, float]]:
     """(row, stage index, answer, margin) for every evaluated (document, stage)."""
-    pre = state.preamble(preamble)
-    start = len(preamble)
     if retain:
         state.release(alias)
-    fresh = deque(FilterDocument(r, documents[r]) for r in rows)
-    ready: deque[FilterDocument] = deque()
-    out: list[tuple[int, int, bool, float]] = []
-    in_flight = [0]
-    last = len(questions) - 1
-    keep_blocks = last > 0 or retain
+    run = _FilterRun(state, alias, layout, answer, margin_of, retain)
+    run.schedule(rows, documents, share)
+    run_passes(state, run.next_items, run.done, run.after_pass)
+    return run.out
 
-    def item_for(doc: FilterDocument) -> Item:
-        if doc.stage == 0:
-            spans = ((0, len(doc.tokens)), (len(doc.tokens), len(frame))) if keep_blocks else ()
-            tokens = doc.tokens + frame + questions[0]
-            return Item(tokens, start, (pre,), (len(tokens) - 1,), spans)
-        parents = (pre, doc.doc_block) + ((doc.frame_block,) if doc.frame_block is not None else ())
-        question = questions[doc.stage]
-        return Item(question, start + len(doc.tokens) + len(frame), parents, (len(question) - 1,))
 
-    def next_items(budget: int) -> list[tuple[Item, FilterDocument]]:
+@dataclass
+class _FilterRun:
+    """One filter node: documents move fresh → (lent a prefix) → in flight → stage by stage → done.
+
+    Survivors' next stages are admitted first (they need no new pages), then documents whose lender
+    has computed (their borrowed pages are pinned meanwhile), then fresh documents.
+    """
+
+    state: SharedState
+    alias: str
+    layout: FilterLayout
+    answer: Callable[[int, float], bool]
+    margin_of: Callable[[ItemResult], float]
+    retain: bool
+    out: list[tuple[int, int, bool, float]] = field(default_factory=list)
+    fresh: deque[FilterDocument] = field(default_factory=deque)
+    lent: deque[FilterDocument] = field(default_factory=deque)
+    ready: deque[FilterDocument] = field(default_factory=deque)
+    in_flight: int = 0
+    finished: int = 0
+    total: int = 0
+
+    def schedule(self, rows: Sequence[int], documents: dict[int, Tokens], share: bool) -> None:
+        self.pre = self.state.preamble(self.layout.preamble)
+        self.total = len(rows)
+        docs = {r: FilterDocument(r, documents[r]) for r in rows}
+        if not share:
+            self.fresh.extend(docs[r] for r in rows)
+            return
+        order, borrows = plan_borrows({r: d.tokens for r, d in docs.items()}, self.state.arena.page_tokens)
+        for row in order:
+            borrow = borrows.get(row)
+            if borrow is None:
+                self.fresh.append(docs[row])
+            else:
+                docs[row].borrowed = borrow.tokens
+                docs[borrow.lender].borrowers.append(docs[row])
+
+    @property
+    def keeps_frame(self) -> bool:
+        return len(self.layout.questions) > 1
+
+    def keeps_document(self, doc: FilterDocument) -> bool:
+        return self.keeps_frame or self.retain or bool(doc.borrowers)
+
+    def first_item(self, doc: FilterDocument) -> Item:
+        skip = doc.borrowed if doc.view is not None else 0
+        body = doc.tokens[skip:]
+        frame, question = self.layout.frame, self.layout.questions[0]
+        spans = ((0, len(body)),) if self.keeps_document(doc) else ()
+        spans += ((len(body), len(frame)),) if self.keeps_frame else ()
+        parents = (self.pre,) + ((doc.view,) if doc.view is not None else ())
+        tokens = body + frame + question
+        return Item(tokens, len(self.layout.preamble) + skip, parents, (len(tokens) - 1,), spans)
+
+    def next_item(self, doc: FilterDocument) -> Item:
+        parents = (self.pre, doc.doc_block) + ((doc.frame_block,) if doc.frame_block is not None else ())
+        question = self.layout.questions[doc.stage]
+        start = len(self.layout.preamble) + len(doc.tokens) + len(self.layout.frame)
+        return Item(question, start, tuple(p for p in parents if p is not None), (len(question) - 1,))
+
+    def pages(self, item: Item) -> int:
+        return sum(self.state.arena.pages_for(length) for _, length in item.keep if length > 0)
+
+    def next_items(self, budget: int) -> list[tuple[Item, FilterDocument]]:
         batch: list[tuple[Item, FilterDocument]] = []
         used = 0
-        while ready and used + len(item_for(ready[0]).tokens) <= budget:
-            doc = ready.popleft()
-            item = item_for(doc)
-            batch.append((item, doc))
-            used += len(item.tokens)
-        while fresh:
-            doc = fresh[0]
-            size = len(doc.tokens) + len(frame) + len(questions[0])
-            if used + size > budget or not state.fits(len(doc.tokens) + len(frame), in_flight[0] + len(batch)):
-                break
-            fresh.popleft()
-            batch.append((item_for(doc), doc))
-            used += size
+        while self.ready and used + len(self.next_item(self.ready[0]).tokens) <= budget:
+            doc = self.ready.popleft()
+            batch.append((self.next_item(doc), doc))
+            used += len(batch[-1][0].tokens)
+        for queue in (self.lent, self.fresh):
+            while queue:
+                doc = queue[0]
+                self.protect(doc)
+                item = self.first_item(doc)
+                if used + len(item.tokens) > budget or \
+                        not self.state.memory.admit(self.pages(item), busy=self.in_flight > 0 or bool(batch)):
+                    self.expose(doc)
+                    return batch
+                queue.popleft()
+                batch.append((item, doc))
+                used += len(item.tokens)
+                self.in_flight += 1
         return batch
 
-    def done(doc: FilterDocument, result: ItemResult) -> None:
+    def done(self, doc: FilterDocument, result: ItemResult) -> None:
         if doc.stage == 0:
-            in_flight[0] += 1
-            if result.blocks:
-                doc.doc_block = result.blocks[0]
-                doc.frame_block = result.blocks[1] if len(result.blocks) > 1 else None
-        margin = margin_of(result)
-        verdict = answer(doc.stage, margin)
-        out.append((doc.row, doc.stage, verdict, margin))
-        if verdict and doc.stage < last:
+            self.first_done(doc, result)
+        margin = self.margin_of(result)
+        verdict = self.answer(doc.stage, margin)
+        self.out.append((doc.row, doc.stage, verdict, margin))
+        if verdict and doc.stage < len(self.layout.questions) - 1:
             doc.stage += 1
-            ready.append(doc)
+            self.ready.append(doc)
             return
-        in_flight[0] -= 1
-        _drop(state, doc.frame_block)
-        if verdict and retain and doc.doc_block is not None:
-            state.retain(alias, (preamble, doc.tokens), doc.doc_block)
+        self.in_flight -= 1
+        self.finished += 1
+        _drop(self.state, doc.frame_block)
+        if verdict and self.retain and doc.doc_block is not None:
+            self.state.retain(self.alias, (self.layout.preamble, doc.tokens), doc.doc_block)
         else:
-            _drop(state, doc.doc_block)
+            _drop(self.state, doc.doc_block)
 
-    def after_pass() -> None:
-        state.report(len(rows) - len(fresh) - in_flight[0], len(rows))
+    def first_done(self, doc: FilterDocument, result: ItemResult) -> None:
+        blocks = list(result.blocks)
+        if self.keeps_document(doc):
+            doc.doc_block = blocks.pop(0)
+        if self.keeps_frame:
+            doc.frame_block = blocks.pop(0)
+        if doc.view is not None:
+            arena = self.state.arena
+            doc.doc_block = arena.concat(doc.view, doc.doc_block) if doc.doc_block is not None else None
+            if doc.doc_block is None:
+                arena.free(doc.view)
+            doc.view = None
+        for borrower in doc.borrowers:
+            self.lend(doc, borrower)
+        doc.borrowers.clear()
 
-    run_passes(state.packer, state.budget.pass_tokens, next_items, done, after_pass)
-    return out
+    def lend(self, lender: FilterDocument, borrower: FilterDocument) -> None:
+        """Pin the lender's first pages for the borrower until it is admitted (evictable meanwhile)."""
+        assert lender.doc_block is not None
+        borrower.view = self.state.arena.view(lender.doc_block, borrower.borrowed)
+        self.expose(borrower)
+        self.lent.append(borrower)
+
+    def expose(self, doc: FilterDocument) -> None:
+        """Let admission evict a waiting borrower's pages; it then computes its whole document."""
+        if doc.view is None:
+            return
+
+        def lost() -> None:
+            self.state.counters.recomputed_tokens += doc.borrowed
+            doc.view = None
+
+        self.state.memory.keep(doc.view, 1.0, lost)
+
+    def protect(self, doc: FilterDocument) -> None:
+        if doc.view is not None:
+            self.state.memory.unkeep(doc.view)
+
+    def after_pass(self) -> None:
+        self.state.report(self.finished, self.total)
 
 
 def _drop(state: SharedState, block: int | None) -> None:
@@ -197,20 +329,30 @@ class Anchor:
     frame_block: int | None = None
     answered_true: bool = False
     outstanding: int = 0
-    started: bool = False
+    looked_up: bool = False
 
 
 JoinTag = tuple[Anchor, tuple[int, ...] | None]
 """An anchor's prefix item (rows None) or one candidate tuple's suffix item."""
 
 
-def run_join(state: SharedState, anchors: list[Anchor], preamble: Tokens, frame: Tokens, stop_at_true: bool,
+@dataclass(frozen=True)
+class JoinLayout:
+    preamble: Tokens
+    frame: Tokens
+    semantics: str  # "full", "exists" or "anti"
+
+
+def run_join(state: SharedState, anchors: list[Anchor], layout: JoinLayout,
              margin_of: Callable[[ItemResult], float], answer: Callable[[float], bool], retain: bool = False
              ) -> list[tuple[tuple[int, ...], bool, float]]:
     """(tuple of rows, answer, margin) per evaluated candidate, anchor by anchor.
 
-    `retain` keeps each anchor's document KV for a later join anchored on the same alias.
+    `retain` keeps the document KV of each anchor that reaches the next join anchored on the same
+    alias (one with a TRUE answer, or none under anti semantics).
     """
+    preamble, frame = layout.preamble, layout.frame
+    stop_at_true = layout.semantics != "full"
     pre = state.preamble(preamble)
     start = len(preamble)
     waiting = deque(anchors)
@@ -218,12 +360,8 @@ def run_join(state: SharedState, anchors: list[Anchor], preamble: Tokens, frame:
     out: list[tuple[tuple[int, ...], bool, float]] = []
 
     def prefix_item(anchor: Anchor) -> Item:
-        reused = state.retained.get((preamble, anchor.tokens))
-        if reused is not None:
-            state.kv_hits += 1
-            anchor.doc_block = reused
-            return Item(frame, start + len(anchor.tokens), (pre, reused), (), ((0, len(frame)),))
-        state.kv_misses += 1
+        if anchor.doc_block is not None:
+            return Item(frame, start + len(anchor.tokens), (pre, anchor.doc_block), (), ((0, len(frame)),))
         return Item(anchor.tokens + frame, start, (pre,), (), ((0, len(anchor.tokens)), (len(anchor.tokens),
                                                                                         len(frame))))
 
@@ -245,13 +383,17 @@ def run_join(state: SharedState, anchors: list[Anchor], preamble: Tokens, frame:
                 share -= 1
         while waiting:
             anchor = waiting[0]
-            size = len(frame) + (0 if (preamble, anchor.tokens) in state.retained else len(anchor.tokens))
-            if used + size > budget or not state.fits(size, len(active)):
+            if not anchor.looked_up:
+                anchor.doc_block = state.take((preamble, anchor.tokens))
+                anchor.looked_up = True
+            item = prefix_item(anchor)
+            pages = sum(state.arena.pages_for(length) for _, length in item.keep)
+            if used + len(item.tokens) > budget or \
+                    not state.memory.admit(pages, busy=bool(active) or bool(batch)):
                 break
             waiting.popleft()
-            anchor.started = True
-            batch.append((prefix_item(anchor), (anchor, None)))
-            used += size
+            batch.append((item, (anchor, None)))
+            used += len(item.tokens)
         return batch
 
     def done(tag: JoinTag, result: ItemResult) -> None:
@@ -273,22 +415,14 @@ def run_join(state: SharedState, anchors: list[Anchor], preamble: Tokens, frame:
         if not anchor.pending and anchor.outstanding == 0 and anchor in active:
             active.remove(anchor)
             _drop(state, anchor.frame_block)
-            _finish_anchor(state, anchor, (preamble, anchor.tokens), retain)
+            survives = anchor.answered_true != (layout.semantics == "anti")
+            if retain and survives and anchor.doc_block is not None:
+                state.retain(anchor.alias, (preamble, anchor.tokens), anchor.doc_block)
+            else:
+                _drop(state, anchor.doc_block)
 
     total = sum(len(a.pending) for a in anchors)
-    run_passes(state.packer, state.budget.pass_tokens, next_items, done, lambda: state.report(len(out), total))
+    run_passes(state, next_items, done, lambda: state.report(len(out), total))
     if anchors and not retain:
         state.release(anchors[0].alias)
     return out
-
-
-def _finish_anchor(state: SharedState, anchor: Anchor, key: DocKey, retain: bool) -> None:
-    """Keep the anchor's document KV for the next join on its alias, or free it."""
-    kept = state.retained.get(key) == anchor.doc_block
-    if retain and anchor.doc_block is not None:
-        if not kept:
-            state.retain(anchor.alias, key, anchor.doc_block)
-    elif kept:
-        state.consume(key)
-    else:
-        _drop(state, anchor.doc_block)

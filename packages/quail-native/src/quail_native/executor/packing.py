@@ -95,19 +95,7 @@ class Packer:
         return spans
 
     def _context(self, block_ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        arch = self.model.arch
-        context = []
-        for layer in range(arch.layers):
-            blocks = [self.arena.get(b) for b in block_ids]
-            if blocks:
-                keys = torch.cat([b.keys[layer] for b in blocks], dim=1)
-                values = torch.cat([b.values[layer] for b in blocks], dim=1)
-            else:
-                empty = torch.zeros(arch.kv_heads, 0, arch.head_dim, dtype=self.model.embed_tokens.weight.dtype,
-                                    device=self.device)
-                keys, values = empty, empty
-            context.append((keys, values))
-        return context
+        return self.arena.gather(block_ids)
 
     @staticmethod
     def _rows(items: Sequence[Item]) -> _Rows:
@@ -135,8 +123,8 @@ class Packer:
                 if span_length <= 0:
                     continue
                 lo, hi = offset + span_start, offset + span_start + span_length
-                kept.append(self.arena.add(item.start + span_start, [k[:, lo:hi].clone() for k in keys],
-                                           [v[:, lo:hi].clone() for v in values]))
+                kept.append(self.arena.add(item.start + span_start, [k[:, lo:hi] for k in keys],
+                                           [v[:, lo:hi] for v in values]))
             results.append(ItemResult(hidden[read: read + len(item.readout)], tuple(kept)))
             offset += len(item.tokens)
             read += len(item.readout)

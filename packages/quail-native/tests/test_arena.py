@@ -1,0 +1,105 @@
+"""The paged KV arena and its eviction policy, on their own: pages, sharing, admission, priorities."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quail.errors import RefusalError
+from quail_native.executor.arena import ArenaFull, KVArena, KVShape
+from quail_native.executor.memory import Memory, RecomputeCost
+
+SHAPE = KVShape(layers=2, kv_heads=1, head_dim=4, dtype=torch.float32)
+PAGE = 4
+
+
+def span(length: int, seed: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    generator = torch.Generator().manual_seed(seed)
+    keys = [torch.randn(1, length, 4, generator=generator) for _ in range(SHAPE.layers)]
+    return keys, [k * 2 for k in keys]
+
+
+def arena(pages: int = 8) -> KVArena:
+    return KVArena(SHAPE, pages, PAGE, torch.device("cpu"))
+
+
+def test_blocks_come_back_exactly_in_whole_pages():
+    kv = arena()
+    keys, values = span(6, 0)
+    block = kv.add(10, keys, values)
+    assert kv.used_pages == 2 and kv.get(block).positions.tolist() == list(range(10, 16))
+    [(k0, v0), (k1, _)] = kv.gather([block])
+    assert torch.equal(k0, keys[0]) and torch.equal(v0, values[0]) and torch.equal(k1, keys[1])
+
+
+def test_a_view_shares_pages_until_the_last_reader_frees_them():
+    kv = arena()
+    lender = kv.add(0, *span(10, 1))
+    view = kv.view(lender, 8)
+    assert kv.used_pages == 3 and kv.exclusive_pages(lender) == 1 and kv.exclusive_pages(view) == 0
+    kv.free(lender)
+    assert kv.used_pages == 2 and kv.exclusive_pages(view) == 2
+    tail = kv.add(8, *span(3, 2))
+    whole = kv.concat(view, tail)
+    assert view not in kv and tail not in kv and kv.get(whole).length == 11 and kv.used_pages == 3
+    kv.free(whole)
+    assert kv.used_pages == 0 and kv.free_pages == 8
+
+
+def test_views_cover_whole_pages_and_concat_only_continues_a_whole_page_block():
+    kv = arena()
+    block = kv.add(0, *span(10, 3))
+    with pytest.raises(ValueError, match="whole pages"):
+        kv.view(block, 6)
+    odd = kv.add(20, *span(3, 4))
+    with pytest.raises(ValueError, match="whole-page"):
+        kv.concat(odd, kv.add(23, *span(2, 5)))
+
+
+def test_asking_for_more_pages_than_are_free_fails_loudly():
+    kv = arena(2)
+    kv.add(0, *span(5, 6))
+    with pytest.raises(ArenaFull, match="2 KV pages asked for, 0 of 2 free"):
+        kv.add(5, *span(5, 7))
+
+
+def test_a_budget_in_bytes_becomes_whole_pages():
+    per_page = SHAPE.bytes_per_token() * PAGE
+    assert KVArena.from_budget(SHAPE, 5.5 * per_page, PAGE, torch.device("cpu")).pages == 5
+
+
+def memory(pages: int) -> Memory:
+    return Memory(arena(pages), RecomputeCost(dense_flops_per_token=1.0, attention_flops_per_pair=0.0))
+
+
+def test_admission_evicts_the_lowest_priority_kept_entry_first():
+    mem = memory(6)
+    evicted: list[str] = []
+    cheap = mem.arena.add(0, *span(8, 8))   # 8 tokens to recompute over 2 pages
+    dear = mem.arena.add(0, *span(8, 9))
+    unlikely = mem.arena.add(0, *span(8, 10))
+    mem.keep(cheap, 1.0, lambda: evicted.append("cheap"))
+    mem.keep(dear, 1.0, lambda: evicted.append("dear"))
+    mem.keep(unlikely, 0.1, lambda: evicted.append("unlikely"))
+    assert mem.admit(2, busy=True)
+    assert evicted == ["unlikely"] and mem.counters.evictions == 1
+    mem.pass_ran()
+    mem.arena.add(0, *span(8, 11))
+    assert mem.admit(2, busy=True) and len(evicted) == 2
+
+
+def test_admission_waits_while_work_is_in_flight_and_refuses_when_nothing_could_ever_fit():
+    mem = memory(2)
+    mem.arena.add(0, *span(8, 12))  # in flight: not evictable
+    assert not mem.admit(1, busy=True)
+    empty = memory(2)
+    with pytest.raises(RefusalError, match="needed 3 pages of 4 tokens, 2 of 2 free"):
+        empty.admit(3, busy=False)
+
+
+def test_entries_sharing_all_their_pages_are_not_worth_evicting():
+    mem = memory(3)
+    lender = mem.arena.add(0, *span(8, 13))
+    view = mem.arena.view(lender, 8)
+    mem.keep(view, 0.0, lambda: None)
+    assert not mem.admit(2, busy=True) and view in mem.arena
