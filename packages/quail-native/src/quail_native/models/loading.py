@@ -89,4 +89,5 @@ def load_model(path: Path, dtype: torch.dtype = torch.float32, device: str | tor
     model.load_state_dict(state, assign=True)
     model.eval()
     model.requires_grad_(False)
+    model.fuse_projections()
     return LoadedModel(path, arch, model, load_tokenizer(path, arch), dtype, target)
