@@ -235,3 +235,16 @@ def test_the_request_plan_keeps_the_native_planners_filter_order_and_anchors():
     assert [s.describe() for s in node.model_steps] == [s.describe() for s in planned]
     assert requests.estimated_seconds == reference.estimated_seconds
 
+
+
+def test_report_stages_and_minimum_tokens_match_the_keyword_backend_on_the_same_plan():
+    fake = Fake(1 << 20)
+    with request_session(fake, PIPELINED) as session, request_session(fake, PIPELINED, "keyword") as reference:
+        query = join_case().query(session)
+        teach(fake, query)
+        mine = query.run().report
+        theirs = join_case().query(reference).run().report
+    assert mine["minimum_tokens"] == theirs["minimum_tokens"] > 0
+    keep = ("position", "aliases", "evaluated", "observed_selectivity", "provided_selectivity")
+    assert [{k: s[k] for k in keep} for s in mine["stages"]] == [{k: s[k] for k in keep} for s in theirs["stages"]]
+    assert len(mine["stages"]) == 3

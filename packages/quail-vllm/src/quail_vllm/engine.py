@@ -35,6 +35,7 @@ class EngineSettings:
     kv_bytes: int | None = None
     kv_fraction: float = 0.5
     max_model_len: int | None = None
+    block_size: int | None = None
     enforce_eager: bool = True
     seed: int = 0
 
@@ -70,7 +71,7 @@ class VLLMEngine:
 
         llm = LLM(model=str(settings.model_dir), dtype=settings.dtype, enable_prefix_caching=True,
                   gpu_memory_utilization=settings.kv_fraction, kv_cache_memory_bytes=settings.kv_bytes,
-                  max_model_len=settings.max_model_len,
+                  max_model_len=settings.max_model_len, block_size=settings.block_size,
                   enforce_eager=settings.enforce_eager, seed=settings.seed, skip_tokenizer_init=False)
         return cls(llm)
 
