@@ -32,6 +32,7 @@ class FakeEngine:
     llm: FakeLLM
     waiting: deque[tuple[str, tuple[int, ...], SamplingParams]] = field(default_factory=deque)
     per_step: int = 3
+    peak_waiting: int = 0
 
     def __post_init__(self) -> None:
         cache = SimpleNamespace(kv_cache_size_tokens=self.llm.capacity, num_gpu_blocks=self.llm.capacity // BLOCK,
@@ -45,6 +46,7 @@ class FakeEngine:
         if any(r == request_id for r, _, _ in self.waiting):
             raise ValueError(f"request id {request_id} is already running")
         self.waiting.append((request_id, self.llm.check(prompt, params), params))
+        self.peak_waiting = max(self.peak_waiting, len(self.waiting))
         return request_id
 
     def has_unfinished_requests(self) -> bool:

@@ -14,11 +14,13 @@ import pytest
 
 pytest.importorskip("vllm", reason="the fake speaks vLLM's own output types: install quail-vllm[cpu]")
 
+import pyarrow as pa
 from e2e_data import TABLES, arrow_table
 from fake_vllm import FakeLLM
 from test_end_to_end import CASES, Case, assert_matches_oracle, keyword_session, result_rows
 
 import quail
+from quail.backends.base import BackendExecutionContext
 from quail.errors import RefusalError
 from quail.frontend.prompts import answer_tokens
 from quail.physical import codecs
@@ -167,6 +169,7 @@ def test_the_kv_capacity_caps_live_documents_and_picks_the_join_order_without_ch
         query = join_case().query(session)
         teach(fake, query)
         assert_matches_oracle(query.run().collect(), join_case().oracle)
+    assert (fake.llm.llm_engine.peak_waiting == 1) == (capacity == 64)
 
 
 def test_filter_answers_stop_at_the_first_false_and_join_answers_come_anchor_major():
@@ -248,3 +251,39 @@ def test_report_stages_and_minimum_tokens_match_the_keyword_backend_on_the_same_
     keep = ("position", "aliases", "evaluated", "observed_selectivity", "provided_selectivity")
     assert [{k: s[k] for k in keep} for s in mine["stages"]] == [{k: s[k] for k in keep} for s in theirs["stages"]]
     assert len(mine["stages"]) == 3
+
+
+def test_execute_request_runs_the_graph_on_an_engine_kept_in_runtime_state():
+    fake = Fake(1 << 20)
+    backend = VLLMBackend("fake_vllm", PIPELINED, boot=fake.boot)
+    with request_session(fake, PIPELINED) as session:
+        query = join_case().query(session)
+        node = teach(fake, query)
+        expected = query.run().answer_tables
+        inputs = {}
+        for alias, table in query.aliases.items():
+            columns, _ = TABLES[table]
+            rows = list(range(len(next(iter(columns.values())))))
+            inputs[f"scan_{alias}"] = pa.table({alias: pa.array(rows, pa.int32())})
+        for alias in node.document_aliases:
+            step = next(s for s in node.model_steps if getattr(s, "alias", None) == alias)
+            texts = _texts(query.aliases, step.column)
+            inputs[f"documents:{alias}"] = pa.table({alias: pa.array(range(len(texts)), pa.int32()),
+                                                     "tokens": [TOKENIZER.encode(t) for t in texts]})
+        state: dict[str, object] = {}
+        context = BackendExecutionContext(query.plan().graph, inputs, session.registry, state, session.config,
+                                          session.model, session.device)
+        boots = fake.boots
+        for _ in range(2):
+            response = backend.execute_request(context)
+        assert fake.boots == boots + 1 and len(state) == 1
+        for step in node.model_steps:
+            assert response.tables[("requests", step.id)].equals(expected[f"requests.{step.id}"])
+        assert response.metrics.fresh_tokens > 0
+
+
+def test_explain_shows_the_request_node_with_its_strategy_and_steps():
+    with request_session(Fake(1 << 20), STOCK) as session:
+        text = join_case().query(session).explain()
+    assert "RequestExecution [operator filters, anchor_major joins]" in text
+    assert "AiFilter r stages" in text and "AiJoin full" in text
