@@ -22,6 +22,7 @@ from quail.runtime.explain import explain_text
 from quail.runtime.report import QueryReport, minimum_tokens, model_token_totals, stages
 from quail.runtime.results import QueryResult
 from quail.runtime.runner import RunInputs, Runner
+from quail.runtime.unfold import report_view
 
 if TYPE_CHECKING:
     from quail.session import Query
@@ -141,13 +142,14 @@ def run_query(query: Query, plan: PhysicalCandidate | PhysicalGraph | None) -> Q
                     session.registry.progress_listeners)
     output = runner.run()
     fresh, cached = model_token_totals(candidate.graph, output.node_metrics)
+    steps, answers = report_view(candidate.graph, output.answer_tables)
     report = QueryReport(
         backend=session.backend.name, model=session.model.name, device=session.device.name,
         order_rule=query.order, wall_s=output.wall_s + (boot_s or 0.0),
         estimated_seconds=candidate.estimated_seconds, sol_seconds=candidate.sol_seconds, boot_s=boot_s,
         boot_kind=boot_kind, fresh_tokens=fresh, cached_tokens=cached,
-        minimum_tokens=minimum_tokens(candidate.graph, output.answer_tables, tokens),
-        stages=tuple(stages(candidate.graph, output.answer_tables)), node_metrics=output.node_metrics,
+        minimum_tokens=minimum_tokens(steps, answers, tokens),
+        stages=tuple(stages(steps, answers)), node_metrics=output.node_metrics,
         remarks=candidate.remarks,
     )
     rules = ", ".join(rule.name for rule in session.registry.logical_rules)

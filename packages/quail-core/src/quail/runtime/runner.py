@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -22,6 +23,14 @@ from quail.runtime import relational
 from quail.runtime.progress import ProgressAware, ProgressListener
 
 Observer = Callable[[ph.PhysicalNode, NodeMetrics], None]
+
+
+@runtime_checkable
+class ReadsDocuments(Protocol):
+    """A backend-owned model node (a RequestExecution, say) that names the aliases whose tokens it reads."""
+
+    @property
+    def document_aliases(self) -> tuple[str, ...]: ...
 
 
 @dataclass(frozen=True)
@@ -143,6 +152,8 @@ def _document_aliases(node: ph.PhysicalNode) -> list[str]:
         return [node.anchor.alias, *(p.alias for p in node.partners)]
     if isinstance(node, ph.AiFilter | ph.AiClassify | ph.AiScore):
         return [node.alias]
+    if isinstance(node, ReadsDocuments):
+        return list(node.document_aliases)
     return []
 
 

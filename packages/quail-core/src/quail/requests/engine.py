@@ -1,0 +1,71 @@
+"""The role a serving engine plays for the request strategies: token-id prompts in, TRUE/FALSE margins out.
+
+An adapter (VLLMEngine, SGLangEngine) turns its engine's outputs into `EngineAnswer`s, so the
+schedulers in `quail.requests.strategies` never see an engine type. Every request asks for one
+output token at temperature 0 with the TRUE-like and FALSE-like label log-probabilities; the
+margin is max(TRUE) − max(FALSE), the same number the native backend reads from its logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from quail.frontend.prompts import AnswerTokens
+
+TokenIds = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """One prompt and the answer tokens whose log-probabilities it asks for; `key` matches the answer."""
+
+    key: int
+    tokens: TokenIds
+    labels: AnswerTokens
+
+
+@dataclass(frozen=True)
+class EngineAnswer:
+    """What the engine said about one request, and how much of its prompt came from the prefix cache."""
+
+    key: int
+    margin: float
+    prompt_tokens: int
+    cached_tokens: int
+
+    @property
+    def fresh_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
+
+
+@runtime_checkable
+class RequestEngine(Protocol):
+    """A booted engine with prefix caching, answering TRUE/FALSE requests."""
+
+    def kv_capacity_tokens(self) -> int:
+        """How many tokens of KV the engine holds at once (for fit checks and admission caps)."""
+        ...
+
+    def generate(self, requests: Sequence[EngineRequest]) -> list[EngineAnswer]:
+        """Run a batch to completion; answers in any order."""
+        ...
+
+    def submit(self, request: EngineRequest) -> None:
+        """Queue one request without waiting (pipelined schedules)."""
+        ...
+
+    def step(self) -> list[EngineAnswer]:
+        """Advance the engine; the answers of the requests that finished in this step."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def margin_of(logprobs: dict[int, float], true_ids: Sequence[int], false_ids: Sequence[int]) -> float:
+    """max over TRUE-like ids minus max over FALSE-like ids; a missing id is an engine error, said so."""
+    missing = [i for i in (*true_ids, *false_ids) if i not in logprobs]
+    if missing:
+        raise RuntimeError(f"the engine returned no log-probability for answer token ids {missing}")
+    return max(logprobs[i] for i in true_ids) - max(logprobs[i] for i in false_ids)

@@ -1,0 +1,135 @@
+"""VLLMEngine: `vllm.LLM` in the `RequestEngine` role — token-id prompts in, TRUE/FALSE margins out.
+
+One output token at temperature 0, with the log-probabilities of exactly the TRUE-like and
+FALSE-like first tokens (`logprob_token_ids`), so margins are the same numbers the native backend
+reads from its logits. Prefix caching is on: `num_cached_tokens` of each output says how much of the
+prompt the engine did not compute again. Only public vLLM names are used.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from quail.frontend.prompts import AnswerTokens
+from quail.requests import EngineAnswer, EngineRequest, margin_of
+
+if TYPE_CHECKING:
+    from vllm import LLM, RequestOutput, SamplingParams
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What vllm.LLM is booted with: the KV cache in bytes when given, else a memory fraction.
+
+    `kv_fraction` is vLLM's `gpu_memory_utilization`; on the CPU build it is a fraction of the NUMA
+    node's RAM for the whole engine, so a fixed `kv_bytes` is the safer choice there.
+    """
+
+    model_dir: Path
+    dtype: str = "auto"
+    kv_bytes: int | None = None
+    kv_fraction: float = 0.5
+    max_model_len: int | None = None
+    block_size: int | None = None
+    enforce_eager: bool = True
+    seed: int = 0
+
+
+class _Logprob(Protocol):
+    logprob: float
+
+
+class VLLMEngine:
+    """A booted vllm.LLM answering TRUE/FALSE requests; `close()` shuts its engine core down."""
+
+    def __init__(self, llm: LLM) -> None:
+        self.llm = llm
+        self._params: dict[AnswerTokens, SamplingParams] = {}
+        self._labels: dict[int, AnswerTokens] = {}
+        self._closed = False
+
+    def params(self, labels: AnswerTokens) -> SamplingParams:
+        """One output token at temperature 0, with exactly the answer tokens' log-probabilities."""
+        from vllm import SamplingParams
+
+        if labels not in self._params:
+            ids = [*labels.true_ids, *labels.false_ids]
+            self._params[labels] = SamplingParams(max_tokens=1, temperature=0.0, logprobs=len(ids),
+                                                  logprob_token_ids=ids)
+        return self._params[labels]
+
+    @classmethod
+    def boot(cls, settings: EngineSettings) -> VLLMEngine:
+        """Start vLLM in this process (no engine-core subprocess) with prefix caching on."""
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm import LLM
+
+        llm = LLM(model=str(settings.model_dir), dtype=settings.dtype, enable_prefix_caching=True,
+                  gpu_memory_utilization=settings.kv_fraction, kv_cache_memory_bytes=settings.kv_bytes,
+                  max_model_len=settings.max_model_len, block_size=settings.block_size,
+                  enforce_eager=settings.enforce_eager, seed=settings.seed, skip_tokenizer_init=False)
+        return cls(llm)
+
+    # -- the RequestEngine role -----------------------------------------------------------------
+
+    def kv_capacity_tokens(self) -> int:
+        """The engine's KV cache in tokens, from its cache config (set when the cache was allocated)."""
+        cache = self.llm.llm_engine.vllm_config.cache_config
+        tokens = getattr(cache, "kv_cache_size_tokens", None)
+        if tokens:
+            return int(tokens)
+        if cache.num_gpu_blocks:
+            return int(cache.num_gpu_blocks) * int(cache.block_size)
+        raise RuntimeError("vLLM reports no KV cache size (cache_config.num_gpu_blocks is unset)")
+
+    def generate(self, requests: Sequence[EngineRequest]) -> list[EngineAnswer]:
+        from vllm.inputs import TokensPrompt
+
+        if not requests:
+            return []
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(r.tokens)) for r in requests],
+                                    [self.params(r.labels) for r in requests], use_tqdm=False)
+        return [self._answer(r.key, r.labels, output) for r, output in zip(requests, outputs, strict=True)]
+
+    def submit(self, request: EngineRequest) -> None:
+        from vllm.inputs import TokensPrompt
+
+        self._labels[request.key] = request.labels
+        self.llm.llm_engine.add_request(str(request.key), TokensPrompt(prompt_token_ids=list(request.tokens)),
+                                        self.params(request.labels))
+
+    def step(self) -> list[EngineAnswer]:
+        finished = [output for output in self.llm.llm_engine.step() if output.finished]
+        answers = []
+        for output in finished:
+            key = int(output.request_id)
+            answers.append(self._answer(key, self._labels.pop(key), output))
+        return answers
+
+    def close(self) -> None:
+        """Shut the engine core down and drop the model, so a later engine gets the memory back."""
+        if self._closed:
+            return
+        self._closed = True
+        core = getattr(self.llm.llm_engine, "engine_core", None)
+        if core is not None:
+            core.shutdown()
+        del self.llm
+        gc.collect()
+
+    # -- reading outputs ------------------------------------------------------------------------
+
+    def _answer(self, key: int, labels: AnswerTokens, output: RequestOutput) -> EngineAnswer:
+        completion = output.outputs[0]
+        if not completion.logprobs:
+            raise RuntimeError(f"vLLM returned no log-probabilities for request {key}")
+        first: dict[int, _Logprob] = completion.logprobs[0]
+        margin = margin_of({token: lp.logprob for token, lp in first.items()}, labels.true_ids, labels.false_ids)
+        prompt = len(output.prompt_token_ids or ())
+        cached = output.num_cached_tokens or 0
+        return EngineAnswer(key, margin, prompt, cached)

