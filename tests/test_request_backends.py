@@ -81,12 +81,17 @@ class Fake:
         return VLLMEngine(self.llm)  # type: ignore[arg-type]
 
 
-def request_session(fake: Fake, strategy: RequestStrategy, backend: str = "fake_vllm") -> quail.Session:
-    """A session on the fake-engine backend (or, by name, on the keyword backend with the same tokenizer)."""
+def request_session(fake: Fake, strategy: RequestStrategy, backend: str = "fake_vllm",
+                    calibration: str = "off") -> quail.Session:
+    """A session on the fake-engine backend (or, by name, on the keyword backend with the same tokenizer).
+
+    Calibration is off unless asked for: the keyword rule compared against has no bias to remove.
+    """
     registry = quail.ExtensionRegistry.with_built_ins()
     registry.register_backend(VLLMBackend("fake_vllm", strategy, boot=fake.boot))
     registry.register_backend(KeywordBackend(TOKENIZER))
-    session = quail.Session(quail.EngineConfig(backend=backend), registry=registry, tokenizer=TOKENIZER)
+    session = quail.Session(quail.EngineConfig(backend=backend, calibration=calibration), registry=registry,
+                            tokenizer=TOKENIZER)
     for table, (_, id_column) in TABLES.items():
         session.register(table, quail.DocumentProvider.from_table(arrow_table(table), id_column))
     return session
@@ -110,6 +115,10 @@ def teach(fake: Fake, query: quail.Query) -> RequestExecution:
             for text in _texts(tables, step.column):
                 for template, question in questions:
                     fake.margins[step.preamble + tuple(encode(text)) + question] = predicate_margin(template, [text])
+            for document in getattr(step, "calibration", ()):
+                for template, question in questions:
+                    fake.margins[step.preamble + document + question] = predicate_margin(
+                        template, [TOKENIZER.decode(document)])
         elif isinstance(step, ph.AiJoin):
             columns = step.predicate.prompt.columns
             documents = [_texts(tables, c) for c in columns]
@@ -119,6 +128,10 @@ def teach(fake: Fake, query: quail.Query) -> RequestExecution:
                 for label, partner in zip(step.labels, step.partners, strict=True):
                     ids += label + tuple(encode(by_alias[partner.alias]))
                 fake.margins[ids + step.cue] = predicate_margin(step.predicate.prompt.template, list(texts))
+            for document in step.calibration:
+                ids = step.preamble + document + step.frame + sum((label + document for label in step.labels), ())
+                fake.margins[ids + step.cue] = predicate_margin(step.predicate.prompt.template,
+                                                                [TOKENIZER.decode(document)] * len(columns))
     return node
 
 
@@ -192,6 +205,31 @@ def test_filter_answers_stop_at_the_first_false_and_join_answers_come_anchor_maj
         elif isinstance(step, ph.AiJoin):
             anchors = table.column(step.anchor.alias).to_pylist()
             assert anchors == sorted(anchors)
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_calibrated_requests_decide_like_the_calibrated_keyword_backend(strategy):
+    """With calibration on, content-free prompts are sent once per predicate and every decision is
+    taken against their mean margin, exactly as the keyword backend does on the same plan."""
+    fake = Fake(1 << 20)
+    with request_session(fake, STRATEGIES[strategy], calibration="on") as session, \
+            request_session(fake, STRATEGIES[strategy], "keyword", calibration="on") as reference:
+        query = join_case().query(session)
+        node = teach(fake, query)
+        result = query.run()
+        expected = join_case().query(reference).run()
+    assert all(len(s.calibration) == 3 for s in node.model_steps if isinstance(s, ph.AiFilter | ph.AiJoin))
+    assert result.report["calibration"] == pytest.approx(expected.report["calibration"])
+    assert len(result.report["calibration"]) == 3
+    got, want = result.collect(), expected.collect()
+    assert sorted(result_rows(got, got.column_names)) == sorted(result_rows(want, want.column_names))
+    for step in node.model_steps:
+        mine = result.answer_tables[f"requests.{step.id}"].sort_by([(c, "ascending") for c in
+                                                                    result.answer_tables[f"requests.{step.id}"]
+                                                                    .column_names if c not in ("margin",)])
+        theirs = expected.answer_tables[step.id]
+        assert mine.column("answer").to_pylist() == theirs.sort_by(
+            [(c, "ascending") for c in theirs.column_names if c not in ("margin",)]).column("answer").to_pylist()
 
 
 def test_report_counts_fresh_and_cached_tokens_from_the_engine():

@@ -17,9 +17,9 @@ from quail.backends import shapes
 from quail.backends.base import NodeMetrics, NodeOutput
 from quail.errors import Refusal, RefusalError
 from quail.frontend.prompts import AnswerTokens
-from quail.logical.expressions import Equality
+from quail.logical.expressions import AiPredicate, Equality
 from quail.physical import nodes as ph
-from quail.requests.engine import RequestEngine, TokenIds
+from quail.requests.engine import EngineRequest, RequestEngine, TokenIds
 from quail.requests.node import RequestExecution, RequestStrategy
 from quail.requests.strategies import AnchorWork, FilterWork, JoinWork, Tally, run_filter, run_join
 from quail.runtime import relational
@@ -47,7 +47,8 @@ def execute_requests(engine: RequestEngine, node: RequestExecution, inputs: Mapp
     tables = {"rows": run.values[node.result], **{s.id: run.values[s.id] for s in node.model_steps}}
     rows_in = sum(inputs[port].num_rows for port in node.INPUTS)
     metrics = NodeMetrics(time.perf_counter() - started, rows_in=rows_in, rows_out=tables["rows"].num_rows,
-                          fresh_tokens=run.tally.fresh_tokens, cached_tokens=run.tally.cached_tokens)
+                          fresh_tokens=run.tally.fresh_tokens, cached_tokens=run.tally.cached_tokens,
+                          calibration_offsets=tuple(run.offsets.items()) or None)
     return NodeOutput(tables, metrics)
 
 
@@ -60,6 +61,22 @@ class _Run:
     labels: AnswerTokens
     values: dict[str, pa.Table] = field(default_factory=dict)
     tally: Tally = field(default_factory=Tally)
+    offsets: dict[int, float] = field(default_factory=dict)
+
+    def calibrate(self, prompts: Mapping[int, list[TokenIds]]) -> None:
+        """Mean margin per predicate position over its content-free prompts (one batch of requests)."""
+        keyed = [(position, prompt) for position, group in prompts.items() for prompt in group]
+        if not keyed:
+            return
+        answers = self.engine.generate([EngineRequest(i, p, self.labels) for i, (_, p) in enumerate(keyed)])
+        margins: dict[int, list[float]] = {}
+        for answer in answers:
+            self.tally.add(answer)
+            margins.setdefault(keyed[answer.key][0], []).append(answer.margin)
+        self.offsets.update({position: sum(m) / len(m) for position, m in margins.items()})
+
+    def holds(self, predicate: AiPredicate, margin: float) -> bool:
+        return shapes.predicate_holds(predicate, margin, self.offsets.get(predicate.position, 0.0))
 
     def step(self, step: ph.PhysicalNode, inputs: dict[str, pa.Table]) -> pa.Table:
         if isinstance(step, ph.AiFilter):
@@ -80,10 +97,12 @@ class _Run:
 
     def filter(self, step: ph.AiFilter, rows: pa.Table) -> pa.Table:
         texts, stages = self.texts[step.alias], step.stages
+        self.calibrate({s.predicate.position: [step.preamble + d + step.frame + s.question for d in step.calibration]
+                        for s in stages})
         prefix = {r: step.preamble + texts[r] + step.frame for r in texts}
         work = FilterWork(sorted(set(rows.column(step.alias).to_pylist())), len(stages),
                           lambda row, k: prefix[row] + stages[k].question,
-                          lambda k, margin: shapes.predicate_holds(stages[k].predicate, margin), self.labels)
+                          lambda k, margin: self.holds(stages[k].predicate, margin), self.labels)
         found = run_filter(self.engine, self.strategy.filters, work, self.tally)
         return shapes.filter_answers(step.alias, [v.rows[0] for v in found],
                                      [stages[v.stage].predicate.position for v in found],
@@ -109,8 +128,10 @@ class _Run:
             grouped.setdefault(item[at[anchor_alias]], []).append((item, suffix + step.cue))
         anchors = [AnchorWork(row, step.preamble + self.texts[anchor_alias][row] + step.frame, tuple(grouped[row]))
                    for row in sorted(grouped)]
-        work = JoinWork(anchors, step.semantics != "full", lambda m: shapes.predicate_holds(step.predicate, m),
-                        self.labels)
+        self.calibrate({step.predicate.position: [
+            step.preamble + d + step.frame + sum((label + d for label in step.labels), ()) + step.cue
+            for d in step.calibration]})
+        work = JoinWork(anchors, step.semantics != "full", lambda m: self.holds(step.predicate, m), self.labels)
         found = run_join(self.engine, self.strategy.joins, work, self.tally)
         columns = {alias: [v.rows[i] for v in found] for i, alias in enumerate(aliases)}
         return shapes.join_answers(columns, [v.answer for v in found], [v.margin for v in found],

@@ -16,6 +16,7 @@ from quail.frontend.prompts import PromptStyle, answer_tokens
 from quail.logical.expressions import Equality
 from quail.physical import nodes as ph
 from quail.physical.graph import Edge, PhysicalGraph
+from quail.planner.calibration import calibrates
 from quail.planner.physical import plan_query
 from quail.requests.node import EqualityPairs, RequestExecution, RequestStrategy
 
@@ -30,7 +31,7 @@ def plan_requests(backend: str, region: ModelRegion, context: PlanningContext, s
     if context.tokenizer is None:
         return Refusal("request planning needs the model's tokenizer, and none was given")
     labels = answer_tokens(context.tokenizer)  # refuses a tokenizer that cannot tell TRUE from FALSE
-    native = plan_query(backend, region, context, style)
+    native = plan_query(backend, region, context, style, calibrate=calibrates(context))
     refusal = _refusal(native.graph)
     if refusal is not None:
         return refusal

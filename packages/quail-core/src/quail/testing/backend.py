@@ -67,6 +67,7 @@ class KeywordExecution:
         self.tokenizer = tokenizer
         self.closed = False
         self.progress: Callable[[int, int], None] | None = None
+        self.offsets: dict[int, float] = {}
 
     def set_progress(self, callback: Callable[[int, int], None] | None) -> None:
         self.progress = callback
@@ -81,6 +82,7 @@ class KeywordExecution:
 
     def execute(self, node: ph.PhysicalNode, inputs: Mapping[str, pa.Table]) -> NodeOutput:
         started = time.perf_counter()
+        self.offsets = {}
         if isinstance(node, ph.AiFilter):
             table, tokens = self.filter(node, inputs)
         elif isinstance(node, ph.AiJoin):
@@ -95,7 +97,8 @@ class KeywordExecution:
             self.progress(table.num_rows, table.num_rows)
         rows_in = sum(t.num_rows for k, t in inputs.items() if not k.startswith("documents:"))
         metrics = NodeMetrics(time.perf_counter() - started, rows_in=rows_in, rows_out=table.num_rows,
-                              fresh_tokens=tokens, cached_tokens=0)
+                              fresh_tokens=tokens, cached_tokens=0,
+                              calibration_offsets=tuple(self.offsets.items()) or None)
         return NodeOutput({"answers": table}, metrics)
 
     def filter(self, node: ph.AiFilter, inputs: Mapping[str, pa.Table]) -> tuple[pa.Table, int]:
@@ -107,6 +110,8 @@ class KeywordExecution:
         tokens = 0
         offsets = {s.predicate.position: self.offset(s.predicate.prompt.template, 1, node.calibration)
                    for s in node.stages}
+        if node.calibration:
+            self.offsets.update(offsets)
         for row in inputs["rows"].column(node.alias).to_pylist():
             for stage in node.stages:
                 margin = predicate_margin(stage.predicate.prompt.template, [texts[row]])
@@ -133,6 +138,8 @@ class KeywordExecution:
         answers, margins = [], []
         tokens = 0
         offset = self.offset(node.predicate.prompt.template, len(aliases), node.calibration)
+        if node.calibration:
+            self.offsets[node.predicate.position] = offset
         for item in sorted(tuples, key=lambda t: t[anchor_index]):
             anchor_row = item[anchor_index]
             if node.semantics != "full" and answered.get(anchor_row):
