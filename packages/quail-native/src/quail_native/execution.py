@@ -15,7 +15,17 @@ from quail.errors import Refusal, RefusalError
 from quail.physical import nodes as ph
 from quail.runtime.relational import equality_pairs
 from quail_native.executor.arena import KVArena
-from quail_native.executor.loop import Anchor, Budget, FilterLayout, JoinLayout, SharedState, run_filter, run_join
+from quail_native.executor.loop import (
+    Anchor,
+    Budget,
+    FilterLayout,
+    JoinLayout,
+    LabelLayout,
+    SharedState,
+    run_filter,
+    run_join,
+    run_labels,
+)
 from quail_native.executor.memory import Memory, RecomputeCost
 from quail_native.executor.packing import Item, ItemResult, Packer
 from quail_native.executor.readout import AnswerColumns, log_probabilities, margins
@@ -149,35 +159,22 @@ class NativeExecution:
 
     def classify(self, node: ph.AiClassify, inputs: Mapping[str, pa.Table]) -> pa.Table:
         rows = sorted(set(inputs["rows"].column(node.alias).to_pylist()))
-        texts = documents(inputs, node.alias)
-        pre = self.state.preamble(node.preamble)
-        start = len(node.preamble)
         first = torch.tensor([label[0] for label in node.label_tokens])
-        needs_more = any(len(label) > 1 for label in node.label_tokens)
-        scores: dict[int, list[float]] = {}
-        for row in rows:
-            tokens = texts[row] + node.tail
-            keep = ((0, len(tokens)),) if needs_more else ()
-            self.state.memory.admit(self.state.arena.pages_for(len(tokens)) if needs_more else 0, busy=False)
-            [result] = self.state.run([Item(tokens, start, (pre,), (len(tokens) - 1,), keep)])
-            logits = self.loaded.model.logits(result.hidden)
-            firsts = torch.log_softmax(logits, dim=-1)[0, first.to(logits.device)].tolist()
-            scores[row] = [firsts[k] + self.continuation(label, result, start + len(tokens), pre)
-                           for k, label in enumerate(node.label_tokens)]
-            for block in result.blocks:
-                self.state.arena.free(block)
+        model = self.loaded.model
+
+        def first_tokens(result: ItemResult) -> list[float]:
+            logits = model.logits(result.hidden)
+            return torch.log_softmax(logits, dim=-1)[0, first.to(logits.device)].tolist()
+
+        def continuation(result: ItemResult, label: Tokens) -> float:
+            """Σ log p(label[j] | prefix, label[:j]) for j ≥ 1."""
+            return sum(log_probabilities(model, result.hidden, torch.tensor(label[1:])))
+
+        layout = LabelLayout(node.preamble, node.tail, tuple(node.label_tokens))
+        scores = run_labels(self.state, rows, documents(inputs, node.alias), layout, first_tokens, continuation)
         names = [label.name for label in node.labels]
         chosen = [names[shapes.choose_label(scores[r])] for r in rows]
         return shapes.label_answers(node.alias, node.output, rows, chosen, [scores[r] for r in rows])
-
-    def continuation(self, label: Tokens, prefix: ItemResult, start: int, preamble_block: int) -> float:
-        """Σ log p(label[j] | prefix, label[:j]) for j ≥ 1."""
-        if len(label) < 2:
-            return 0.0
-        inputs = label[:-1]
-        [result] = self.state.run([Item(inputs, start, (preamble_block, *prefix.blocks),
-                                               tuple(range(len(inputs))))])
-        return sum(log_probabilities(self.loaded.model, result.hidden, torch.tensor(label[1:])))
 
     def score(self, node: ph.AiScore, inputs: Mapping[str, pa.Table]) -> pa.Table:
         rows = sorted(set(inputs["rows"].column(node.alias).to_pylist()))
