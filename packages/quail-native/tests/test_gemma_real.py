@@ -76,3 +76,25 @@ def test_fresh_tokens_stay_within_two_percent_of_the_minimum(run):
     _, result, _ = run
     report = result.report
     assert report["fresh_tokens"] <= 1.02 * report["minimum_tokens"]
+
+
+TRACES = "SELECT t.id FROM traces t WHERE AI_FILTER(PROMPT('Did the agent hit an error? {0}', t.log))"
+
+
+def traces_run(sharing: str) -> quail.QueryResult:
+    with quail.Session(quail.EngineConfig(chunk_tokens=1024, prefix_sharing=sharing)) as session:
+        session.register("traces", quail.DocumentProvider.from_table(datasets.traces().slice(0, 16), "id"))
+        return session.sql(TRACES).run()
+
+
+def test_prefix_sharing_on_cumulative_traces_more_than_halves_fresh_tokens_with_the_same_answers():
+    """Two sessions of eight cumulative agent-trace steps: with sharing each step borrows the last
+    step's pages and computes only its tail."""
+    shared, plain = traces_run("auto"), traces_run("off")
+    assert any("share document prefixes on t" in r for r in shared.report["remarks"])
+    assert shared.report["fresh_tokens"] < 0.5 * plain.report["fresh_tokens"]
+    # above the minimum only by the part-pages each step recomputes (16-token pages, 16 documents)
+    assert shared.report["fresh_tokens"] < shared.report["minimum_tokens"] + 16 * 16
+    mine, theirs = (r.answer_tables["filter_t"].sort_by("t").to_pylist() for r in (shared, plain))
+    assert [(a["t"], a["answer"]) for a in mine] == [(a["t"], a["answer"]) for a in theirs]
+    assert [a["margin"] for a in mine] == pytest.approx([a["margin"] for a in theirs], abs=1e-4)
