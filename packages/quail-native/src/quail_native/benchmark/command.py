@@ -173,6 +173,22 @@ def chart(path: Path, rows: list[Row]) -> None:
 
 
 def summary_lines(rows: list[Row]) -> list[str]:
+    """Other backends' wall ratios first (vs naive and vs native on the same workloads), native's lines last."""
+    lines = []
+    native = {r.workload: r for r in rows if r.backend == "native"}
+    for backend in dict.fromkeys(r.backend for r in rows if r.backend != "native"):
+        mine = [r for r in rows if r.backend == backend and r.naive_s]
+        wall, naive = sum(r.wall_s for r in mine), sum(r.naive_s or 0 for r in mine)
+        lines.append(f"ratio {backend}/naive wall: {wall / naive:.3f} over {len(mine)} queries" if naive else
+                     f"ratio {backend}/naive wall: ?")
+        paired = [(r, native[r.workload]) for r in mine if r.workload in native]
+        if paired:
+            ratio = sum(r.wall_s for r, _ in paired) / sum(n.wall_s for _, n in paired)
+            lines.append(f"ratio {backend}/native wall: {ratio:.3f} over {len(paired)} queries (boot excluded)")
+    return lines + backend_lines([r for r in rows if r.backend == "native"] or rows)
+
+
+def backend_lines(rows: list[Row]) -> list[str]:
     timed = [r for r in rows if r.naive_s]
     wall, naive = sum(r.wall_s for r in timed), sum(r.naive_s or 0 for r in timed)
     fresh = sum(r.fresh_tokens or 0 for r in rows)

@@ -7,6 +7,7 @@ canonical prompt ids, so wall time and agreement compare like with like.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from quail.data.tokenizer import Tokenizer
 from quail.frontend.prompts import AnswerTokens
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
+from quail.runtime.unfold import report_view
 
 Texts = dict[str, list[str]]
 
@@ -44,18 +46,40 @@ class NaiveModel:
         self.model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).to(self.device).eval()
         self.tokenizer = tokenizer
         self.answers = answers
+        self.measured: dict[tuple[tuple[int, ...], int], tuple[float, float]] = {}
+        self.seconds = 0.0
+
+    def timed(self, ids: tuple[int, ...], label: int, compute: Callable[[], float]) -> float:
+        """One forward, measured once: asked again (another backend, same prompt) its time is counted again
+        without recomputing, so every backend is compared with the same per-request baseline."""
+        key = (ids, label)
+        if key not in self.measured:
+            started = time.perf_counter()
+            value = compute()
+            self.measured[key] = (value, time.perf_counter() - started)
+        value, seconds = self.measured[key]
+        self.seconds += seconds
+        return value
 
     def margin(self, ids: tuple[int, ...]) -> float:
-        with torch.inference_mode():
-            logits = self.model(torch.tensor([ids], device=self.device), logits_to_keep=1).logits[0, -1].float()
-        return (logits[list(self.answers.true_ids)].max() - logits[list(self.answers.false_ids)].max()).item()
+        def compute() -> float:
+            with torch.inference_mode():
+                logits = self.model(torch.tensor([ids], device=self.device), logits_to_keep=1).logits[0, -1].float()
+            return (logits[list(self.answers.true_ids)].max() - logits[list(self.answers.false_ids)].max()).item()
+
+        return self.timed(ids, -1, compute)
 
     def label_score(self, prompt: tuple[int, ...], label: tuple[int, ...]) -> float:
         ids = prompt + label
-        with torch.inference_mode():
-            logits = self.model(torch.tensor([ids], device=self.device), logits_to_keep=len(label) + 1).logits[0, :-1]
-        labels = torch.tensor(label, device=self.device)[:, None]
-        return torch.log_softmax(logits.float(), -1).gather(1, labels).sum().item()
+
+        def compute() -> float:
+            with torch.inference_mode():
+                logits = self.model(torch.tensor([ids], device=self.device),
+                                    logits_to_keep=len(label) + 1).logits[0, :-1]
+            labels = torch.tensor(label, device=self.device)[:, None]
+            return torch.log_softmax(logits.float(), -1).gather(1, labels).sum().item()
+
+        return self.timed(ids, len(label), compute)
 
     def offset(self, prompts: list[tuple[int, ...]]) -> float:
         """Mean margin of the content-free prompts (calibration), 0 when there are none."""
@@ -72,7 +96,8 @@ class NaiveModel:
         return tuple(self.tokenizer.encode(text))
 
     def run(self, graph: PhysicalGraph, answers: dict[str, pa.Table], texts: Texts) -> NaiveRun:
-        started = time.perf_counter()
+        graph, answers = report_view(graph, answers)  # model steps inside a request node, too
+        self.seconds = 0.0
         tokens = items = agreeing = 0
         for node in graph.nodes:
             table = answers.get(node.id)
@@ -82,7 +107,7 @@ class NaiveModel:
                 tokens += len(prompt)
                 items += 1
                 agreeing += int(check(expected))
-        return NaiveRun(time.perf_counter() - started, tokens, items, agreeing)
+        return NaiveRun(self.seconds, tokens, items, agreeing)
 
     def items(self, node: ph.PhysicalNode, table: pa.Table, texts: Texts):  # noqa: ANN201 - a local generator
         rows = table.to_pylist()
