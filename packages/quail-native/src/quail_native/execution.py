@@ -73,12 +73,14 @@ class NativeExecution:
             table = self.score(node, inputs)
         else:
             raise RefusalError(Refusal(f"the native backend has no runtime for {node.kind}"))
-        passes, fresh, cached = (a - b for a, b in zip(self.state.packer.counters.snapshot(), before, strict=True))
+        passes, fresh, cached, flops = (a - b for a, b in zip(self.state.packer.counters.snapshot(), before,
+                                                                strict=True))
         rows_in = sum(t.num_rows for k, t in inputs.items() if not k.startswith("documents:"))
         hits, misses, evictions, recomputed = (a - b for a, b in zip(self.state.counters.snapshot(), kv_before,
                                                                    strict=True))
         metrics = NodeMetrics(time.perf_counter() - started, rows_in=rows_in, rows_out=table.num_rows,
-                              fresh_tokens=fresh, cached_tokens=cached, chunks=passes, kv_hits=hits,
+                              fresh_tokens=int(fresh), cached_tokens=int(cached), chunks=int(passes),
+                              model_flops=flops, kv_hits=hits,
                               kv_misses=misses, kv_evictions=evictions, recomputed_tokens=recomputed,
                               calibration_offsets=offsets or None)
         return NodeOutput({"answers": table}, metrics)

@@ -109,6 +109,8 @@ class NodeMetrics:
     fresh_tokens: int | None = None
     cached_tokens: int | None = None
     chunks: int | None = None
+    model_flops: float | None = None
+    """Dense plus attention FLOPs the backend computed (None when it cannot tell)."""
     kv_hits: int | None = None
     kv_misses: int | None = None
     kv_evictions: int | None = None

@@ -15,7 +15,7 @@ import torch
 
 from quail_native.executor.arena import KVArena
 from quail_native.executor.attention import ItemSpan, Segment, segments
-from quail_native.models.transformer import Transformer
+from quail_native.models.transformer import Arch, Transformer
 
 Span = tuple[int, int]
 
@@ -44,9 +44,34 @@ class PassCounters:
     passes: int = 0
     fresh_tokens: int = 0
     cached_tokens: int = 0
+    model_flops: float = 0.0
 
-    def snapshot(self) -> tuple[int, int, int]:
-        return self.passes, self.fresh_tokens, self.cached_tokens
+    def snapshot(self) -> tuple[int, int, int, float]:
+        return self.passes, self.fresh_tokens, self.cached_tokens, self.model_flops
+
+
+def item_flops(arch: Arch, context: int, tokens: int) -> float:
+    """Model FLOPs of computing `tokens` new tokens after `context` resident ones: the dense projections
+    and MLP, and attention over the keys each query really sees (sliding layers at most `window`)."""
+    dense = 2.0 * arch.layers * (arch.hidden * arch.head_dim * (2 * arch.heads + 2 * arch.kv_heads)
+                                 + 3 * arch.hidden * arch.ffn)
+    per_pair = 4.0 * arch.heads * arch.head_dim
+    full = tokens * context + tokens * (tokens + 1) / 2
+    window = arch.sliding_window or 0
+    sliding = _keys_within(context, tokens, window) if window else full
+    layers = sum(per_pair * (sliding if kind == "sliding" else full) for kind in arch.layer_types)
+    return dense * tokens + layers
+
+
+def _keys_within(context: int, tokens: int, window: int) -> float:
+    """Σ over the new tokens of min(keys before and at it, window)."""
+    first, last = context + 1, context + tokens
+    if last <= window:
+        return (first + last) * tokens / 2
+    if first >= window:
+        return float(window * tokens)
+    below = window - first + 1
+    return (first + window) * below / 2 + window * (tokens - below)
 
 
 @dataclass
@@ -111,7 +136,10 @@ class Packer:
     def _count(self, items: Sequence[Item]) -> None:
         self.counters.passes += 1
         self.counters.fresh_tokens += sum(len(i.tokens) for i in items)
-        self.counters.cached_tokens += sum(self.arena.get(b).length for i in items for b in i.parents)
+        for item in items:
+            context = sum(self.arena.get(b).length for b in item.parents)
+            self.counters.cached_tokens += context
+            self.counters.model_flops += item_flops(self.model.arch, context, len(item.tokens))
 
     def _results(self, items: Sequence[Item], hidden: torch.Tensor, keys: list[torch.Tensor],
                  values: list[torch.Tensor]) -> list[ItemResult]:
