@@ -11,7 +11,7 @@ returns, and refuses what it refuses:
   a dict or one per request, whose keys must be SamplingParams fields and whose values pass its
   `verify`; `token_ids_logprob` a flat list of in-vocabulary ints per request; a
   `logprob_start_len` past the prompt is a ValueError, as the scheduler's abort is to the caller;
-  a prompt as long as the context is a ValueError;
+  so is a prompt of `max_req_input_len` tokens or more (min(context − 1, KV pool − 1) − 5);
 * outputs `{"output_ids": [...], "meta_info": {...}}` (plus `"text"` when the tokenizer is not
   skipped) with `id`, `finish_reason` `{"type": "length", "length": 1}`, `prompt_tokens`,
   `completion_tokens`, `cached_tokens`, `output_token_logprobs` and `output_token_ids_logprobs` as
@@ -84,9 +84,13 @@ class FakeSGLang:
         self.loop = asyncio.new_event_loop()
         self.radix: dict[int, dict] = {}
         self.waiting: deque[_Request] = deque()
+        self.max_req_input_len = min(self.context_length - 1, self.capacity - 1) - 5  # as TpModelWorker sets it
         self.live_single = 0
+        self.live_tokens = 0
         self.peak_single = 0
-        """Single-prompt requests in flight at once, and their peak: what a pipelined schedule keeps live."""
+        self.peak_tokens = 0
+        """Single-prompt requests (and their prompt tokens) in flight at once, and the peaks: what a
+        pipelined schedule keeps live."""
         self.prompts: list[tuple[int, ...]] = []
         self.closed = False
         self._scheduler: asyncio.Task[None] | None = None
@@ -133,7 +137,9 @@ class FakeSGLang:
             self.waiting.append(request)
         if single:
             self.live_single += 1
+            self.live_tokens += len(requests[0].ids)
             self.peak_single = max(self.peak_single, self.live_single)
+            self.peak_tokens = max(self.peak_tokens, self.live_tokens)
         if self._scheduler is None or self._scheduler.done():
             self._scheduler = self.loop.create_task(self._schedule())
         outputs = list(await asyncio.gather(*(r.done for r in requests)))
@@ -141,7 +147,7 @@ class FakeSGLang:
 
     def get_server_info(self) -> dict[str, object]:
         self._check_open()
-        return {**self.server_args, "max_total_num_tokens": self.capacity, "max_req_input_len": self.context_length - 1,
+        return {**self.server_args, "max_total_num_tokens": self.capacity, "max_req_input_len": self.max_req_input_len,
                 "status": "ready", "version": "0.5.23 (fake)", "internal_states": [{}]}
 
     def shutdown(self) -> None:
@@ -162,6 +168,9 @@ class FakeSGLang:
         if len(ids) >= self.context_length:
             raise ValueError(f"The input ({len(ids)} tokens) is longer than the model's context length "
                              f"({self.context_length} tokens).")
+        if len(ids) >= self.max_req_input_len:
+            raise ValueError(f"Input length ({len(ids)} tokens) exceeds the maximum allowed length "
+                             f"({self.max_req_input_len} tokens). Use a shorter input or enable --allow-auto-truncate.")
         wanted = _pick(label_ids, index, single, nested=True)
         if wanted is not None:
             if not isinstance(wanted, list) or not all(isinstance(t, int) for t in wanted):
@@ -200,6 +209,7 @@ class FakeSGLang:
                 self._insert(request.ids)
             for request, output in zip(wave, outputs, strict=True):
                 self.live_single -= request.single
+                self.live_tokens -= len(request.ids) * request.single
                 request.done.set_result(output)
 
     def _run(self, request: _Request) -> dict[str, object]:

@@ -87,16 +87,34 @@ def test_sglang_refuses_classification_at_plan_time(case):
         case.query(session).plan()
 
 
-@pytest.mark.parametrize("capacity", [64, 1 << 20], ids=["kv-holds-one-prompt", "kv-holds-everything"])
-def test_the_kv_pool_caps_live_documents_without_changing_rows(capacity):
+def longest_prompt(margins: dict[tuple[int, ...], float]) -> int:
+    return max(len(prompt) for prompt in margins)
+
+
+@pytest.mark.parametrize("room", [1, 1 << 20], ids=["kv-holds-one-long-prompt", "kv-holds-everything"])
+def test_the_kv_pool_caps_live_prompts_without_changing_rows(room):
+    """Pipelined requests in flight never hold more prompt tokens than the pool (max_total_num_tokens)."""
+    probe = Fake(1 << 20)
+    with session_on(probe, PIPELINED) as session:
+        teach(probe.margins, join_case().query(session))
+    capacity = longest_prompt(probe.margins) + 7 + room  # the engine takes prompts up to min(pool − 1) − 5
     fake = Fake(capacity)
     with session_on(fake, PIPELINED) as session:
         query = join_case().query(session)
         teach(fake.margins, query)
         assert_matches_oracle(query.run().collect(), join_case().oracle)
-    assert fake.engine is not None
-    assert (fake.engine.peak_single == 1) == (capacity == 64)
-    assert fake.engine.peak_single >= 1
+    assert fake.engine is not None and fake.engine.peak_tokens <= capacity
+    if room > 1:
+        assert fake.engine.peak_single > 1
+
+
+def test_a_prompt_too_long_for_the_kv_pool_is_refused_by_the_engine():
+    fake = Fake(40)
+    with session_on(fake, PIPELINED) as session:
+        query = join_case().query(session)
+        teach(fake.margins, query)
+        with pytest.raises(ValueError, match="exceeds the maximum allowed length"):
+            query.run()
 
 
 def test_the_kv_capacity_is_the_server_infos_max_total_num_tokens():

@@ -32,7 +32,7 @@ except Exception as error:  # an engine build that cannot load here fails in man
 if not torch.cuda.is_available():
     pytest.skip("sglang is installed but no CUDA GPU is visible", allow_module_level=True)
 
-DEVICE = os.environ.get("QUAIL_TEST_GPU", "h100-sxm")  # a catalog device of kind cuda; planning only
+DEVICE = os.environ.get("QUAIL_TEST_DEVICE", "h100-sxm")  # a catalog device of kind cuda; planning only
 SQL = """SELECT r.id, a.aspect FROM reviews r JOIN aspects a
   ON AI_FILTER(PROMPT('Does the review {0} speak well of the {1}?', r.body, a.aspect))
 WHERE AI_FILTER(PROMPT('Is this movie review positive? {0}', r.body))

@@ -32,7 +32,7 @@ def test_fp32_settings_turn_the_kv_budget_into_a_token_pool_of_that_dtype(model)
     settings = settings_for(context(model, "h100-sxm", precision="fp32", chunk_tokens=512, kv_budget_bytes=1 << 20))
     per_token = 2 * 2 * 2 * 32 * 4  # K and V × layers × kv heads × head dim × fp32 bytes
     assert settings.dtype == "float32" and settings.kv_tokens == (1 << 20) // per_token
-    assert settings.context_length == 513 and str(settings.model_dir) == model.source
+    assert settings.context_length == 512 + 7 and str(settings.model_dir) == model.source
 
 
 def test_default_settings_are_bf16_with_the_pool_left_to_sglang(model):

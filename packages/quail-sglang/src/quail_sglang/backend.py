@@ -20,6 +20,9 @@ ARCHITECTURES = ("qwen3", "gemma3")
 ENGINE_KEY = "quail_sglang.engine"
 INSTALL = "pip install 'quail-sglang[engine]'"
 PIPELINED = RequestStrategy(filters="pipelined", joins="fit")
+CONTEXT_HEADROOM = 7
+"""SGLang refuses a prompt of `max_req_input_len` = min(context − 1, KV pool − 1) − 5 tokens or more:
+a context of `chunk_tokens` + 7 takes every prompt the planner admits (at most `chunk_tokens`)."""
 
 
 def boot_sglang(context: GpuContext) -> RequestEngine:
@@ -44,7 +47,7 @@ def settings_for(context: GpuContext) -> EngineSettings:
         per_token = 2 * model.layers * model.kv_heads * model.head_dim * (4 if dtype == "float32" else 2)
         kv_tokens = int(config.kv_budget_bytes // per_token)
     return EngineSettings(local_model_directory(model), dtype=dtype, kv_tokens=kv_tokens,
-                          context_length=min(model.context_length, config.chunk_tokens + 1))
+                          context_length=min(model.context_length, config.chunk_tokens + CONTEXT_HEADROOM))
 
 
 class SGLangBackend(RequestBackend):
