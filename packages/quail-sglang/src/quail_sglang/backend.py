@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from quail import DeviceSpec, GpuContext, ModelSpec, Refusal, RefusalError, SupportResult
 from quail.catalog.locations import local_model_directory
-from quail.requests import RequestEngine, RequestStrategy
-from quail.requests.backend import EngineFactory, RequestBackend, installed
+from quail.requests import RequestBackend, RequestEngine, RequestStrategy
+from quail.requests.backend import EngineFactory, installed
 from quail_sglang.engine import EngineSettings, SGLangEngine
 
 ARCHITECTURES = ("qwen3", "gemma3")

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from quail import DeviceSpec, GpuContext, ModelSpec, Refusal, RefusalError, SupportResult
 from quail.catalog.locations import local_model_directory
-from quail.requests import RequestEngine, RequestStrategy
-from quail.requests.backend import EngineFactory, RequestBackend, installed
+from quail.requests import RequestBackend, RequestEngine, RequestStrategy
+from quail.requests.backend import EngineFactory, installed
 from quail_vllm.engine import EngineSettings, VLLMEngine
 
 ARCHITECTURES = ("qwen3", "gemma3")
