@@ -29,7 +29,7 @@ def boot_sglang(context: GpuContext) -> RequestEngine:
     """sglang.Engine on the session's model: the native backend's dtype, the configured KV budget."""
     try:
         import sglang  # noqa: F401
-    except ImportError as error:
+    except (ImportError, OSError, RuntimeError) as error:  # a CUDA build on a machine it cannot load on
         raise RefusalError(Refusal(
             f"SGLang cannot be imported: {error}",
             ("the engine (sglang, a CUDA build) is missing or broken on this machine",),
