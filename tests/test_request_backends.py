@@ -7,59 +7,29 @@ is the request planning or a schedule losing, duplicating or misrouting an answe
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import pytest
 
 pytest.importorskip("vllm", reason="the fake speaks vLLM's own output types: install quail-vllm[cpu]")
 
 import pyarrow as pa
-from e2e_data import TABLES, arrow_table
+from e2e_data import TABLES
 from fake_vllm import FakeLLM
-from test_end_to_end import CASES, Case, assert_matches_oracle, keyword_session, result_rows
+from request_helpers import LABELS, TOKENIZER, classifies, column_texts, join_case
+from request_helpers import request_session as session_on
+from request_helpers import teach as teach_margins
+from test_end_to_end import CASES, assert_matches_oracle, keyword_session, result_rows
 
 import quail
 from quail.backends.base import BackendExecutionContext
 from quail.errors import RefusalError
-from quail.frontend.prompts import answer_tokens
 from quail.physical import codecs
 from quail.physical import nodes as ph
 from quail.requests import RequestExecution, RequestStrategy
-from quail.testing import ByteTokenizer, KeywordBackend
-from quail.testing.rules import predicate_margin
 from quail_vllm.backend import PIPELINED, STOCK, VLLMBackend
 from quail_vllm.engine import VLLMEngine
 
-
-class SpacedByteTokenizer(ByteTokenizer):
-    """Bytes, except a space and the byte after it are one token, so " TRUE" and " FALSE" differ at once."""
-
-    identity = "quail-spaced-bytes-v1"
-    SPACED = 300
-
-    def encode(self, text: str) -> list[int]:
-        out: list[int] = []
-        data = text.encode("utf-8")
-        index = 0
-        while index < len(data):
-            if data[index] == 0x20 and index + 1 < len(data) and data[index + 1] != 0x20:
-                out.append(self.SPACED + data[index + 1])
-                index += 2
-            else:
-                out.append(data[index] + 3)
-                index += 1
-        return out
-
-    def decode(self, ids: Sequence[int]) -> str:
-        raw = bytearray()
-        for i in ids:
-            raw += bytes([0x20, i - self.SPACED]) if i >= self.SPACED else bytes([i - 3])
-        return raw.decode("utf-8", errors="replace")
-
-
-TOKENIZER = SpacedByteTokenizer()
-LABELS = answer_tokens(TOKENIZER)
 STRATEGIES = {
     "vllm": PIPELINED,
     "stock_vllm": STOCK,
@@ -83,60 +53,12 @@ class Fake:
 
 def request_session(fake: Fake, strategy: RequestStrategy, backend: str = "fake_vllm",
                     calibration: str = "off") -> quail.Session:
-    """A session on the fake-engine backend (or, by name, on the keyword backend with the same tokenizer).
-
-    Calibration is off unless asked for: the keyword rule compared against has no bias to remove.
-    """
-    registry = quail.ExtensionRegistry.with_built_ins()
-    registry.register_backend(VLLMBackend("fake_vllm", strategy, boot=fake.boot))
-    registry.register_backend(KeywordBackend(TOKENIZER))
-    session = quail.Session(quail.EngineConfig(backend=backend, calibration=calibration), registry=registry,
-                            tokenizer=TOKENIZER)
-    for table, (_, id_column) in TABLES.items():
-        session.register(table, quail.DocumentProvider.from_table(arrow_table(table), id_column))
-    return session
-
-
-def _texts(alias_tables: dict[str, str], column: ph.ColumnRef) -> list[str]:
-    columns, _ = TABLES[alias_tables[column.alias]]
-    return [str(v) for v in columns[column.column]]
+    """A session on the fake-engine backend (or, by name, on the keyword backend with the same tokenizer)."""
+    return session_on(VLLMBackend("fake_vllm", strategy, boot=fake.boot), backend, calibration)
 
 
 def teach(fake: Fake, query: quail.Query) -> RequestExecution:
-    """Fill the fake's table: every prompt the plan could send, with the keyword rule's margin."""
-    graph = query.plan().graph
-    tables = {n.alias: n.table for n in graph.nodes if isinstance(n, ph.Scan)}
-    [node] = [n for n in graph.nodes if isinstance(n, RequestExecution)]
-    encode = TOKENIZER.encode
-    for step in node.model_steps:
-        if isinstance(step, ph.AiFilter | ph.AiScore):
-            questions = [(s.predicate.prompt.template, step.frame + s.question) for s in step.stages] \
-                if isinstance(step, ph.AiFilter) else [(step.prompt.template, step.question)]
-            for text in _texts(tables, step.column):
-                for template, question in questions:
-                    fake.margins[step.preamble + tuple(encode(text)) + question] = predicate_margin(template, [text])
-            for document in getattr(step, "calibration", ()):
-                for template, question in questions:
-                    fake.margins[step.preamble + document + question] = predicate_margin(
-                        template, [TOKENIZER.decode(document)])
-        elif isinstance(step, ph.AiJoin):
-            columns = step.predicate.prompt.columns
-            documents = [_texts(tables, c) for c in columns]
-            for texts in itertools.product(*documents):
-                by_alias = dict(zip((c.alias for c in columns), texts, strict=True))
-                ids = step.preamble + tuple(encode(by_alias[step.anchor.alias])) + step.frame
-                for label, partner in zip(step.labels, step.partners, strict=True):
-                    ids += label + tuple(encode(by_alias[partner.alias]))
-                fake.margins[ids + step.cue] = predicate_margin(step.predicate.prompt.template, list(texts))
-            for document in step.calibration:
-                ids = step.preamble + document + step.frame + sum((label + document for label in step.labels), ())
-                fake.margins[ids + step.cue] = predicate_margin(step.predicate.prompt.template,
-                                                                [TOKENIZER.decode(document)] * len(columns))
-    return node
-
-
-def classifies(case: Case) -> bool:
-    return bool(case.oracle.classifies)
+    return teach_margins(fake.margins, query)
 
 
 @pytest.fixture(scope="module")
@@ -169,10 +91,6 @@ def test_every_strategy_returns_the_keyword_backends_rows(strategy_session, keyw
 def test_classification_is_refused_at_plan_time_naming_the_construct(case):
     with request_session(Fake(1 << 20), PIPELINED) as session, pytest.raises(RefusalError, match=r"AI\.CLASSIFY"):
         case.query(session).plan()
-
-
-def join_case() -> Case:
-    return next(c for c in CASES if c.id == "join_with_filters_on_both_sides")
 
 
 @pytest.mark.parametrize("capacity", [64, 1 << 20], ids=["kv-holds-one-prompt", "kv-holds-everything"])
@@ -305,7 +223,7 @@ def test_execute_request_runs_the_graph_on_an_engine_kept_in_runtime_state():
             inputs[f"scan_{alias}"] = pa.table({alias: pa.array(rows, pa.int32())})
         for alias in node.document_aliases:
             step = next(s for s in node.model_steps if getattr(s, "alias", None) == alias)
-            texts = _texts(query.aliases, step.column)
+            texts = column_texts(query.aliases, step.column)
             inputs[f"documents:{alias}"] = pa.table({alias: pa.array(range(len(texts)), pa.int32()),
                                                      "tokens": [TOKENIZER.encode(t) for t in texts]})
         state: dict[str, object] = {}

@@ -20,6 +20,7 @@ import pytest
 
 import quail
 from quail import datasets
+from quail.testing.agreement import answers, compare
 
 pytestmark = pytest.mark.slow
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
@@ -46,7 +47,6 @@ TINY_REVIEWS = [  # words of the tiny tokenizer's corpus, so its random model's 
 ]
 TINY_ASPECTS = ["the acting", "the music", "the plot", "the dialogue"]
 KV_BYTES = 256 << 20
-Key = tuple[int, ...]
 
 
 def run_on(backend: str, model: quail.ModelSpec | str, tables: dict[str, pa.Table], sql: str,
@@ -71,44 +71,6 @@ def tiny_tables() -> dict[str, pa.Table]:
 
 def gemma_tables(reviews: int, aspects: int) -> dict[str, pa.Table]:
     return {"reviews": datasets.reviews().slice(0, reviews), "aspects": datasets.aspects().slice(0, aspects)}
-
-
-def answers(result: quail.runtime.results.QueryResult) -> dict[str, dict[Key, tuple[bool, float]]]:
-    """Every filter and join answer by kind: (document, predicate) or (anchor row, partner row) → (answer, margin)."""
-    found: dict[str, dict[Key, tuple[bool, float]]] = {"filter": {}, "join": {}}
-    for table in result.answer_tables.values():
-        kind = quail.backends.shapes.kind_of(table)
-        if kind not in ("filter_answers", "join_answers"):
-            continue  # the rows a RequestExecution leaves, which the runner keeps beside its answers
-        keys = [c for c in table.column_names if c not in ("answer", "margin")]
-        columns = [table.column(c).to_pylist() for c in sorted(keys)]
-        values = zip(table.column("answer").to_pylist(), table.column("margin").to_pylist(), strict=True)
-        bucket = found["filter" if kind == "filter_answers" else "join"]
-        bucket.update({tuple(k): v for k, v in zip(zip(*columns, strict=True), values, strict=True)})
-    return found
-
-
-def compare(native: quail.runtime.results.QueryResult, other: quail.runtime.results.QueryResult,
-            near_zero: float) -> tuple[int, int, float, list[tuple[str, Key, float, float]]]:
-    """(items both answered, items they agree on, worst |Δmargin|, disagreements with their margins)."""
-    mine, theirs = answers(native), answers(other)
-    total = agreed = 0
-    worst = 0.0
-    disagreements = []
-    for kind in ("filter", "join"):
-        shared = mine[kind].keys() & theirs[kind].keys()
-        assert len(shared) >= 0.99 * len(mine[kind]), f"{kind}: too few answers in common"
-        for key in shared:
-            (a, m), (b, n) = mine[kind][key], theirs[kind][key]
-            total += 1
-            worst = max(worst, abs(m - n))
-            if a == b:
-                agreed += 1
-            else:
-                disagreements.append((kind, key, m, n))
-    for _, _, m, n in disagreements:
-        assert min(abs(m), abs(n)) < near_zero, f"a disagreement far from zero margin: {m:.4f} vs {n:.4f}"
-    return total, agreed, worst, disagreements
 
 
 @pytest.fixture(scope="module")

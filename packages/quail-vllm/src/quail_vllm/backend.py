@@ -11,36 +11,10 @@ anchors) and differ only in how requests are fed to the engine:
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Sequence
-from importlib.metadata import PackageNotFoundError, version
-
-from quail import (
-    BackendExecutionContext,
-    DeviceSpec,
-    GpuContext,
-    ModelExecution,
-    ModelRegion,
-    ModelSpec,
-    PhysicalCandidate,
-    PhysicalResponse,
-    PlanningContext,
-    Refusal,
-    RefusalError,
-    SupportResult,
-)
-from quail.backends.base import ExecutionMetrics
+from quail import DeviceSpec, GpuContext, ModelSpec, Refusal, RefusalError, SupportResult
 from quail.catalog.locations import local_model_directory
-from quail.data.tokenizer import HuggingFaceTokenizer, Tokenizer
-from quail.frontend.prompts import style_for
-from quail.requests import (
-    RequestEngine,
-    RequestExecution,
-    RequestModelExecution,
-    RequestStrategy,
-    execute_requests,
-    plan_requests,
-)
+from quail.requests import RequestBackend, RequestEngine, RequestStrategy
+from quail.requests.backend import EngineFactory, installed
 from quail_vllm.engine import EngineSettings, VLLMEngine
 
 ARCHITECTURES = ("qwen3", "gemma3")
@@ -55,16 +29,6 @@ short document's prefix would never be reused. 32 is the smallest size its atten
 
 PIPELINED = RequestStrategy(filters="pipelined", joins="fit")
 STOCK = RequestStrategy(filters="operator", joins="anchor_major")
-
-EngineFactory = Callable[[GpuContext], RequestEngine]
-
-
-def installed(distribution: str) -> bool:
-    try:
-        version(distribution)
-    except PackageNotFoundError:
-        return False
-    return True
 
 
 def boot_vllm(context: GpuContext) -> RequestEngine:
@@ -91,14 +55,14 @@ def settings_for(context: GpuContext) -> EngineSettings:
                           block_size=CPU_BLOCK_TOKENS if cpu else None)
 
 
-class VLLMBackend:
+class VLLMBackend(RequestBackend):
     """A request backend on vLLM; `boot` makes the engine (a fake one in tests)."""
+
+    engine_key = ENGINE_KEY
 
     def __init__(self, name: str = "vllm", strategy: RequestStrategy = PIPELINED,
                  boot: EngineFactory = boot_vllm) -> None:
-        self.name = name
-        self.strategy = strategy
-        self.boot = boot
+        super().__init__(name, strategy, boot)
 
     def supports(self, model: ModelSpec, device: DeviceSpec, gpu_count: int) -> SupportResult:
         if model.architecture not in ARCHITECTURES:
@@ -108,39 +72,6 @@ class VLLMBackend:
         if self.boot is not boot_vllm:
             return SupportResult.accept()
         return _engine_support(CPU_BUILD, "cpu") if device.kind == "cpu" else _engine_support(CUDA_BUILD, "cuda")
-
-    def tokenizer(self, model: ModelSpec) -> Tokenizer:
-        """The checkpoint's tokenizer.json; Gemma puts its BOS token first, as in the native backend."""
-        directory = local_model_directory(model)
-        config = json.loads((directory / "config.json").read_text())
-        bos = config.get("bos_token_id") if model.architecture == "gemma3" else None
-        return HuggingFaceTokenizer(directory / "tokenizer.json", bos if isinstance(bos, int) else None)
-
-    def plan(self, region: ModelRegion, context: PlanningContext) -> Sequence[PhysicalCandidate] | Refusal:
-        style = style_for(context.model.chat_template, context.model.architecture)
-        planned = plan_requests(self.name, region, context, style, self.strategy)
-        return planned if isinstance(planned, Refusal) else [planned]
-
-    def start(self, context: GpuContext) -> ModelExecution:
-        """Boot the engine now (the session times this as the query's boot); it lives until the session closes."""
-        return RequestModelExecution(self.boot(context))
-
-    def execute_request(self, context: BackendExecutionContext) -> PhysicalResponse:
-        """Every RequestExecution of the graph, on the engine kept in `runtime_state` (booted on first use)."""
-        engine = context.runtime_state.get(ENGINE_KEY)
-        if not isinstance(engine, RequestEngine):
-            engine = self.boot(GpuContext(context.model, context.device, 0, context.config.gpus, context.config))
-            context.runtime_state[ENGINE_KEY] = engine
-        tables = {}
-        wall, fresh, cached = 0.0, 0, 0
-        for node in context.graph.nodes:
-            if isinstance(node, RequestExecution):
-                output = execute_requests(engine, node, context.inputs)
-                tables.update({(node.id, port): table for port, table in output.tables.items()})
-                wall += output.metrics.wall_s
-                fresh += output.metrics.fresh_tokens or 0
-                cached += output.metrics.cached_tokens or 0
-        return PhysicalResponse(tables, ExecutionMetrics(wall, fresh, cached))
 
 
 def _engine_support(distribution: str, extra: str) -> SupportResult:

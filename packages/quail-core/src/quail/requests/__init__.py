@@ -2,9 +2,11 @@
 
 A backend plans with `plan_requests` (the native planner's decisions folded into one
 `RequestExecution` node), wraps its engine in an adapter that plays `RequestEngine`, and runs the
-node with `execute_requests`. Nothing here imports an engine or torch.
+node with `execute_requests`; `RequestBackend` does all three, so an engine package adds only its
+`supports` check and a boot function. Nothing here imports an engine or torch.
 """
 
+from quail.requests.backend import RequestBackend
 from quail.requests.engine import EngineAnswer, EngineRequest, RequestEngine, margin_of
 from quail.requests.execution import RequestModelExecution, execute_requests
 from quail.requests.node import EqualityPairs, FilterStrategy, JoinStrategy, RequestExecution, RequestStrategy
@@ -16,6 +18,7 @@ __all__ = [
     "EqualityPairs",
     "FilterStrategy",
     "JoinStrategy",
+    "RequestBackend",
     "RequestEngine",
     "RequestExecution",
     "RequestModelExecution",

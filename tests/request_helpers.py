@@ -1,0 +1,122 @@
+"""What the request backends' fake-engine tests share, whichever engine the fake speaks for.
+
+A spaced-byte tokenizer (so " TRUE" and " FALSE" differ at their first token), a session on a
+request backend beside the keyword backend, and `teach`: the table of exact prompt ids → the
+keyword rule's margin that a fake engine answers from, so a prompt laid out wrongly is a KeyError
+in the fake, not a silently different answer. Nothing here imports an engine.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from e2e_data import TABLES, arrow_table
+from test_end_to_end import CASES, Case
+
+import quail
+from quail.backends.base import ModelBackend
+from quail.frontend.prompts import answer_tokens
+from quail.physical import nodes as ph
+from quail.requests import RequestExecution
+from quail.testing import ByteTokenizer, KeywordBackend
+from quail.testing.rules import predicate_margin
+
+Margins = dict[tuple[int, ...], float]
+
+
+class SpacedByteTokenizer(ByteTokenizer):
+    """Bytes, except a space and the byte after it are one token, so " TRUE" and " FALSE" differ at once."""
+
+    identity = "quail-spaced-bytes-v1"
+    SPACED = 300
+
+    def encode(self, text: str) -> list[int]:
+        out: list[int] = []
+        data = text.encode("utf-8")
+        index = 0
+        while index < len(data):
+            if data[index] == 0x20 and index + 1 < len(data) and data[index + 1] != 0x20:
+                out.append(self.SPACED + data[index + 1])
+                index += 2
+            else:
+                out.append(data[index] + 3)
+                index += 1
+        return out
+
+    def decode(self, ids: Sequence[int]) -> str:
+        raw = bytearray()
+        for i in ids:
+            raw += bytes([0x20, i - self.SPACED]) if i >= self.SPACED else bytes([i - 3])
+        return raw.decode("utf-8", errors="replace")
+
+
+TOKENIZER = SpacedByteTokenizer()
+LABELS = answer_tokens(TOKENIZER)
+VOCAB = SpacedByteTokenizer.SPACED + 256
+
+
+def request_session(backend: ModelBackend, use: str | None = None, calibration: str = "off") -> quail.Session:
+    """A session on `backend` (or, by name, on the keyword backend with the same tokenizer and tables).
+
+    Calibration is off unless asked for: the keyword rule compared against has no bias to remove.
+    """
+    registry = quail.ExtensionRegistry.with_built_ins()
+    registry.register_backend(backend)
+    registry.register_backend(KeywordBackend(TOKENIZER))
+    session = quail.Session(quail.EngineConfig(backend=use or backend.name, calibration=calibration),
+                            registry=registry, tokenizer=TOKENIZER)
+    for table, (_, id_column) in TABLES.items():
+        session.register(table, quail.DocumentProvider.from_table(arrow_table(table), id_column))
+    return session
+
+
+def column_texts(alias_tables: dict[str, str], column: ph.ColumnRef) -> list[str]:
+    columns, _ = TABLES[alias_tables[column.alias]]
+    return [str(v) for v in columns[column.column]]
+
+
+def teach(margins: Margins, query: quail.Query) -> RequestExecution:
+    """Fill a fake's table: every prompt the plan could send, with the keyword rule's margin."""
+    graph = query.plan().graph
+    tables = {n.alias: n.table for n in graph.nodes if isinstance(n, ph.Scan)}
+    [node] = [n for n in graph.nodes if isinstance(n, RequestExecution)]
+    for step in node.model_steps:
+        if isinstance(step, ph.AiFilter | ph.AiScore):
+            _teach_filter(margins, step, tables)
+        elif isinstance(step, ph.AiJoin):
+            _teach_join(margins, step, tables)
+    return node
+
+
+def _teach_filter(margins: Margins, step: ph.AiFilter | ph.AiScore, tables: dict[str, str]) -> None:
+    questions = [(s.predicate.prompt.template, step.frame + s.question) for s in step.stages] \
+        if isinstance(step, ph.AiFilter) else [(step.prompt.template, step.question)]
+    for text in column_texts(tables, step.column):
+        for template, question in questions:
+            margins[step.preamble + tuple(TOKENIZER.encode(text)) + question] = predicate_margin(template, [text])
+    for document in getattr(step, "calibration", ()):
+        for template, question in questions:
+            margins[step.preamble + document + question] = predicate_margin(template, [TOKENIZER.decode(document)])
+
+
+def _teach_join(margins: Margins, step: ph.AiJoin, tables: dict[str, str]) -> None:
+    columns = step.predicate.prompt.columns
+    template = step.predicate.prompt.template
+    for texts in itertools.product(*(column_texts(tables, c) for c in columns)):
+        by_alias = dict(zip((c.alias for c in columns), texts, strict=True))
+        ids = step.preamble + tuple(TOKENIZER.encode(by_alias[step.anchor.alias])) + step.frame
+        for label, partner in zip(step.labels, step.partners, strict=True):
+            ids += label + tuple(TOKENIZER.encode(by_alias[partner.alias]))
+        margins[ids + step.cue] = predicate_margin(template, list(texts))
+    for document in step.calibration:
+        ids = step.preamble + document + step.frame + sum((label + document for label in step.labels), ())
+        margins[ids + step.cue] = predicate_margin(template, [TOKENIZER.decode(document)] * len(columns))
+
+
+def classifies(case: Case) -> bool:
+    return bool(case.oracle.classifies)
+
+
+def join_case() -> Case:
+    return next(c for c in CASES if c.id == "join_with_filters_on_both_sides")
