@@ -103,3 +103,16 @@ def test_entries_sharing_all_their_pages_are_not_worth_evicting():
     view = mem.arena.view(lender, 8)
     mem.keep(view, 0.0, lambda: None)
     assert not mem.admit(2, busy=True) and view in mem.arena
+
+
+def test_model_flops_count_the_keys_each_query_sees_under_a_sliding_window():
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from quail_native.executor.packing import _keys_within
+
+    @given(st.integers(0, 300), st.integers(1, 300), st.integers(1, 200))
+    def matches_brute_force(context: int, tokens: int, window: int) -> None:
+        assert _keys_within(context, tokens, window) == sum(min(context + j + 1, window) for j in range(tokens))
+
+    matches_brute_force()
