@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from quail import Refusal, RefusalError
+from quail.catalog.locations import quail_cache_home
 
 Progress = Callable[[str], None]
 
@@ -87,15 +88,8 @@ EMBEDDED_SOURCES: dict[str, EmbeddedSource] = {GEMMA_3_270M.name: GEMMA_3_270M}
 
 
 def quail_home() -> Path:
-    """Quail's own directory for caches: `$QUAIL_HOME`, else the user cache directory (`~/.cache/quail`)."""
-    configured = os.environ.get("QUAIL_HOME", "").strip()
-    if configured:
-        return Path(configured).expanduser()
-    try:
-        import platformdirs
-    except ImportError:
-        return Path.home() / ".cache" / "quail"
-    return Path(platformdirs.user_cache_dir("quail", appauthor=False))
+    """Quail's own directory for caches (core decides: `$QUAIL_HOME`, else the user cache directory)."""
+    return quail_cache_home()
 
 
 def embedded_model_dir(model_name: str = "gemma-3-270m", *, progress: Progress | None = None) -> Path:

