@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Sequence
 
 from e2e_data import TABLES, arrow_table
-from test_end_to_end import CASES, Case
+from test_end_to_end import CASES, Case, assert_matches_oracle, result_rows
 
 import quail
 from quail.backends.base import ModelBackend
@@ -120,3 +120,13 @@ def classifies(case: Case) -> bool:
 
 def join_case() -> Case:
     return next(c for c in CASES if c.id == "join_with_filters_on_both_sides")
+
+
+def assert_keyword_rows(query: quail.Query, case: Case, keyword: quail.Session) -> None:
+    """The query's rows match the oracle and, without a LIMIT, the keyword backend's rows exactly."""
+    got = query.run().collect()
+    assert_matches_oracle(got, case.oracle)
+    if case.oracle.limit is None:
+        expected = case.query(keyword).run().collect()
+        assert got.column_names == expected.column_names
+        assert sorted(result_rows(got, got.column_names)) == sorted(result_rows(expected, expected.column_names))

@@ -16,7 +16,7 @@ pytest.importorskip("vllm", reason="the fake speaks vLLM's own output types: ins
 import pyarrow as pa
 from e2e_data import TABLES
 from fake_vllm import FakeLLM
-from request_helpers import LABELS, TOKENIZER, classifies, column_texts, join_case
+from request_helpers import LABELS, TOKENIZER, assert_keyword_rows, classifies, column_texts, join_case
 from request_helpers import request_session as session_on
 from request_helpers import teach as teach_margins
 from test_end_to_end import CASES, assert_matches_oracle, keyword_session, result_rows
@@ -79,12 +79,7 @@ def test_every_strategy_returns_the_keyword_backends_rows(strategy_session, keyw
     fake, session = strategy_session
     query = case.query(session)
     teach(fake, query)
-    got = query.run().collect()
-    assert_matches_oracle(got, case.oracle)
-    if case.oracle.limit is None:
-        expected = case.query(keyword).run().collect()
-        assert got.column_names == expected.column_names
-        assert sorted(result_rows(got, got.column_names)) == sorted(result_rows(expected, expected.column_names))
+    assert_keyword_rows(query, case, keyword)
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES if classifies(c)])

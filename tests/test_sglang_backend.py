@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from fake_sglang import FakeSGLang
-from request_helpers import LABELS, VOCAB, classifies, join_case, request_session, teach
+from request_helpers import LABELS, VOCAB, assert_keyword_rows, classifies, join_case, request_session, teach
 from test_end_to_end import CASES, assert_matches_oracle, keyword_session, result_rows
 
 import quail
@@ -73,12 +73,7 @@ def test_every_sglang_strategy_returns_the_keyword_backends_rows(strategy_sessio
     fake, session = strategy_session
     query = case.query(session)
     teach(fake.margins, query)
-    got = query.run().collect()
-    assert_matches_oracle(got, case.oracle)
-    if case.oracle.limit is None:
-        expected = case.query(keyword).run().collect()
-        assert got.column_names == expected.column_names
-        assert sorted(result_rows(got, got.column_names)) == sorted(result_rows(expected, expected.column_names))
+    assert_keyword_rows(query, case, keyword)
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES if classifies(c)][:1])

@@ -255,6 +255,19 @@ def check_join_answers(run: Run, node: ph.AiJoin) -> dict[tuple[int, ...], bool]
     return out
 
 
+def check_filters_then_join(run: Run, filt: ph.AiFilter, join: ph.AiJoin) -> list[int]:
+    """Filters on r, then r × every aspect: all answers naive, the join asked exactly the survivors' pairs,
+    the rows those the naive answers give. Returns the surviving review rows."""
+    naive = check_filter_answers(run, filt)
+    survivors = [r for r in range(N) if all(naive[(r, s.predicate.position)] for s in filt.stages)]
+    answers = check_join_answers(run, join)
+    assert {t[0] for t in answers} == set(survivors) and len(answers) == len(survivors) * len(ASPECTS)
+    expected = [(IDS["reviews"][r], IDS["aspects"][a]) for r in survivors for a in range(len(ASPECTS))
+                if join_margin(run, join, {"r": r, "a": a}) > 0]
+    assert run.rows() == sorted(expected)
+    return survivors
+
+
 def ids(alias: str, rows: Sequence[int]) -> list[int]:
     return [IDS[ALIASES[alias]][r] for r in rows]
 
@@ -379,20 +392,15 @@ def test_join_after_filters_reuses_survivor_kv(kind, chunk, anchor, open_run):
            f"WHERE AI_FILTER({sql_prompt(ACTING, 'r.body')}) AND AI_FILTER({sql_prompt(POSITIVE, 'r.body')})")
     run = open_run(kind, chunk, sql)
     filt, join = run.node(ph.AiFilter), run.node(ph.AiJoin)
-    naive = check_filter_answers(run, filt)
-    survivors = [r for r in range(N) if all(naive[(r, s.predicate.position)] for s in filt.stages)]
-    answers = check_join_answers(run, join)
-    assert {t[0] for t in answers} == set(survivors) and len(answers) == len(survivors) * len(ASPECTS)
-    expected = [(IDS["reviews"][r], IDS["aspects"][a]) for r in survivors for a in range(len(ASPECTS))
-                if join_margin(run, join, {"r": r, "a": a}) > 0]
-    assert run.rows() == sorted(expected)
+    survivors = check_filters_then_join(run, filt, join)
     metrics = run.metrics(join.id)
     if anchor == "r":
         assert join.anchor.alias == "r" and filt.retain_kv
     if filt.retain_kv and join.anchor.alias == "r":
         assert metrics["kv_hits"] == len(survivors) > 0 and metrics["kv_misses"] == 0
         # no document recomputed: per anchor its frame, per pair its suffix
-        suffixes = sum(len(join.labels[0]) + len(run.doc("a", t[1])) + len(join.cue) for t in answers)
+        suffixes = sum(len(join.labels[0]) + len(run.doc("a", a)) + len(join.cue)
+                       for _ in survivors for a in range(len(ASPECTS)))
         assert metrics["fresh_tokens"] == len(survivors) * len(join.frame) + suffixes
 
 
@@ -638,13 +646,7 @@ def test_a_tiny_arena_evicts_kept_kv_and_recomputes_it_exactly(kind, chunk, open
     engine = {"kv_page_tokens": PAGE, "kv_budget_bytes": arena_bytes(tiny_checkpoints[kind], 24)}
     run = open_run(kind, chunk, sql, engine=engine)
     filt, join = run.node(ph.AiFilter), run.node(ph.AiJoin)
-    naive = check_filter_answers(run, filt)
-    survivors = [r for r in range(N) if all(naive[(r, s.predicate.position)] for s in filt.stages)]
-    answers = check_join_answers(run, join)
-    assert {t[0] for t in answers} == set(survivors) and len(answers) == len(survivors) * len(ASPECTS)
-    expected = [(IDS["reviews"][r], IDS["aspects"][a]) for r in survivors for a in range(len(ASPECTS))
-                if join_margin(run, join, {"r": r, "a": a}) > 0]
-    assert run.rows() == sorted(expected)
+    survivors = check_filters_then_join(run, filt, join)
     kv = run.report["kv"]
     assert filt.retain_kv and kv["evictions"] > 0 and kv["recomputed_tokens"] > 0, kv
     join_metrics = run.metrics(join.id)

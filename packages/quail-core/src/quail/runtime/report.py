@@ -15,6 +15,7 @@ from quail.backends.base import NodeMetrics
 from quail.data.tokens import TokenColumn
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
+from quail.planner.prefixes import common_prefix
 
 ReportValue = None | bool | int | float | str | list["ReportValue"] | dict[str, "ReportValue"]
 
@@ -84,18 +85,9 @@ class _PrefixCounter:
             ordered = sorted(column.row(r) for r in rows)
             previous: tuple[int, ...] = ()
             for tokens in ordered:
-                total += len(tokens) - _common(previous, tokens)
+                total += len(tokens) - common_prefix(previous, tokens)
                 previous = tokens
         return total
-
-
-def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def minimum_tokens(graph: PhysicalGraph, answers: Mapping[str, pa.Table], tokens: Mapping[str, TokenColumn]) -> int:
