@@ -156,7 +156,8 @@ def open_run(tiny_checkpoints: dict[str, TinyModel], naive_models: dict[str, Nai
     def open_(kind: str, chunk: int, sql: str, *, dialect: str = "snowflake", order: str | None = None,
               run: bool = True, tables: dict[str, pa.Table] | None = None, after: Run | None = None,
               engine: dict | None = None) -> Run:
-        """A fresh session, or with `after` the session of an earlier run (its KV state kept).
+        """A fresh session on a freshly booted engine, or with `after` the session of an earlier run (its
+        engine and KV state kept).
 
         `engine` adds EngineConfig fields (arena size, page size, prefix sharing, calibration — off unless
         given: the tiny models are base models, and raw decisions are margin > 0).
@@ -164,6 +165,7 @@ def open_run(tiny_checkpoints: dict[str, TinyModel], naive_models: dict[str, Nai
         if after is not None:
             session = after.session
         else:
+            quail.release_engines()  # token accounting below counts from an empty arena
             tiny = tiny_checkpoints[kind]
             registry = quail.ExtensionRegistry.with_built_ins()
             registry.register_model(tiny.spec)

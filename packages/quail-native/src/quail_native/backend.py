@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from quail import (
     BackendExecutionContext,
@@ -16,9 +17,9 @@ from quail import (
     PhysicalResponse,
     PlanningContext,
     Refusal,
-    RefusalError,
     SupportResult,
 )
+from quail.backends import serving
 from quail.data.tokenizer import Tokenizer
 from quail.frontend.prompts import answer_tokens, style_for
 from quail.planner.calibration import calibrates
@@ -28,8 +29,11 @@ ARCHITECTURES = ("qwen3", "gemma3")
 DEFAULT_KV_CHUNKS = 32
 
 
+@dataclass(frozen=True)
 class NativeBackend:
-    name = "native"
+    """Quail's executor. Stateless, so every instance is equal: sessions share the engine it boots."""
+
+    name: str = "native"
 
     def supports(self, model: ModelSpec, device: DeviceSpec, gpu_count: int) -> SupportResult:
         if model.architecture not in ARCHITECTURES:
@@ -52,9 +56,9 @@ class NativeBackend:
     def plan(self, region: ModelRegion, context: PlanningContext) -> Sequence[PhysicalCandidate] | Refusal:
         if context.tokenizer is None:
             return Refusal("the native backend plans with the model's tokenizer, and none was given")
-        answer_tokens(context.tokenizer)  # refuses a tokenizer that cannot tell TRUE from FALSE
+        answers = answer_tokens(context.tokenizer)  # refuses a tokenizer that cannot tell TRUE from FALSE
         style = style_for(context.model.chat_template, context.model.architecture)
-        return [plan_query(self.name, region, context, style, calibrate=calibrates(context))]
+        return [plan_query(self.name, region, context, style, calibrate=calibrates(context), answers=answers)]
 
     def start(self, context: GpuContext) -> ModelExecution:
         import torch
@@ -82,7 +86,7 @@ class NativeBackend:
                                Budget(config.chunk_tokens))
 
     def execute_request(self, context: BackendExecutionContext) -> PhysicalResponse:
-        raise RefusalError(Refusal("the native backend runs plans node by node through start()"))
+        return serving.execute_request(self, context)
 
 
 def _cuda_support(gpu_count: int) -> SupportResult:

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 import pyarrow as pa
 
 from quail.logical.expressions import AiPredicate, Semantics
+from quail.physical import nodes as ph
 
 KIND = b"kind"
 
@@ -107,3 +108,33 @@ def choose_label(margins: Sequence[float]) -> int:
         if value > margins[best]:
             best = index
     return best
+
+
+def shape_problem(node: ph.PhysicalNode, table: pa.Table) -> str | None:
+    """What is wrong with a model node's answer table, or None: the runtime reads these columns blindly."""
+    expected = _expected_columns(node)
+    if expected is None:
+        return None
+    kind, columns = expected
+    if kind_of(table) != kind:
+        return f"expected the {kind!r} shape (schema metadata kind={kind!r}), got kind={kind_of(table)!r}"
+    for name, wanted in columns.items():
+        if name not in table.column_names:
+            return f"expected a {name!r} column of {wanted}, got columns {table.column_names}"
+        if table.schema.field(name).type != wanted:
+            return f"expected column {name!r} of {wanted}, got {table.schema.field(name).type}"
+    return None
+
+
+def _expected_columns(node: ph.PhysicalNode) -> tuple[str, dict[str, pa.DataType]] | None:
+    row = pa.int32()
+    if isinstance(node, ph.AiFilter):
+        return "filter_answers", {node.alias: row, "predicate": row, "answer": pa.bool_(), "margin": pa.float64()}
+    if isinstance(node, ph.AiJoin):
+        columns: dict[str, pa.DataType] = {alias: row for alias in node.document_aliases}
+        return "join_answers", {**columns, "answer": pa.bool_(), "margin": pa.float64()}
+    if isinstance(node, ph.AiClassify):
+        return "labels", {node.alias: row, node.output: pa.string(), "margins": pa.list_(pa.float64())}
+    if isinstance(node, ph.AiScore):
+        return "scores", {node.alias: row, node.output: pa.float64(), "margin": pa.float64()}
+    return None

@@ -3,14 +3,27 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from quail.data.providers import DocumentProvider
+from quail.data.providers import Columns, Rows
 from quail.logical.expressions import Equality, OutputColumn, Semantics
 
 ROW = pa.int32()
+
+
+class RowSource(Protocol):
+    """What generic nodes read of an alias: its row count and columns by row position.
+
+    A registered DocumentProvider at the caller; the `TableInput` sent as data on the far side.
+    """
+
+    @property
+    def num_rows(self) -> int: ...
+
+    def take(self, rows: Rows, columns: Columns = None) -> pa.Table: ...
 
 
 def scan_rows(alias: str, count: int) -> pa.Table:
@@ -34,7 +47,7 @@ def survivors(rows: pa.Table, answers: pa.Table, alias: str) -> pa.Table:
 
 
 def equality_pairs(left: pa.Table, right: pa.Table, equalities: Sequence[Equality],
-                   providers: Mapping[str, DocumentProvider]) -> pa.Table:
+                   providers: Mapping[str, RowSource]) -> pa.Table:
     """Left ⋈ right on column values (fetched by position); a cross product without equalities."""
     order = [*left.column_names, *right.column_names]
     if not equalities:
@@ -54,7 +67,7 @@ def equality_pairs(left: pa.Table, right: pa.Table, equalities: Sequence[Equalit
     return _ordered(joined.select(order), order)
 
 
-def _values(rows: pa.Table, alias: str, column: str, providers: Mapping[str, DocumentProvider]) -> pa.Array:
+def _values(rows: pa.Table, alias: str, column: str, providers: Mapping[str, RowSource]) -> pa.Array:
     return providers[alias].take(rows.column(alias).combine_chunks(), [column]).column(column).combine_chunks()
 
 
@@ -63,6 +76,20 @@ def _cross(left: pa.Table, right: pa.Table) -> pa.Table:
     joined = left.append_column(key, pa.array([0] * left.num_rows, pa.int8())).join(
         right.append_column(key, pa.array([0] * right.num_rows, pa.int8())), key, join_type="inner")
     return joined.select([*left.column_names, *right.column_names])
+
+
+def candidate_tuples(ports: Mapping[str, pa.Table], aliases: Sequence[str]) -> list[tuple[int, ...]]:
+    """The tuples a join evaluates, in `aliases` order: its `candidates` input, else every left × right pair."""
+    table = ports.get("candidates")
+    if table is None:
+        left = _distinct(ports["left"].select([a for a in aliases if a in ports["left"].column_names]))
+        right = _distinct(ports["right"].select([a for a in aliases if a in ports["right"].column_names]))
+        table = _cross(left, right)
+    return sorted({tuple(row[a] for a in aliases) for row in table.select(list(aliases)).to_pylist()})
+
+
+def _distinct(table: pa.Table) -> pa.Table:
+    return table.group_by(table.column_names).aggregate([]) if table.num_columns else table
 
 
 def recombine_join(left: pa.Table, right: pa.Table, answers: pa.Table, semantics: Semantics) -> pa.Table:
@@ -95,7 +122,7 @@ def add_scores(rows: pa.Table, answers: pa.Table, alias: str, output: str) -> pa
     return _ordered(joined.select([*rows.column_names, output]), aliases_of(rows, rows.column_names))
 
 
-def project(rows: pa.Table, columns: Sequence[OutputColumn], providers: Mapping[str, DocumentProvider]) -> pa.Table:
+def project(rows: pa.Table, columns: Sequence[OutputColumn], providers: Mapping[str, RowSource]) -> pa.Table:
     """Fetch each output column for the row positions; AI outputs come from the rows table."""
     arrays: dict[str, pa.Array] = {}
     fetched: dict[str, pa.Table] = {}

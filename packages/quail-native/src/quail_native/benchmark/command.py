@@ -12,7 +12,7 @@ import torch
 
 import quail
 from quail.frontend.prompts import answer_tokens
-from quail.runtime.execution import document_columns
+from quail.planner.statistics import document_columns
 from quail.runtime.report import ReportValue
 from quail_native.backend import NativeBackend
 from quail_native.benchmark.naive import NaiveModel
@@ -117,7 +117,7 @@ def measure(session: quail.Session, name: str, sql: str, naive: NaiveModel, peak
     wall = float(report["wall_s"]) - float(report["boot_s"] or 0.0)  # type: ignore[arg-type]
     texts = {alias: session.provider(table).to_table([column]).column(column).to_pylist()
              for alias, table in query.aliases.items()
-             for a, column in document_columns(query).items() if a == alias}
+             for a, column in document_columns(query.logical_plan).items() if a == alias}
     baseline = naive.run(query.plan().graph, dict(result.answer_tables), texts)
     fresh = report["fresh_tokens"]
     flops = model_flops(report, params)
