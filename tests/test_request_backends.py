@@ -21,7 +21,7 @@ from request_helpers import teach as teach_margins
 from test_end_to_end import CASES, assert_matches_oracle, keyword_session, result_rows
 
 import quail
-from quail.backends.base import BackendExecutionContext, TableInput
+from quail.backends.base import BackendExecutionContext, PhysicalRequest, TableInput
 from quail.data.tokens import TokenStore
 from quail.errors import RefusalError
 from quail.physical import codecs
@@ -221,8 +221,9 @@ def test_execute_request_runs_the_graph_on_an_engine_kept_in_runtime_state(tmp_p
             tables[alias] = TableInput(alias, provider.num_rows, tokens, pa.table({}))
         graph = query.plan().graph
         state: dict[object, object] = {}
-        context = BackendExecutionContext(graph, model_outputs(graph), tables, session.registry, state,
-                                          session.config, session.model, session.device)
+        request = PhysicalRequest("fake_vllm", graph, model_outputs(graph), tables, session.config, session.model,
+                                  session.device)
+        context = BackendExecutionContext(request, session.registry, state)
         boots = fake.boots
         for _ in range(2):
             response = backend.execute_request(context)

@@ -65,8 +65,8 @@ class NativeBackend:
 
         from quail_native.execution import NativeExecution
         from quail_native.executor.arena import KVArena, KVShape
-        from quail_native.executor.loop import Budget
         from quail_native.executor.readout import AnswerColumns
+        from quail_native.executor.state import Budget
         from quail_native.models.loading import load_model
         from quail_native.models.locate import model_directory
 

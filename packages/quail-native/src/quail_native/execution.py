@@ -15,20 +15,13 @@ from quail.errors import Refusal, RefusalError
 from quail.physical import nodes as ph
 from quail.runtime.relational import candidate_tuples
 from quail_native.executor.arena import KVArena
-from quail_native.executor.loop import (
-    Anchor,
-    Budget,
-    FilterLayout,
-    JoinLayout,
-    LabelLayout,
-    SharedState,
-    run_filter,
-    run_join,
-    run_labels,
-)
+from quail_native.executor.filters import FilterLayout, run_filter
+from quail_native.executor.joins import Anchor, JoinLayout, run_join
+from quail_native.executor.labels import LabelLayout, run_labels
 from quail_native.executor.memory import Memory, RecomputeCost
 from quail_native.executor.packing import Item, ItemResult, Packer
 from quail_native.executor.readout import AnswerColumns, log_probabilities, margins
+from quail_native.executor.state import Budget, SharedState
 from quail_native.models.loading import LoadedModel
 
 Tokens = tuple[int, ...]
@@ -92,9 +85,9 @@ class NativeExecution:
 
         found = run_filter(self.state, node.alias, rows, inputs.tokens(node.alias), layout, holds, self.margin,
                            node.retain_kv, share=node.share_prefixes)
-        return shapes.filter_answers(node.alias, [f[0] for f in found],
-                                     [stages[f[1]].predicate.position for f in found],
-                                     [f[2] for f in found], [f[3] for f in found])
+        return shapes.filter_answers(node.alias, [f.row for f in found],
+                                     [stages[f.stage].predicate.position for f in found],
+                                     [f.answer for f in found], [f.margin for f in found])
 
     # -- calibration: mean margins on content-free documents ----------------------------------
 
@@ -131,8 +124,8 @@ class NativeExecution:
                          JoinLayout(node.preamble, node.frame, node.semantics), self.margin,
                          lambda m: shapes.predicate_holds(node.predicate, m, offsets.get(node.predicate.position, 0.0)),
                          retain=node.retain_anchor_kv)
-        columns = {alias: [f[0][i] for f in found] for i, alias in enumerate(aliases)}
-        return shapes.join_answers(columns, [f[1] for f in found], [f[2] for f in found], anchor=anchor_alias,
+        columns = {alias: [f.rows[i] for f in found] for i, alias in enumerate(aliases)}
+        return shapes.join_answers(columns, [f.answer for f in found], [f.margin for f in found], anchor=anchor_alias,
                                    partners=partner_aliases, semantics=node.semantics,
                                    position=node.predicate.position)
 
@@ -162,4 +155,4 @@ class NativeExecution:
         texts = inputs.tokens(node.alias)
         found = run_filter(self.state, node.alias, rows, texts, FilterLayout(node.preamble, (), (node.question,)),
                            lambda _k, _m: True, self.margin, retain=False)
-        return shapes.score_answers(node.alias, node.output, [f[0] for f in found], [f[3] for f in found])
+        return shapes.score_answers(node.alias, node.output, [f.row for f in found], [f.margin for f in found])

@@ -239,24 +239,38 @@ RuntimeState = MutableMapping[Hashable, object]
 class BackendExecutionContext:
     """A decoded request with what the worker process adds: the registry, its runtime state, progress.
 
-    `runtime_state` survives across queries in one process: a booted engine lives there.
+    `runtime_state` survives across queries (and sessions) in one process: a booted engine lives there.
     """
 
-    graph: PhysicalGraph
-    outputs: tuple[PortRef, ...]
-    tables: Mapping[str, TableInput]
+    request: PhysicalRequest
     registry: ExtensionRegistry
     runtime_state: RuntimeState
-    config: EngineConfig
-    model: ModelSpec
-    device: DeviceSpec
     progress: ProgressListener | None = None
 
-    @classmethod
-    def of(cls, request: PhysicalRequest, registry: ExtensionRegistry, runtime_state: RuntimeState,
-           progress: ProgressListener | None = None) -> BackendExecutionContext:
-        return cls(request.graph, request.outputs, request.tables, registry, runtime_state, request.config,
-                   request.model, request.device, progress)
+    @property
+    def graph(self) -> PhysicalGraph:
+        return self.request.graph
+
+    @property
+    def outputs(self) -> tuple[PortRef, ...]:
+        return self.request.outputs
+
+    @property
+    def tables(self) -> Mapping[str, TableInput]:
+        """Per alias: row count, token ids and key columns — the tokenized inputs."""
+        return self.request.tables
+
+    @property
+    def config(self) -> EngineConfig:
+        return self.request.config
+
+    @property
+    def model(self) -> ModelSpec:
+        return self.request.model
+
+    @property
+    def device(self) -> DeviceSpec:
+        return self.request.device
 
     def gpu_context(self, device_index: int = 0) -> GpuContext:
         return GpuContext(self.model, self.device, device_index, self.config.gpus, self.config)

@@ -20,7 +20,7 @@ class LocalProvider:
 
     def execute(self, request: PhysicalRequest, caller: Caller) -> PhysicalResponse:
         backend = caller.registry.backend(request.backend)
-        context = BackendExecutionContext.of(request, caller.registry, RUNTIME_STATE, caller.progress)
+        context = BackendExecutionContext(request, caller.registry, RUNTIME_STATE, caller.progress)
         return backend.execute_request(context)
 
     def close(self) -> None:

@@ -52,7 +52,7 @@ class _Worker:
     def answer(self, received: Message) -> PhysicalResponse:
         request = decode_request(received)
         registry = self.registry()
-        context = BackendExecutionContext.of(request, registry, self.state, self.progress)
+        context = BackendExecutionContext(request, registry, self.state, self.progress)
         return registry.backend(request.backend).execute_request(context)
 
     def serve(self, requests: Connection) -> None:
