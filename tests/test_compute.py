@@ -320,3 +320,34 @@ def test_a_session_that_exists_names_its_provider_and_an_unknown_one_is_refused(
         assert session.compute.name == "local"
     with pytest.raises(RefusalError, match=r"unknown compute provider 'cluster'.*local, process"):
         quail.Session(quail.EngineConfig(backend="example", compute="cluster"))
+
+
+def test_every_registered_backend_answers_through_execute_request_or_is_refused_before_it(tiny_qwen3):
+    """No backend's execute_request may refuse: each installed one either runs a query through it, on both
+    providers, or says in `supports()` (before any query) why it cannot run here."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    registry = quail.ExtensionRegistry.with_built_ins()
+    registry.register_model(tiny_qwen3)
+    cpu = registry.device("cpu")
+    ran, refused = [], []
+    for name, backend in sorted(registry.backends.items()):
+        verdict = backend.supports(tiny_qwen3, cpu, 1)
+        if not verdict.accepted:
+            refused.append(name)
+            assert verdict.reason
+            continue
+        results = []
+        for compute in PROVIDERS:
+            config = quail.EngineConfig(model=tiny_qwen3.name, backend=name, compute=compute, precision="fp32",
+                                        calibration="off", kv_budget_bytes=64 << 20)
+            with quail.Session(config, registry=registry) as session:
+                session.register("reviews", quail.DocumentProvider.from_table(
+                    pa.table({"id": range(len(TINY_REVIEWS)), "body": TINY_REVIEWS}), "id"))
+                result = session.sql(TINY_SQL[0]).run()
+            assert result.report["fresh_tokens"] is None or result.report["fresh_tokens"] >= 0
+            results.append(result.collect())
+        assert results[0].equals(results[1]), name
+        ran.append(name)
+        quail.release_engines()
+    assert {"native", "vllm", "stock_vllm", "example", "example-keyword"} <= set(ran), (ran, refused)
+    assert "sglang" in refused, "SGLang needs a CUDA GPU"
