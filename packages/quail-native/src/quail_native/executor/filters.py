@@ -120,8 +120,13 @@ class _FilterRun:
         start = len(self.layout.preamble) + len(doc.tokens) + len(self.layout.frame)
         return Item(question, start, tuple(p for p in parents if p is not None), (len(question) - 1,))
 
-    def pages(self, item: Item) -> int:
-        return sum(self.state.arena.pages_for(length) for _, length in item.keep if length > 0)
+    def pages(self, doc: FilterDocument, item: Item) -> int:
+        """Pages the first item of `doc` takes: its kept spans, plus the part-page its borrowed prefix's
+        continuation copies (see `KVArena.concat`)."""
+        arena = self.state.arena
+        kept = sum(arena.pages_for(length) for _, length in item.keep if length > 0)
+        continued = doc.view is not None and self.keeps_document(doc)
+        return kept + (arena.continuation_pages(doc.borrowed, len(doc.tokens) - doc.borrowed) if continued else 0)
 
     def next_items(self, budget: int) -> list[tuple[Item, FilterDocument]]:
         batch: list[tuple[Item, FilterDocument]] = []
@@ -136,7 +141,7 @@ class _FilterRun:
                 self.protect(doc)
                 item = self.first_item(doc)
                 if used + len(item.tokens) > budget or \
-                        not self.state.memory.admit(self.pages(item), busy=self.in_flight > 0 or bool(batch)):
+                        not self.state.memory.admit(self.pages(doc, item), busy=self.in_flight > 0 or bool(batch)):
                     self.expose(doc)
                     return batch
                 queue.popleft()
