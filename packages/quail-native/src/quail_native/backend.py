@@ -69,12 +69,13 @@ class NativeBackend:
         from quail_native.executor.state import Budget
         from quail_native.models.loading import load_model
         from quail_native.models.locate import model_directory
+        from quail_native.precision import choose_precision
 
         device = torch.device("cuda", context.device_index) if context.device.kind == "cuda" else torch.device("cpu")
-        precision = context.config.precision
-        dtype = torch.bfloat16 if precision == "bf16" or (precision == "auto" and device.type == "cuda") \
-            else torch.float32
-        loaded = load_model(model_directory(context.model), dtype, device)
+        model = context.model
+        precision = choose_precision(context.config.precision, device, model.hidden, model.ffn)
+        dtype = precision.dtype
+        loaded = load_model(model_directory(model), dtype, device)
         tokens = answer_tokens(loaded.tokenizer)
         config = context.config
         shape = KVShape(loaded.arch.layers, loaded.arch.kv_heads, loaded.arch.head_dim, dtype)
@@ -83,7 +84,7 @@ class NativeBackend:
             budget = config.chunk_tokens * DEFAULT_KV_CHUNKS * shape.bytes_per_token()
         arena = KVArena.from_budget(shape, budget, config.kv_page_tokens, device)
         return NativeExecution(loaded, AnswerColumns(tokens.true_ids, tokens.false_ids), arena,
-                               Budget(config.chunk_tokens))
+                               Budget(config.chunk_tokens), (f"native engine computes in {precision.reason}",))
 
     def execute_request(self, context: BackendExecutionContext) -> PhysicalResponse:
         return serving.execute_request(self, context)

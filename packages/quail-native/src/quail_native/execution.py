@@ -28,9 +28,11 @@ Tokens = tuple[int, ...]
 
 
 class NativeExecution:
-    def __init__(self, loaded: LoadedModel, answers: AnswerColumns, arena: KVArena, budget: Budget) -> None:
+    def __init__(self, loaded: LoadedModel, answers: AnswerColumns, arena: KVArena, budget: Budget,
+                 notes: tuple[str, ...] = ()) -> None:
         self.loaded = loaded
         self.answers = answers
+        self.notes = notes
         memory = Memory(arena, RecomputeCost.of(loaded.arch))
         self.state = SharedState(Packer(loaded.model, arena, loaded.device), memory, budget)
 

@@ -170,6 +170,15 @@ class ModelExecution(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class DescribesEngine(Protocol):
+    """Optional for a ModelExecution: what it decided when it booted (a precision chosen, a cache size),
+    in words; every query it serves lists these among its report's remarks."""
+
+    @property
+    def notes(self) -> tuple[str, ...]: ...
+
+
 @dataclass(frozen=True)
 class TableInput:
     """One alias on the far side of the compute boundary: data only, never a live provider.
@@ -220,6 +229,8 @@ class ExecutionMetrics:
     boot_kind: BootKind | None = None
     nodes: Mapping[str, NodeMetrics] = field(default_factory=dict)
     """Per node id run on the far side, in the order they ran."""
+    notes: tuple[str, ...] = ()
+    """What the engine says of itself (`DescribesEngine`), for the report's remarks."""
     extra: Mapping[str, float] = field(default_factory=dict)
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from quail.backends.base import (
     BackendExecutionContext,
     BootKind,
+    DescribesEngine,
     ExecutionMetrics,
     ModelBackend,
     ModelExecution,
@@ -62,8 +63,13 @@ class StartedEngine:
 class _Boot:
     """How the engine of one request was obtained (None until a model node needed it)."""
 
+    execution: ModelExecution | None = None
     seconds: float | None = None
     kind: BootKind | None = None
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return tuple(self.execution.notes) if isinstance(self.execution, DescribesEngine) else ()
 
 
 def execute_request(backend: ModelBackend, context: BackendExecutionContext) -> PhysicalResponse:
@@ -73,8 +79,8 @@ def execute_request(backend: ModelBackend, context: BackendExecutionContext) -> 
     boot = _Boot()
 
     def start() -> ModelExecution:
-        execution, boot.seconds, boot.kind = started_execution(backend, key, context)
-        return execution
+        boot.execution, boot.seconds, boot.kind = started_execution(backend, key, context)
+        return boot.execution
 
     tokens = {alias: table.tokens for alias, table in context.tables.items() if table.tokens is not None}
     runner = Runner(context.graph, RunInputs(context.tables, tokens), start, backend=backend.name,
@@ -86,7 +92,7 @@ def execute_request(backend: ModelBackend, context: BackendExecutionContext) -> 
         raise
     fresh, cached = model_token_totals(context.graph, output.node_metrics)
     metrics = ExecutionMetrics(time.perf_counter() - started, fresh, cached, boot.seconds, boot.kind,
-                               nodes=output.node_metrics)
+                               nodes=output.node_metrics, notes=boot.notes)
     return PhysicalResponse(output.tables, metrics)
 
 

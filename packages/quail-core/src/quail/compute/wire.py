@@ -122,6 +122,7 @@ def encode_response(response: PhysicalResponse) -> Frames:
             "wall_s": metrics.wall_s, "fresh_tokens": metrics.fresh_tokens, "cached_tokens": metrics.cached_tokens,
             "boot_s": metrics.boot_s, "boot_kind": metrics.boot_kind,
             "nodes": [[node, to_json(value)] for node, value in metrics.nodes.items()],
+            "notes": list(metrics.notes),
             "extra": dict(metrics.extra),
         },
     }
@@ -141,7 +142,8 @@ def decode_response(received: Message) -> PhysicalResponse:
         cached_tokens=_optional_int(raw["cached_tokens"]),
         boot_s=None if raw["boot_s"] is None else _number(raw["boot_s"]),
         boot_kind="cold" if boot_kind == "cold" else "warm" if boot_kind == "warm" else None,
-        nodes=nodes, extra={str(k): _number(v) for k, v in _dict(raw["extra"]).items()},
+        nodes=nodes, notes=tuple(str(note) for note in _list(raw["notes"])),
+        extra={str(k): _number(v) for k, v in _dict(raw["extra"]).items()},
     )
     return PhysicalResponse(tables, metrics)
 
