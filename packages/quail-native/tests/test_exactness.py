@@ -334,13 +334,13 @@ def test_bf16_margins_stay_within_the_documented_tolerance_of_fp32(kind, open_ru
             assert answer["answer"] == (expected > 0)
     print(f"\n[{kind} bf16] worst |margin − fp32 naive| {worst:.3g} over {len(run.answers(node.id))} answers")
     assert worst <= BF16_TOL
-    assert "native engine computes in bf16 as configured" in run.report["remarks"]
+    assert run.report["engine"] == ["native engine computes in bf16 as configured"]
 
 
 def test_auto_precision_names_its_choice_and_the_probe_in_the_report(open_run):
     run = open_run("qwen3", 4096, f"SELECT r.id FROM reviews r WHERE AI_FILTER({sql_prompt(ACTING, 'r.body')})",
                    engine={"precision": "auto"})
-    [note] = [r for r in run.report["remarks"] if r.startswith("native engine computes in")]
+    [note] = run.report["engine"]
     if DEVICE != "cpu":
         assert note == "native engine computes in bf16 (auto on CUDA)"
         return

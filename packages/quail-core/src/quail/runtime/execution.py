@@ -133,9 +133,10 @@ def run_query(query: Query, plan: PhysicalCandidate | PhysicalGraph | None) -> Q
         order_rule=query.order, wall_s=wall_s, estimated_seconds=candidate.estimated_seconds,
         sol_seconds=candidate.sol_seconds, boot_s=response.metrics.boot_s, boot_kind=response.metrics.boot_kind,
         fresh_tokens=fresh, cached_tokens=cached, minimum_tokens=minimum_tokens(graph, answers, tokens),
-        stages=tuple(stages(graph, answers)), node_metrics=node_metrics,
-        remarks=candidate.remarks + response.metrics.notes,
+        stages=tuple(stages(graph, answers)), node_metrics=node_metrics, remarks=candidate.remarks,
+        engine=response.metrics.notes,
     )
     rules = ", ".join(rule.name for rule in registry.logical_rules)
-    text = explain_text(candidate.plan, candidate, query.order, rules, measured=node_metrics)
+    text = explain_text(candidate.plan, candidate, query.order, rules, measured=node_metrics,
+                        engine=response.metrics.notes)
     return QueryResult(output.tables[(graph.root, "table")], answers, report, text)

@@ -160,6 +160,8 @@ class QueryReport:
     stages: tuple[StageReport, ...]
     node_metrics: Mapping[str, NodeMetrics]
     remarks: tuple[str, ...]
+    engine: tuple[str, ...] = ()
+    """What the engine said of itself when it booted (precision chosen, …)."""
 
     def kv(self) -> dict[str, int | None]:
         metrics = [m for m in self.node_metrics.values()]
@@ -194,6 +196,7 @@ class QueryReport:
             "kv": dict(self.kv()),
             "calibration": self.calibration(),
             "remarks": list(self.remarks),
+            "engine": list(self.engine),
             "order_rule": self.order_rule,
         }
 
