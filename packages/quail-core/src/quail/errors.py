@@ -55,5 +55,9 @@ class RefusalError(QuailError):
         super().__init__(refusal.describe())
 
 
+class UsageError(QuailError):
+    """A command-line option, argument or file that cannot be used as given (a bad path, a duplicate name)."""
+
+
 class PlanEditError(QuailError):
     """An edit of a physical plan that would make it invalid."""

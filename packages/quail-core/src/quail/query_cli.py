@@ -17,6 +17,7 @@ from quail.data.providers import DocumentProvider
 from quail.demo import format_report, format_rows, progress_bar
 from quail.errors import CompileError
 from quail.frontend.sql import Dialect
+from quail.outputs import OUTPUT_SUFFIXES, OutputTarget
 from quail.session import Session
 
 READERS = {
@@ -25,7 +26,6 @@ READERS = {
     ".jsonl": DocumentProvider.from_jsonl, ".ndjson": DocumentProvider.from_jsonl,
     ".arrow": DocumentProvider.from_ipc, ".feather": DocumentProvider.from_ipc, ".ipc": DocumentProvider.from_ipc,
 }
-OUTPUTS = (".parquet", ".csv", ".json", ".jsonl")
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dialect", choices=("snowflake", "bigquery"), default="snowflake")
     parser.add_argument("--order", choices=("by_cost", "as_written"))
     parser.add_argument("--explain", action="store_true", help="print the plan and exit without running")
-    parser.add_argument("-o", "--output", type=Path, help=f"write the rows to {', '.join(OUTPUTS)}")
+    parser.add_argument("-o", "--output", type=Path,
+                        help=f"write the rows to a {', '.join(OUTPUT_SUFFIXES)} file (checked before the model "
+                             "runs; an existing file is replaced only once the new one is complete)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -87,8 +89,8 @@ def config_of(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(**chosen)
 
 
-def write_output(table: pa.Table, path: Path) -> None:
-    suffix = path.suffix.lower()
+def write_output(table: pa.Table, path: Path, suffix: str) -> None:
+    """Write `table` to `path` in the format `suffix` names (`OutputTarget` picks a temporary path)."""
     if suffix == ".parquet":
         pq.write_table(table, path)
     elif suffix == ".csv":
@@ -111,8 +113,7 @@ def run_query_command(args: argparse.Namespace, out: TextIO | None = None, err: 
     out, err = out or sys.stdout, err or sys.stderr
     text = query_text(args)
     tables = [TableArgument.parse(t) for t in args.table]
-    if args.output is not None and args.output.suffix.lower() not in OUTPUTS:
-        raise CompileError(f"--output {args.output}: write one of {', '.join(OUTPUTS)}")
+    target = None if args.output is None else OutputTarget.checked(args.output)
     dialect: Dialect = args.dialect
     with Session(config_of(args)) as session:
         for table in tables:
@@ -125,8 +126,8 @@ def run_query_command(args: argparse.Namespace, out: TextIO | None = None, err: 
         if listener is not None:
             session.registry.register_progress_listener(listener)
         result = query.run()
-        if args.output is not None:
-            write_output(result.collect(), args.output)
+        if target is not None:
+            target.write(result.collect(), write_output)
             print(f"wrote {result.count()} rows to {args.output}", file=out)
         else:
             print(format_rows(result.collect()), file=out)
