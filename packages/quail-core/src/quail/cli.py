@@ -7,6 +7,9 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from quail.backends.base import ModelBackend
+from quail.catalog.devices import DeviceSpec
+from quail.catalog.models import ModelSpec
 from quail.config import DEFAULT_BACKEND, DEFAULT_DEVICE, DEFAULT_MODEL
 from quail.errors import QuailError
 from quail.plugins.loading import add_plugin_commands
@@ -71,10 +74,8 @@ def _backends(args: argparse.Namespace) -> int:
     rows = []
     for name, backend in sorted(registry.backends.items()):
         origin = registry.origin("backend", name)
-        verdict = backend.supports(model, device, args.gpus)
-        status = "supported" if verdict.accepted else f"not supported: {verdict.reason}"
         dist = f"{origin.distribution or '-'} {origin.version or ''}".strip()
-        rows.append((name, dist, status))
+        rows.append((name, dist, _support_status(backend, model, device, args.gpus)))
     for name, dist in FIRST_PARTY_BACKENDS.items():
         if name not in registry.backends:
             rows.append((name, "-", f"not installed: pip install {dist}"))
@@ -85,6 +86,15 @@ def _backends(args: argparse.Namespace) -> int:
     for failure in registry.plugin_failures:
         print(f"  ! {failure.describe()}")
     return 0
+
+
+def _support_status(backend: ModelBackend, model: ModelSpec, device: DeviceSpec, gpus: int) -> str:
+    """One backend's verdict in words; a plugin whose check itself fails is listed as failed, not fatal."""
+    try:
+        verdict = backend.supports(model, device, gpus)
+    except Exception as exc:  # a plugin's bug must not hide the other backends
+        return f"failed: supports() raised {type(exc).__name__}: {exc}"
+    return "supported" if verdict.accepted else f"not supported: {verdict.reason}"
 
 
 if __name__ == "__main__":
