@@ -26,8 +26,15 @@ BODY = ColumnRef("r", "body")
 ASPECT = ColumnRef("a", "aspect")
 
 
+CONTROL_TOKENS = ("<|im_start|>", "<|im_end|>", "<think>", "</think>")
+CONTROL_BASE = 0x110000  # past every character
+
+
 class CharTokenizer:
-    """One token per character: easy to decode, and it shows where each part starts."""
+    """One token per character: easy to decode, and it shows where each part starts.
+
+    Its vocabulary also holds Qwen3's chat markers as control tokens, which `encode` never produces.
+    """
 
     identity = "chars"
     bos_id = 0
@@ -39,9 +46,11 @@ class CharTokenizer:
         return [self.encode(t) for t in texts]
 
     def decode(self, ids: Sequence[int]) -> str:
-        return "".join(chr(i) for i in ids if i)
+        return "".join(CONTROL_TOKENS[i - CONTROL_BASE] if i >= CONTROL_BASE else chr(i) for i in ids if i)
 
     def token_id(self, token: str) -> int | None:
+        if token in CONTROL_TOKENS:
+            return CONTROL_BASE + CONTROL_TOKENS.index(token)
         return ord(token) if len(token) == 1 else None
 
 
@@ -162,6 +171,7 @@ def test_chat_models_wrap_the_layout_with_the_document_first_in_the_user_turn():
     text = tokenizer.decode(stages.full_prompt(tuple(tokenizer.encode("doc")), 0))
     assert text.startswith("<|im_start|>user\nDOCUMENT:\ndoc\n\nQUESTION:")
     assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert stages.preamble[1] == tokenizer.token_id("<|im_start|>")  # the marker is the control token itself
     assert style_for(True, "qwen3") is QWEN3_CHAT_STYLE and style_for(False, "gemma3") is BASE_STYLE
 
 

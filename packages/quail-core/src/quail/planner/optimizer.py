@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from quail.backends.base import PlanningContext
 from quail.data.tokenizer import Tokenizer
 from quail.errors import Refusal, RefusalError
-from quail.frontend.prompts import PromptStyle, bind_classify, bind_filters, bind_join, filter_tail
+from quail.frontend.prompts import PromptStyle, bind_classify, bind_filters, bind_join, filter_tail, tail_ids
 from quail.logical.expressions import AiPredicate
 from quail.logical.nodes import Classify, LogicalNode, Project, Score
 from quail.planner.cost import CostModel, Lengths, Work, ask, scan
@@ -286,7 +286,7 @@ class _Optimizer:
             bound = bind_classify(output.prompt, output.labels, output.instructions, self.tokenizer, self.style)
             tail, labels = len(bound.tail), [len(ids) for ids in bound.labels]
         else:
-            tail = len(self.tokenizer.encode(filter_tail(output.prompt, self.style)))
+            tail = len(tail_ids(self.tokenizer, filter_tail(output.prompt, self.style), self.style))
             labels = []
         alias = output.prompt.aliases[0]
         documents = stats[alias].documents.plus(1 + tail)
