@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
+
+from quail.errors import ConfigError
 
 Precision = Literal["auto", "fp32", "bf16"]
 Switch = Literal["auto", "on", "off"]
 SWITCHES = ("auto", "on", "off")
+PRECISIONS = ("auto", "fp32", "bf16")
 
 DEFAULT_MODEL = "gemma-3-270m"
 DEFAULT_DEVICE = "cpu"
@@ -16,7 +20,11 @@ DEFAULT_BACKEND = "native"
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """What a Session runs on. Names are looked up in the ExtensionRegistry."""
+    """What a Session runs on. Names are looked up in the ExtensionRegistry.
+
+    Every field is checked here, so a wrong type is a TypeError and a wrong value a ValueError
+    (`ConfigError`) naming the field, before any session work.
+    """
 
     model: str = DEFAULT_MODEL
     device: str = DEFAULT_DEVICE
@@ -30,14 +38,41 @@ class EngineConfig:
     calibration: Switch = "auto"
 
     def __post_init__(self) -> None:
-        if self.gpus < 1:
-            raise ValueError(f"EngineConfig.gpus must be at least 1, got {self.gpus}")
-        if self.precision not in ("auto", "fp32", "bf16"):
-            raise ValueError(f"EngineConfig.precision must be 'auto', 'fp32' or 'bf16', got {self.precision!r}")
-        if self.chunk_tokens < 16:
-            raise ValueError(f"EngineConfig.chunk_tokens must be at least 16, got {self.chunk_tokens}")
-        if self.kv_page_tokens < 1:
-            raise ValueError(f"EngineConfig.kv_page_tokens must be at least 1, got {self.kv_page_tokens}")
+        for name in ("model", "device", "backend"):
+            _require_name(name, getattr(self, name))
+        _require_count("gpus", self.gpus, 1)
+        _require_count("chunk_tokens", self.chunk_tokens, 16)
+        _require_count("kv_page_tokens", self.kv_page_tokens, 1)
+        if self.kv_budget_bytes is not None:
+            _require_positive_number("kv_budget_bytes", self.kv_budget_bytes)
+        _require_choice("precision", self.precision, PRECISIONS)
         for name in ("prefix_sharing", "calibration"):
-            if getattr(self, name) not in SWITCHES:
-                raise ValueError(f"EngineConfig.{name} must be 'auto', 'on' or 'off', got {getattr(self, name)!r}")
+            _require_choice(name, getattr(self, name), SWITCHES)
+
+
+def _require_name(field: str, value: object) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"EngineConfig.{field} must be a name (str), got {type(value).__name__} {value!r}")
+    if not value.strip():
+        raise ConfigError(f"EngineConfig.{field} must not be empty")
+
+
+def _require_count(field: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"EngineConfig.{field} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ConfigError(f"EngineConfig.{field} must be at least {minimum}, got {value}")
+
+
+def _require_positive_number(field: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"EngineConfig.{field} must be a number of bytes or None, got {type(value).__name__} {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"EngineConfig.{field} must be a positive, finite number of bytes (or None for the "
+                          f"backend's default), got {value!r}")
+
+
+def _require_choice(field: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        spelled = ", ".join(repr(c) for c in choices)
+        raise ConfigError(f"EngineConfig.{field} must be one of {spelled}, got {value!r}")

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 from quail.config import EngineConfig
 from quail.data.providers import DocumentProvider
 from quail.demo import format_report, format_rows, progress_bar
-from quail.errors import CompileError
+from quail.errors import CompileError, UsageError
 from quail.frontend.sql import Dialect
 from quail.outputs import OUTPUT_SUFFIXES, OutputTarget
 from quail.session import Session
@@ -38,10 +38,13 @@ class TableArgument:
 
     @classmethod
     def parse(cls, text: str) -> TableArgument:
+        """A path that exists is read whole, colons and all; otherwise a last `:name` is the id column."""
         name, equals, rest = text.partition("=")
         if not equals or not name or not rest:
             raise CompileError(f"--table {text!r}: write name=path[:id_col]")
-        path, _, id_column = rest.rpartition(":") if ":" in rest else (rest, "", "id")
+        if ":" not in rest or Path(rest).exists():
+            return cls(name, Path(rest), "id")
+        path, _, id_column = rest.rpartition(":")
         return cls(name, Path(path), id_column or "id")
 
     def provider(self) -> DocumentProvider:
@@ -54,6 +57,18 @@ class TableArgument:
             raise CompileError(f"--table {self.name}: cannot read {self.path.suffix or 'a file without suffix'}; "
                                f"use one of {', '.join(sorted(READERS))}")
         return reader(self.path, self.id_column)
+
+
+def table_arguments(texts: list[str]) -> list[TableArgument]:
+    """Every `--table`, each name once: a second table under one name would silently replace the first."""
+    tables = [TableArgument.parse(text) for text in texts]
+    seen: dict[str, TableArgument] = {}
+    for table in tables:
+        earlier = seen.setdefault(table.name, table)
+        if earlier is not table:
+            raise UsageError(f"--table {table.name} is given twice ({earlier.path} and {table.path}); "
+                             f"give each table its own name")
+    return tables
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,9 +94,12 @@ def query_text(args: argparse.Namespace) -> str:
     if args.file is None:
         return str(args.sql)
     try:
-        return args.file.read_text()
+        return args.file.read_text(encoding="utf-8")
     except OSError as error:
-        raise CompileError(f"--file {args.file}: {error.strerror or error}") from None
+        raise UsageError(f"--file {args.file}: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        raise UsageError(f"--file {args.file}: not UTF-8 text (byte {error.object[error.start]:#04x} at offset "
+                         f"{error.start}); save the query as UTF-8") from None
 
 
 def config_of(args: argparse.Namespace) -> EngineConfig:
@@ -112,7 +130,7 @@ def _json_line(row: dict[str, object]) -> str:
 def run_query_command(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     out, err = out or sys.stdout, err or sys.stderr
     text = query_text(args)
-    tables = [TableArgument.parse(t) for t in args.table]
+    tables = table_arguments(args.table)
     target = None if args.output is None else OutputTarget.checked(args.output)
     dialect: Dialect = args.dialect
     with Session(config_of(args)) as session:
@@ -121,6 +139,7 @@ def run_query_command(args: argparse.Namespace, out: TextIO | None = None, err: 
         query = session.sql(text, dialect=dialect, order=args.order)
         if args.explain:
             print(query.explain(), file=out)
+            query.plan()  # a refused plan is shown above and is still an error: exit 2, not 0
             return 0
         listener = None if args.no_progress else progress_bar(err)
         if listener is not None:

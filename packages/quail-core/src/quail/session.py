@@ -7,6 +7,7 @@ from types import TracebackType
 
 import pyarrow as pa
 
+from quail.arguments import check_device_count, session_config, text_argument
 from quail.backends.base import GpuContext, ModelBackend, ModelExecution, OrderRule, PhysicalCandidate
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
@@ -35,11 +36,12 @@ class Session:
 
     def __init__(self, config: EngineConfig | None = None, *, registry: ExtensionRegistry | None = None,
                  tokenizer: Tokenizer | None = None) -> None:
-        self.config = config or EngineConfig()
+        self.config = session_config(config)
         self.tokenizer = tokenizer
         self.registry = registry if registry is not None else ExtensionRegistry.with_built_ins()
         self.model: ModelSpec = self.registry.model(self.config.model)
         self.device: DeviceSpec = self.registry.device(self.config.device)
+        check_device_count(self.config, self.device)
         self.backend: ModelBackend = self.registry.backend(self.config.backend)
         self._check_support()
         self.runtime_state: dict[str, object] = {}
@@ -61,7 +63,7 @@ class Session:
 
     def register(self, name: str, provider: DocumentProvider) -> None:
         """Make a document table available to queries under `name`."""
-        if not name.isidentifier():
+        if not text_argument("the table name given to register()", name).isidentifier():
             raise CompileError(f"table name {name!r} is not an identifier")
         if not isinstance(provider, DocumentProvider):
             raise TypeError(f"register() takes a DocumentProvider, got {type(provider).__name__}")
@@ -74,7 +76,7 @@ class Session:
     # -- queries ------------------------------------------------------------------------------
 
     def sql(self, text: str, dialect: Dialect = "snowflake", order: OrderRule | None = None) -> Query:
-        return Query(self, parse_sql(text, dialect), order)
+        return Query(self, parse_sql(text_argument("the query given to sql()", text), dialect), order)
 
     def docs(self, table: str) -> Docs:
         """Start a builder query over a registered table (its alias defaults to its name)."""
