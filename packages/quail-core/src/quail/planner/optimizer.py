@@ -18,6 +18,7 @@ from quail.logical.nodes import Classify, LogicalNode, Project, Score
 from quail.planner.cost import CostModel, Lengths, Work, ask, scan
 from quail.planner.filters import FilterOrder, StagePrice, order_filters, selectivity_of
 from quail.planner.joins import (
+    EXHAUSTIVE_JOIN_LIMIT,
     AliasStats,
     AnchorLayout,
     EqualityEdge,
@@ -229,8 +230,13 @@ class _Optimizer:
                 needed=self.shortest_worst_tuple(full), available=self.context.chunk_tokens, unit="tokens",
             ))
         anchors = ", ".join(f"#{k} on {v}" for k, v in sorted(plan.anchors.items()))
+        if plan.search == "greedy":
+            how = (f"greedy order: {len(aliases)} tables are more than the exhaustive search's "
+                   f"{EXHAUSTIVE_JOIN_LIMIT}, so the order may not be the cheapest")
+        else:
+            how = "cheapest of every left-deep order × anchor"
         self.remarks.append(f"join order {' ⋈ '.join(plan.order)}; anchors {anchors or 'none'} "
-                            f"(cheapest of every left-deep order × anchor, {plan.seconds:.3g} s)")
+                            f"({how}, {plan.seconds:.3g} s)")
         return plan
 
     def subquery_anchors(self, problem: JoinProblem, plan: JoinPlan | None, anchors: dict[int, str]) -> float:
