@@ -10,8 +10,10 @@ from quail.errors import ConfigError
 
 Precision = Literal["auto", "fp32", "bf16"]
 Switch = Literal["auto", "on", "off"]
+OversizedPolicy = Literal["refuse", "skip", "truncate"]
 SWITCHES = ("auto", "on", "off")
 PRECISIONS = ("auto", "fp32", "bf16")
+OVERSIZED_POLICIES = ("refuse", "skip", "truncate")
 
 DEFAULT_MODEL = "gemma-3-270m"
 DEFAULT_DEVICE = "cpu"
@@ -36,6 +38,10 @@ class EngineConfig:
     kv_page_tokens: int = 16
     prefix_sharing: Switch = "auto"
     calibration: Switch = "auto"
+    oversized_documents: OversizedPolicy = "refuse"
+    """A document too long for one forward pass with its prompt: "refuse" the query (the default),
+    "skip" that document (it leaves the query), or "truncate" it to the tokens that fit. Skipped and
+    truncated documents are counted in the report and named in the plan's remarks."""
 
     def __post_init__(self) -> None:
         for name in ("model", "device", "backend"):
@@ -48,6 +54,7 @@ class EngineConfig:
         _require_choice("precision", self.precision, PRECISIONS)
         for name in ("prefix_sharing", "calibration"):
             _require_choice(name, getattr(self, name), SWITCHES)
+        _require_choice("oversized_documents", self.oversized_documents, OVERSIZED_POLICIES)
 
 
 def _require_name(field: str, value: object) -> None:

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from quail.config import EngineConfig
+from quail.config import OVERSIZED_POLICIES, EngineConfig
 from quail.data.providers import DocumentProvider
 from quail.demo import format_report, format_rows, progress_bar
 from quail.errors import CompileError, UsageError
@@ -81,6 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend")
     parser.add_argument("--dialect", choices=("snowflake", "bigquery"), default="snowflake")
     parser.add_argument("--order", choices=("by_cost", "as_written"))
+    parser.add_argument("--oversized-documents", choices=OVERSIZED_POLICIES, default="refuse",
+                        help="a document too long for one forward pass with its prompt: refuse the query "
+                             "(default), skip that document, or truncate it to what fits")
     parser.add_argument("--explain", action="store_true", help="print the plan and exit without running")
     parser.add_argument("-o", "--output", type=Path,
                         help=f"write the rows to a {', '.join(OUTPUT_SUFFIXES)} file (checked before the model "
@@ -104,7 +107,7 @@ def query_text(args: argparse.Namespace) -> str:
 
 def config_of(args: argparse.Namespace) -> EngineConfig:
     chosen = {key: getattr(args, key) for key in ("model", "device", "backend") if getattr(args, key)}
-    return EngineConfig(**chosen)
+    return EngineConfig(**chosen, oversized_documents=args.oversized_documents)
 
 
 def write_output(table: pa.Table, path: Path, suffix: str) -> None:

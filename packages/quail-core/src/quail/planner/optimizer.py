@@ -29,6 +29,9 @@ from quail.planner.joins import (
 )
 from quail.planner.shape import Leaf, PlanShape, SubqueryJoin, rebuild, shape_of
 
+OVERSIZED_HINT = ("to answer the other documents, skip or cut the long ones: "
+                  "EngineConfig(oversized_documents='skip' or 'truncate')")
+
 
 @dataclass(frozen=True)
 class Decisions:
@@ -165,7 +168,7 @@ class _Optimizer:
             raise RefusalError(Refusal(
                 f"a prompt over {what} does not fit one {limit}",
                 ("a document plus its question must fit one forward pass",),
-                needed=longest, available=budget, unit="tokens",
+                needed=longest, available=budget, unit="tokens", hints=(OVERSIZED_HINT,),
             ))
 
     def alias_stats(self, leaves: list[Leaf], orders: Mapping[str, FilterOrder]) -> dict[str, AliasStats]:
@@ -228,6 +231,7 @@ class _Optimizer:
             raise RefusalError(Refusal(
                 "no join order can run: every anchor's worst tuple exceeds one forward chunk",
                 needed=self.shortest_worst_tuple(full), available=self.context.chunk_tokens, unit="tokens",
+                hints=(OVERSIZED_HINT,),
             ))
         anchors = ", ".join(f"#{k} on {v}" for k, v in sorted(plan.anchors.items()))
         if plan.search == "greedy":
@@ -254,7 +258,8 @@ class _Optimizer:
             if not options:
                 raise RefusalError(Refusal(f"the {subquery.semantics} join #{edge.position} fits no forward chunk",
                                            needed=self.shortest_worst_tuple(single),
-                                           available=self.context.chunk_tokens, unit="tokens"))
+                                           available=self.context.chunk_tokens, unit="tokens",
+                                           hints=(OVERSIZED_HINT,)))
             seconds, anchor = min(options)
             anchors[edge.position] = anchor
             total += seconds

@@ -17,6 +17,7 @@ from quail.logical.expressions import Equality
 from quail.logical.nodes import Classify, Score, SemanticFilter, SemanticJoin, walk
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
+from quail.planner.oversize import OversizedDocuments, find_oversized, taking_part
 from quail.planner.prefixes import shareable_tokens
 from quail.runtime.explain import explain_text
 from quail.runtime.report import QueryReport, minimum_tokens, model_token_totals, stages
@@ -59,6 +60,17 @@ def token_columns(query: Query) -> dict[str, TokenColumn]:
             for alias, column in document_columns(query).items()}
 
 
+def prepared_documents(query: Query) -> tuple[OversizedDocuments, dict[str, TokenColumn], dict[str, pa.Array]]:
+    """The documents planning and running see: oversized ones skipped or truncated as the config says."""
+    session = query.session
+    tokens = token_columns(query)
+    assert session.tokenizer is not None  # token_columns refuses a session without one
+    oversized = find_oversized(session.config.oversized_documents, query.logical_plan, tokens, session.tokenizer,
+                               session.model, session.config.chunk_tokens)
+    kept, skipped = oversized.apply(tokens)
+    return oversized, kept, skipped
+
+
 def equality_fractions(query: Query) -> dict[tuple[str, str], float]:
     """The fraction of candidate pairs each equality keeps, from the key columns' value counts."""
     fractions: dict[tuple[str, str], float] = {}
@@ -95,11 +107,11 @@ def _shareable(column: TokenColumn, page_tokens: int) -> int:
 
 def plan_physical(query: Query) -> PhysicalCandidate:
     session = query.session
-    tokens = token_columns(query)
+    oversized, tokens, skipped = prepared_documents(query)
     lengths: dict[str, list[int]] = {}
     for alias, table in query.aliases.items():
         column = tokens.get(alias)
-        lengths[alias] = column.lengths().to_pylist() if column else [0] * session.provider(table).num_rows
+        lengths[alias] = taking_part(column, skipped.get(alias)) if column else [0] * session.provider(table).num_rows
     config = session.config
     context = PlanningContext(
         model=session.model, device=session.device, gpu_count=config.gpus, document_token_lengths=lengths,
@@ -114,7 +126,8 @@ def plan_physical(query: Query) -> PhysicalCandidate:
         raise RefusalError(offered)
     if not offered:
         raise RefusalError(Refusal(f"backend {session.backend.name!r} offered no plan"))
-    return min(offered, key=lambda c: c.estimated_seconds)
+    cheapest = min(offered, key=lambda c: c.estimated_seconds)
+    return replace(cheapest, remarks=(*cheapest.remarks, *oversized.remarks()))
 
 
 def _check_plan_matches(query: Query, graph: PhysicalGraph) -> None:
@@ -135,10 +148,10 @@ def run_query(query: Query, plan: PhysicalCandidate | PhysicalGraph | None) -> Q
         plan.validate()
         candidate = replace(candidate, graph=plan)
     _check_plan_matches(query, candidate.graph)
-    tokens = token_columns(query)
+    oversized, tokens, skipped = prepared_documents(query)
     providers = {alias: session.provider(table) for alias, table in query.aliases.items()}
     execution, boot_s, boot_kind = session.execution()
-    runner = Runner(candidate.graph, RunInputs(providers, tokens), execution, session.registry.observers,
+    runner = Runner(candidate.graph, RunInputs(providers, tokens, skipped), execution, session.registry.observers,
                     session.registry.progress_listeners)
     output = runner.run()
     fresh, cached = model_token_totals(candidate.graph, output.node_metrics)
@@ -150,7 +163,7 @@ def run_query(query: Query, plan: PhysicalCandidate | PhysicalGraph | None) -> Q
         boot_kind=boot_kind, fresh_tokens=fresh, cached_tokens=cached,
         minimum_tokens=minimum_tokens(steps, answers, tokens),
         stages=tuple(stages(steps, answers)), node_metrics=output.node_metrics,
-        remarks=candidate.remarks,
+        remarks=candidate.remarks, oversized_documents=oversized.report(),
     )
     rules = ", ".join(rule.name for rule in session.registry.logical_rules)
     text = explain_text(query.logical_plan, candidate, query.order, rules, measured=output.node_metrics)

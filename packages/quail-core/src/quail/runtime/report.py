@@ -160,6 +160,7 @@ class QueryReport:
     stages: tuple[StageReport, ...]
     node_metrics: Mapping[str, NodeMetrics]
     remarks: tuple[str, ...]
+    oversized_documents: Mapping[str, ReportValue] | None = None
 
     def kv(self) -> dict[str, int | None]:
         metrics = [m for m in self.node_metrics.values()]
@@ -194,6 +195,7 @@ class QueryReport:
             "kv": dict(self.kv()),
             "calibration": self.calibration(),
             "remarks": list(self.remarks),
+            "oversized_documents": None if self.oversized_documents is None else dict(self.oversized_documents),
             "order_rule": self.order_rule,
         }
 

@@ -39,6 +39,8 @@ class RunInputs:
 
     providers: Mapping[str, DocumentProvider]
     tokens: Mapping[str, TokenColumn]
+    skipped: Mapping[str, pa.Array] = field(default_factory=dict)
+    """Rows of an alias that its Scan leaves out (oversized documents under oversized_documents="skip")."""
 
 
 @dataclass
@@ -127,7 +129,7 @@ class Runner:
     def generic(self, node: ph.PhysicalNode, inputs: Mapping[str, pa.Table]) -> pa.Table:
         providers = self.inputs.providers
         if isinstance(node, ph.Scan):
-            return relational.scan_rows(node.alias, providers[node.alias].num_rows)
+            return relational.scan_rows(node.alias, providers[node.alias].num_rows, self.inputs.skipped.get(node.alias))
         if isinstance(node, ph.HashJoin):
             return relational.equality_pairs(inputs["left"], inputs["right"], node.equalities, providers)
         if isinstance(node, ph.RecombineFilter):
