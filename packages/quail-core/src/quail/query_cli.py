@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 
 from quail.config import OVERSIZED_POLICIES, EngineConfig
 from quail.data.providers import DocumentProvider
-from quail.demo import format_report, format_rows, progress_bar
 from quail.errors import CompileError, UsageError
 from quail.frontend.sql import Dialect
 from quail.outputs import OUTPUT_SUFFIXES, OutputTarget
+from quail.presentation import format_report, format_rows, progress_bar
 from quail.session import Session
 
 READERS = {
