@@ -3,9 +3,11 @@ each naming the argument, before it can fail deep inside with an unrelated messa
 
 from __future__ import annotations
 
+from quail.backends.base import PhysicalCandidate
 from quail.catalog.devices import DeviceSpec
 from quail.config import EngineConfig
 from quail.errors import ConfigError
+from quail.physical.graph import PhysicalGraph
 
 
 def session_config(config: object) -> EngineConfig:
@@ -31,3 +33,10 @@ def text_argument(what: str, value: object) -> str:
         return value
     hint = "; decode it first (value.decode('utf-8'))" if isinstance(value, bytes | bytearray) else ""
     raise TypeError(f"{what} must be a str, got {type(value).__name__}{hint}")
+
+
+def plan_argument(plan: object) -> None:
+    """Query.run(plan=...) takes a planned candidate or an edited graph; anything else would be ignored."""
+    if plan is not None and not isinstance(plan, PhysicalCandidate | PhysicalGraph):
+        raise TypeError(f"run(plan=...) takes a PhysicalCandidate (query.plan()) or an edited PhysicalGraph, "
+                        f"got {type(plan).__name__}")

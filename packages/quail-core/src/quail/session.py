@@ -7,7 +7,7 @@ from types import TracebackType
 
 import pyarrow as pa
 
-from quail.arguments import check_device_count, session_config, text_argument
+from quail.arguments import check_device_count, plan_argument, session_config, text_argument
 from quail.backends.base import GpuContext, ModelBackend, ModelExecution, OrderRule, PhysicalCandidate
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
@@ -167,6 +167,7 @@ class Query:
 
     def run(self, plan: PhysicalCandidate | PhysicalGraph | None = None) -> QueryResult:
         """Execute; `plan` may be an edited physical graph of this query."""
+        plan_argument(plan)
         return run_query(self, plan)
 
     def collect(self) -> pa.Table:
