@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +72,13 @@ def table_arguments(texts: list[str]) -> list[TableArgument]:
     return tables
 
 
+def output_path(text: str) -> Path:
+    """An --output path; a trailing slash names a directory, which Path() would quietly drop."""
+    if text.endswith(("/", os.sep)):
+        raise argparse.ArgumentTypeError(f"{text!r} names a directory; name the file to write, e.g. {text}rows.parquet")
+    return Path(text)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("sql", nargs="?", help="the query (or use --file)")
     parser.add_argument("-f", "--file", type=Path, help="read the query from a file")
@@ -85,7 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a document too long for one forward pass with its prompt: refuse the query "
                              "(default), skip that document, or truncate it to what fits")
     parser.add_argument("--explain", action="store_true", help="print the plan and exit without running")
-    parser.add_argument("-o", "--output", type=Path,
+    parser.add_argument("-o", "--output", type=output_path,
                         help=f"write the rows to a {', '.join(OUTPUT_SUFFIXES)} file (checked before the model "
                              "runs; an existing file is replaced only once the new one is complete)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
