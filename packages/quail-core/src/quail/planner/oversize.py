@@ -103,7 +103,7 @@ def find_oversized(policy: OversizedPolicy, plan: LogicalNode, tokens: Mapping[s
     if policy == "refuse" or not tokens:
         return OversizedDocuments(policy)
     budget = min(chunk_tokens, model.context_length)
-    styles = (BASE_STYLE, style_for(model.chat_template, model.architecture))
+    styles = _layouts(model, tokenizer)
     lengths = {alias: column.lengths() for alias, column in tokens.items()}
     maxima = {alias: pc.max(values).as_py() or 0 for alias, values in lengths.items()}
     limits = document_limits(prompt_spaces(plan, tokenizer, styles), maxima, budget)
@@ -113,6 +113,15 @@ def find_oversized(policy: OversizedPolicy, plan: LogicalNode, tokens: Mapping[s
         if len(over):
             rows[alias], longest[alias] = over, maxima[alias]
     return OversizedDocuments(policy, limits, rows, longest)
+
+
+def _layouts(model: ModelSpec, tokenizer: Tokenizer) -> tuple[PromptStyle, ...]:
+    """The base layout, and the model's chat layout where this tokenizer has its turn markers (a test
+    backend's byte tokenizer has none, and lays every model out in the base layout)."""
+    chat = style_for(model.chat_template, model.architecture)
+    if chat is BASE_STYLE or any(tokenizer.token_id(token) is None for token in chat.control_tokens):
+        return (BASE_STYLE,)
+    return BASE_STYLE, chat
 
 
 def document_limits(spaces: Iterable[PromptSpace], maxima: Mapping[str, int], budget: int) -> dict[str, int]:
