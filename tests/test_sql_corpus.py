@@ -356,7 +356,7 @@ INVALID: list[Invalid] = [
             "AS names AI.CLASSIFY and AI.SCORE outputs only"),
     Invalid("ai_filter_in_select", SF, f"SELECT r.id, {FILTER_R} FROM reviews r", "AI_FILTER in SELECT"),
     Invalid("not_ai_filter", SF, f"SELECT r.id FROM reviews r WHERE NOT {FILTER_R}", "NOT is not supported"),
-    Invalid("not_a_select_statement", SF, "INSERT INTO reviews VALUES (1)", "statement INSERT"),
+    Invalid("not_a_select_statement", SF, "INSERT INTO reviews VALUES (1)", "not a SELECT statement"),
     Invalid("two_ai_predicates_in_one_on", SF,
             f"SELECT r.id FROM reviews r JOIN aspects a ON {JOIN_RA} "
             "AND AI_FILTER(PROMPT('Does {1} describe {0}?', r.body, a.aspect))", "two AI predicates in one ON clause"),

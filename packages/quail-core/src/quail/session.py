@@ -6,6 +6,7 @@ from types import TracebackType
 
 import pyarrow as pa
 
+from quail.arguments import check_device_count, plan_argument, session_config, text_argument
 from quail.backends.base import ModelBackend, OrderRule, PhysicalCandidate, TokenizerSource
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
@@ -14,7 +15,7 @@ from quail.config import EngineConfig
 from quail.data.providers import DocumentProvider, TableSchema
 from quail.data.tokenizer import Tokenizer
 from quail.data.tokens import TokenStore
-from quail.errors import CompileError, Refusal, RefusalError
+from quail.errors import CompileError, QuailError, Refusal, RefusalError
 from quail.frontend.builder import Docs
 from quail.frontend.compile import compile_query
 from quail.frontend.spec import QuerySpec, TableSpec
@@ -40,11 +41,12 @@ class Session:
 
     def __init__(self, config: EngineConfig | None = None, *, registry: ExtensionRegistry | None = None,
                  tokenizer: Tokenizer | None = None) -> None:
-        self.config = config or EngineConfig()
+        self.config = session_config(config)
         self._tokenizer = tokenizer
         self.registry = registry if registry is not None else ExtensionRegistry.with_built_ins()
         self.model: ModelSpec = self.registry.model(self.config.model)
         self.device: DeviceSpec = self.registry.device(self.config.device)
+        check_device_count(self.config, self.device)
         self.backend: ModelBackend = self.registry.backend(self.config.backend)
         self._check_support()
         self.compute: ComputeProvider = self.registry.compute(self.config.compute)
@@ -65,7 +67,8 @@ class Session:
 
     def register(self, name: str, provider: DocumentProvider) -> None:
         """Make a document table available to queries under `name`."""
-        if not name.isidentifier():
+        self.check_open()
+        if not text_argument("the table name given to register()", name).isidentifier():
             raise CompileError(f"table name {name!r} is not an identifier")
         if not isinstance(provider, DocumentProvider):
             raise TypeError(f"register() takes a DocumentProvider, got {type(provider).__name__}")
@@ -90,10 +93,12 @@ class Session:
     # -- queries ------------------------------------------------------------------------------
 
     def sql(self, text: str, dialect: Dialect = "snowflake", order: OrderRule | None = None) -> Query:
-        return Query(self, parse_sql(text, dialect), order)
+        self.check_open()
+        return Query(self, parse_sql(text_argument("the query given to sql()", text), dialect), order)
 
     def docs(self, table: str) -> Docs:
         """Start a builder query over a registered table (its alias defaults to its name)."""
+        self.check_open()
         start = Docs(lambda: self.catalog, self._query_of)
         return start._checked(QuerySpec(tables=(TableSpec(table, table),), select=()), 0)
 
@@ -105,6 +110,11 @@ class Session:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def check_open(self) -> None:
+        """A closed session has removed its token files: say so rather than fail somewhere inside."""
+        if self._closed:
+            raise QuailError("this session is closed: open a new quail.Session (engines it booted are still warm)")
 
     def provider(self, table: str) -> DocumentProvider:
         return self._tables[table]
@@ -162,7 +172,9 @@ class Query:
         return explain_text(shown, candidate, self.order, rules, refusal)
 
     def run(self, plan: PhysicalCandidate | PhysicalGraph | None = None) -> QueryResult:
+        self.session.check_open()
         """Execute; `plan` may be an edited physical graph of this query."""
+        plan_argument(plan)
         return run_query(self, plan)
 
     def collect(self) -> pa.Table:

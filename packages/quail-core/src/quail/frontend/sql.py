@@ -187,7 +187,7 @@ class _Reader:
         if isinstance(statement, exp.SetOperation):
             raise unsupported(f"set operation {type(statement).__name__.upper()}", statement)
         if not isinstance(statement, exp.Select):
-            raise unsupported(f"statement {statement.key.upper()}", statement, "Quail runs SELECT queries")
+            raise CompileError(f"not a SELECT statement (it starts {statement.sql()[:12]!r}); Quail runs SELECT")
         self._refuse_everywhere(statement)
         self._check_clauses(statement)
         self._read_from(statement)

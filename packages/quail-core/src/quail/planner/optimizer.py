@@ -12,12 +12,13 @@ from dataclasses import dataclass, replace
 from quail.backends.base import PlanningContext
 from quail.data.tokenizer import Tokenizer
 from quail.errors import Refusal, RefusalError
-from quail.frontend.prompts import PromptStyle, bind_classify, bind_filters, bind_join, filter_tail
+from quail.frontend.prompts import PromptStyle, bind_classify, bind_filters, bind_join, filter_tail, tail_ids
 from quail.logical.expressions import AiPredicate
 from quail.logical.nodes import Classify, LogicalNode, Project, Score
 from quail.planner.cost import CostModel, Lengths, Work, ask, scan
 from quail.planner.filters import FilterOrder, StagePrice, order_filters, selectivity_of
 from quail.planner.joins import (
+    EXHAUSTIVE_JOIN_LIMIT,
     AliasStats,
     AnchorLayout,
     EqualityEdge,
@@ -27,6 +28,9 @@ from quail.planner.joins import (
     plan_joins,
 )
 from quail.planner.shape import Leaf, PlanShape, SubqueryJoin, rebuild, shape_of
+
+OVERSIZED_HINT = ("to answer the other documents, skip or cut the long ones: "
+                  "EngineConfig(oversized_documents='skip' or 'truncate')")
 
 
 @dataclass(frozen=True)
@@ -164,7 +168,7 @@ class _Optimizer:
             raise RefusalError(Refusal(
                 f"a prompt over {what} does not fit one {limit}",
                 ("a document plus its question must fit one forward pass",),
-                needed=longest, available=budget, unit="tokens",
+                needed=longest, available=budget, unit="tokens", hints=(OVERSIZED_HINT,),
             ))
 
     def alias_stats(self, leaves: list[Leaf], orders: Mapping[str, FilterOrder]) -> dict[str, AliasStats]:
@@ -227,10 +231,16 @@ class _Optimizer:
             raise RefusalError(Refusal(
                 "no join order can run: every anchor's worst tuple exceeds one forward chunk",
                 needed=self.shortest_worst_tuple(full), available=self.context.chunk_tokens, unit="tokens",
+                hints=(OVERSIZED_HINT,),
             ))
         anchors = ", ".join(f"#{k} on {v}" for k, v in sorted(plan.anchors.items()))
+        if plan.search == "greedy":
+            how = (f"greedy order: {len(aliases)} tables are more than the exhaustive search's "
+                   f"{EXHAUSTIVE_JOIN_LIMIT}, so the order may not be the cheapest")
+        else:
+            how = "cheapest of every left-deep order × anchor"
         self.remarks.append(f"join order {' ⋈ '.join(plan.order)}; anchors {anchors or 'none'} "
-                            f"(cheapest of every left-deep order × anchor, {plan.seconds:.3g} s)")
+                            f"({how}, {plan.seconds:.3g} s)")
         return plan
 
     def subquery_anchors(self, problem: JoinProblem, plan: JoinPlan | None, anchors: dict[int, str]) -> float:
@@ -248,7 +258,8 @@ class _Optimizer:
             if not options:
                 raise RefusalError(Refusal(f"the {subquery.semantics} join #{edge.position} fits no forward chunk",
                                            needed=self.shortest_worst_tuple(single),
-                                           available=self.context.chunk_tokens, unit="tokens"))
+                                           available=self.context.chunk_tokens, unit="tokens",
+                                           hints=(OVERSIZED_HINT,)))
             seconds, anchor = min(options)
             anchors[edge.position] = anchor
             total += seconds
@@ -286,7 +297,7 @@ class _Optimizer:
             bound = bind_classify(output.prompt, output.labels, output.instructions, self.tokenizer, self.style)
             tail, labels = len(bound.tail), [len(ids) for ids in bound.labels]
         else:
-            tail = len(self.tokenizer.encode(filter_tail(output.prompt, self.style)))
+            tail = len(tail_ids(self.tokenizer, filter_tail(output.prompt, self.style), self.style))
             labels = []
         alias = output.prompt.aliases[0]
         documents = stats[alias].documents.plus(1 + tail)

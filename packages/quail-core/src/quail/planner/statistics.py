@@ -22,6 +22,7 @@ from quail.data.tokenizer import Tokenizer
 from quail.data.tokens import TokenColumn
 from quail.logical.expressions import Equality
 from quail.logical.nodes import Classify, LogicalNode, Score, SemanticFilter, SemanticJoin, walk
+from quail.planner.oversize import taking_part
 from quail.planner.prefixes import shareable_tokens
 
 
@@ -77,9 +78,9 @@ def _shareable(column: TokenColumn, page_tokens: int) -> int:
 
 def planning_context(plan: LogicalNode, providers: Mapping[str, DocumentProvider], tokens: Mapping[str, TokenColumn],
                      tokenizer: Tokenizer, config: EngineConfig, model: ModelSpec, device: DeviceSpec,
-                     order: OrderRule) -> PlanningContext:
-    """Everything a backend's `plan` may consult, measured from the query's data."""
-    lengths = {alias: tokens[alias].lengths().to_pylist() if alias in tokens else [0] * provider.num_rows
+                     order: OrderRule, skipped: Mapping[str, pa.Array]) -> PlanningContext:
+    """Everything a backend's `plan` may consult, measured from the query's data (rows `skipped` left out)."""
+    lengths = {alias: taking_part(tokens[alias], skipped.get(alias)) if alias in tokens else [0] * provider.num_rows
                for alias, provider in providers.items()}
     return PlanningContext(
         model=model, device=device, gpu_count=config.gpus, document_token_lengths=lengths, order_rule=order,

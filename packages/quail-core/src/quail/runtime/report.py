@@ -162,6 +162,7 @@ class QueryReport:
     remarks: tuple[str, ...]
     engine: tuple[str, ...] = ()
     """What the engine said of itself when it booted (precision chosen, …)."""
+    oversized_documents: Mapping[str, ReportValue] | None = None
 
     def kv(self) -> dict[str, int | None]:
         metrics = [m for m in self.node_metrics.values()]
@@ -197,6 +198,7 @@ class QueryReport:
             "calibration": self.calibration(),
             "remarks": list(self.remarks),
             "engine": list(self.engine),
+            "oversized_documents": None if self.oversized_documents is None else dict(self.oversized_documents),
             "order_rule": self.order_rule,
         }
 
