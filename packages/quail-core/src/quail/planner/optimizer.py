@@ -95,6 +95,7 @@ class _Optimizer:
         join_plan = self.join_plan(problem)
         anchors = dict(join_plan.anchors) if join_plan else {}
         semi_seconds = self.subquery_anchors(problem, join_plan, anchors)
+        shared |= frozenset(a for a in set(anchors.values()) - shared if self.share_anchor_prefixes(a))
         output_seconds = sum(self.output_seconds(o, stats) for o in self.shape.outputs)
         filter_seconds = sum(o.seconds for o in orders.values())
         join_seconds = (join_plan.seconds if join_plan else 0.0) + semi_seconds
@@ -155,6 +156,16 @@ class _Optimizer:
         shared = self.context.document_shared_prefix_tokens[alias]
         self.remarks.append(f"share document prefixes on {alias}: {shared:,} tokens borrowed from neighbours "
                             f"in token order (saves ≈{saved:.3g} s of compute for ≈{added:.3g} s of KV traffic)")
+        return True
+
+    def share_anchor_prefixes(self, alias: str) -> bool:
+        """Join anchors borrow the prefixes they share — never under LIMIT. An anchor's KV is computed and
+        held for its partners either way, so borrowing only saves compute: on unless switched off."""
+        shared = self.context.document_shared_prefix_tokens.get(alias)
+        if self.context.prefix_sharing == "off" or not shared or self.shape.project.limit is not None:
+            return False
+        self.remarks.append(f"join anchors on {alias} borrow shared document prefixes: {shared:,} tokens "
+                            "from anchors in token order")
         return True
 
     def with_sharing(self, order: FilterOrder) -> FilterOrder:

@@ -133,6 +133,7 @@ class _GraphBuilder:
                                    labels=bound.labels, cue=bound.cue, selectivity=selectivity,
                                    assumed_selectivity=assumed,
                                    retain_anchor_kv=self.anchored_again(predicate.position, anchor),
+                                   share_prefixes=anchor in self.decisions.shared_prefixes,
                                    calibration=self.calibration, answers=self.answers), **inputs)
         return self.add(ph.RecombineJoin(f"joined_{predicate.position}", semantics=node.semantics),
                         left=left, right=right, answers=(model, "answers")), "rows"
