@@ -157,7 +157,7 @@ def test_a_backend_the_worker_does_not_have_is_refused_by_name_and_the_session_s
 
 def test_a_process_worker_keeps_its_engine_warm_across_sessions():
     quail.release_engines()
-    config = quail.EngineConfig(backend="example-keyword", compute="process")
+    config = quail.EngineConfig(backend="example-keyword", compute="process", cache="off")  # both runs compute
     kinds = []
     for _ in range(2):
         with registered_tables(quail.Session(config, tokenizer=ByteTokenizer())) as session:
