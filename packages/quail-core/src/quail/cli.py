@@ -7,6 +7,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from quail.cache.command import add_command as add_cache_command
 from quail.config import DEFAULT_BACKEND, DEFAULT_DEVICE, DEFAULT_MODEL
 from quail.errors import QuailError
 from quail.plugins.loading import add_plugin_commands
@@ -52,6 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     query = commands.add_parser("query", help="run an AI SQL query over Parquet / CSV / JSONL / Arrow tables")
     add_query_arguments(query)
     query.set_defaults(handler=run_query_command)
+    add_cache_command(commands)
     add_plugin_commands(commands)
     return parser
 

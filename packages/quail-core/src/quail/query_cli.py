@@ -66,6 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend")
     parser.add_argument("--dialect", choices=("snowflake", "bigquery"), default="snowflake")
     parser.add_argument("--order", choices=("by_cost", "as_written"))
+    parser.add_argument("--cache", help="the answer store: auto (default), off, or a store file's path")
+    parser.add_argument("--chunk-tokens", type=int, help="tokens per forward pass (answers are committed every "
+                                                         "few passes)")
     parser.add_argument("--explain", action="store_true", help="print the plan and exit without running")
     parser.add_argument("-o", "--output", type=Path, help=f"write the rows to {', '.join(OUTPUTS)}")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -83,7 +86,8 @@ def query_text(args: argparse.Namespace) -> str:
 
 
 def config_of(args: argparse.Namespace) -> EngineConfig:
-    chosen = {key: getattr(args, key) for key in ("model", "device", "backend") if getattr(args, key)}
+    chosen = {key: getattr(args, key) for key in ("model", "device", "backend", "cache", "chunk_tokens")
+              if getattr(args, key)}
     return EngineConfig(**chosen)
 
 

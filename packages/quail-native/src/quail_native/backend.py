@@ -5,12 +5,14 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from quail import (
     BackendExecutionContext,
     DeviceSpec,
     GpuContext,
     ModelExecution,
+    ModelIdentity,
     ModelRegion,
     ModelSpec,
     PhysicalCandidate,
@@ -20,6 +22,7 @@ from quail import (
     SupportResult,
 )
 from quail.backends import serving
+from quail.config import EngineConfig
 from quail.data.tokenizer import Tokenizer
 from quail.frontend.prompts import answer_tokens, style_for
 from quail.planner.calibration import calibrates
@@ -27,6 +30,8 @@ from quail.planner.physical import plan_query
 
 ARCHITECTURES = ("qwen3", "gemma3")
 DEFAULT_KV_CHUNKS = 32
+CHECKPOINT_FILES = ("config.json", "tokenizer.json", "*.safetensors")
+"""What `load_model` reads of a checkpoint directory: the files its answers are a function of."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,14 @@ class NativeBackend:
         directory = model_directory(model)
         return load_tokenizer(directory, read_arch(directory))
 
+    def model_identity(self, model: ModelSpec, device: DeviceSpec, config: EngineConfig) -> ModelIdentity:
+        """The checkpoint's files, the precision it runs in and the device kind (kernels round differently)."""
+        from quail_native.models.locate import model_directory
+
+        directory = model_directory(model)
+        files = tuple(sorted({p for pattern in CHECKPOINT_FILES for p in Path(directory).glob(pattern)}))
+        return ModelIdentity(files, (("precision", precision(config, device)), ("device", device.kind)))
+
     def plan(self, region: ModelRegion, context: PlanningContext) -> Sequence[PhysicalCandidate] | Refusal:
         if context.tokenizer is None:
             return Refusal("the native backend plans with the model's tokenizer, and none was given")
@@ -71,9 +84,7 @@ class NativeBackend:
         from quail_native.models.locate import model_directory
 
         device = torch.device("cuda", context.device_index) if context.device.kind == "cuda" else torch.device("cpu")
-        precision = context.config.precision
-        dtype = torch.bfloat16 if precision == "bf16" or (precision == "auto" and device.type == "cuda") \
-            else torch.float32
+        dtype = torch.bfloat16 if precision(context.config, context.device) == "bf16" else torch.float32
         loaded = load_model(model_directory(context.model), dtype, device)
         tokens = answer_tokens(loaded.tokenizer)
         config = context.config
@@ -87,6 +98,13 @@ class NativeBackend:
 
     def execute_request(self, context: BackendExecutionContext) -> PhysicalResponse:
         return serving.execute_request(self, context)
+
+
+def precision(config: EngineConfig, device: DeviceSpec) -> str:
+    """The precision the engine runs in: as configured, else bf16 on CUDA and fp32 on the CPU."""
+    if config.precision != "auto":
+        return config.precision
+    return "bf16" if device.kind == "cuda" else "fp32"
 
 
 def _cuda_support(gpu_count: int) -> SupportResult:

@@ -325,7 +325,7 @@ class ModelIdentitySource(Protocol):
     store: Quail never guesses that two runs computed the same numbers.
     """
 
-    def model_identity(self, model: ModelSpec, config: EngineConfig) -> ModelIdentity | None: ...
+    def model_identity(self, model: ModelSpec, device: DeviceSpec, config: EngineConfig) -> ModelIdentity | None: ...
 
 
 @runtime_checkable

@@ -82,7 +82,7 @@ def execute_request(backend: ModelBackend, context: BackendExecutionContext) -> 
         execution, boot.seconds, boot.kind = started_execution(backend, key, context)
         return execution
 
-    access = StoredAnswerAccess.open(backend, context.model, context.config)
+    access = StoredAnswerAccess.open(backend, context.model, context.device, context.config)
     tokens = {alias: table.tokens for alias, table in context.tables.items() if table.tokens is not None}
     runner = Runner(context.graph, RunInputs(context.tables, tokens),
                     lambda: CachedExecution(start, access, context.config.chunk_tokens), backend=backend.name,

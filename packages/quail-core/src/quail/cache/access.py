@@ -17,6 +17,7 @@ from quail.backends.base import ModelBackend
 from quail.cache.identity import ResolvedIdentity, named_identity, resolved
 from quail.cache.keys import Key, Keys
 from quail.cache.store import Answer, AnswerStore, Readout, StoreError
+from quail.catalog.devices import DeviceSpec
 from quail.catalog.locations import quail_cache_home
 from quail.catalog.models import ModelSpec
 from quail.config import EngineConfig
@@ -50,10 +51,11 @@ class StoredAnswerAccess:
         self.keys = Keys(identity.digest if identity is not None else "")
 
     @classmethod
-    def open(cls, backend: ModelBackend, model: ModelSpec, config: EngineConfig) -> StoredAnswerAccess:
+    def open(cls, backend: ModelBackend, model: ModelSpec, device: DeviceSpec,
+             config: EngineConfig) -> StoredAnswerAccess:
         """The store `config` names for what `backend` computes; an inactive one when off or unusable."""
         path = store_location(config)
-        named = named_identity(backend, model, config) if path is not None else None
+        named = named_identity(backend, model, device, config) if path is not None else None
         if path is None or named is None:
             return cls(None, None)
         try:

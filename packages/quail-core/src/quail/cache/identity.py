@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from quail.backends.base import ModelBackend, ModelIdentity, ModelIdentitySource
 from quail.cache.store import AnswerStore
+from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
 from quail.config import EngineConfig
 
@@ -24,11 +25,12 @@ class ResolvedIdentity:
     description: str
 
 
-def named_identity(backend: ModelBackend, model: ModelSpec, config: EngineConfig) -> ModelIdentity | None:
-    """What `backend` says its readouts for `model` under `config` depend on, or None when it cannot say."""
+def named_identity(backend: ModelBackend, model: ModelSpec, device: DeviceSpec,
+                   config: EngineConfig) -> ModelIdentity | None:
+    """What `backend` says its readouts for `model` on `device` under `config` depend on; None when it cannot say."""
     if not isinstance(backend, ModelIdentitySource):
         return None
-    return backend.model_identity(model, config)
+    return backend.model_identity(model, device, config)
 
 
 def resolved(backend: ModelBackend, model: ModelSpec, identity: ModelIdentity, store: AnswerStore) -> ResolvedIdentity:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from quail.backends.base import ModelRegion, PhysicalCandidate, PhysicalRequest, PortRef, TableInput
+from quail.cache.planning import stored_answers
 from quail.compute.base import Caller
 from quail.data.providers import DocumentProvider
 from quail.data.tokens import TokenColumn
@@ -43,9 +44,12 @@ def token_columns(query: Query) -> dict[str, TokenColumn]:
 
 def plan_physical(query: Query) -> PhysicalCandidate:
     session = query.session
-    context = planning_context(query.logical_plan, providers_of(query), token_columns(query), session.tokenizer,
-                               session.config, session.model, session.device, query.order)
-    offered = session.backend.plan(ModelRegion(query.logical_plan), context)
+    tokens = token_columns(query)
+    with stored_answers(session.backend, session.model, session.device, session.config, tokens,
+                        session.tokenizer) as stored:
+        context = planning_context(query.logical_plan, providers_of(query), tokens, session.tokenizer,
+                                   session.config, session.model, session.device, query.order, stored)
+        offered = session.backend.plan(ModelRegion(query.logical_plan), context)
     if isinstance(offered, Refusal):
         raise RefusalError(offered)
     if not offered:

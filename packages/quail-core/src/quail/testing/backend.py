@@ -66,7 +66,7 @@ class KeywordBackend:
         """Whatever the model, the keyword rule reads the text back from this tokenizer's ids."""
         return self._tokenizer
 
-    def model_identity(self, model: ModelSpec, config: EngineConfig) -> ModelIdentity:
+    def model_identity(self, model: ModelSpec, device: DeviceSpec, config: EngineConfig) -> ModelIdentity:
         """The keyword rule reads decoded text: its answers depend on the rule and the tokenizer, not on a model."""
         return ModelIdentity(files=(), settings=(("rule", RULE_VERSION), ("tokenizer", self._tokenizer.identity)))
 
