@@ -92,6 +92,8 @@ class NodeRun:
     def __init__(self, execution: CachedExecution, node: ph.PhysicalNode) -> None:
         self.execution = execution
         self.node = node
+        self.consulted = execution.access.active
+        """Whether the store was there when the node started (it may be dropped part-way: counts stay known)."""
         self.calls: list[NodeMetrics] = []
         self.offsets: dict[int, float] = {}
         self.pending: list[Answer] = []
@@ -229,7 +231,7 @@ class NodeRun:
             kv_evictions=_total([c.kv_evictions for c in calls], None),
             recomputed_tokens=_total([c.recomputed_tokens for c in calls], None),
             calibration_offsets=tuple(sorted(self.offsets.items())) if calibrated and self.offsets else None,
-            stored_answers=self.stored if self.execution.access.active else None,
+            stored_answers=self.stored if self.consulted else None,
             computed_answers=self.computed, duplicate_answers=self.copied,
         )
 

@@ -1,7 +1,8 @@
 """The answer store as the planner sees it: which prompts of a query need no model work (for prices only).
 
 Filter stages and outputs are looked up for every distinct document; join tuples from a fixed
-sample (all tuples of a large join would cost more to hash than to plan). A stored margin counts
+sample (all tuples of a large join would cost more to hash than to plan) of the documents no
+stored FALSE of their filters drops (the optimizer prices filters before joins). A stored margin counts
 as a decision with the predicate's stored calibration offset when there is one, else uncalibrated
 — a price, never an answer: the answers are read again where the model nodes run.
 """
@@ -35,6 +36,8 @@ class StoredAnswerView:
         self.tokens = tokens
         self.content_free = content_free_documents(tokenizer)
         self._distinct: dict[str, list[TokenIds]] = {}
+        self._dropped: dict[str, set[TokenIds]] = {}
+        """Per alias, the documents a stored FALSE of its filters drops: joins never see them."""
 
     def documents(self, alias: str) -> list[TokenIds]:
         """The alias's distinct documents (duplicates are computed once, so they are priced once)."""
@@ -56,6 +59,7 @@ class StoredAnswerView:
             decisions = [None if m is None or len(m) != 1 else shapes.predicate_holds(p, m[0], o)
                          for (p, _), m, o in zip(stages, margins, offsets, strict=True)]
             if False in decisions:
+                self._dropped.setdefault(alias, set()).add(document)
                 continue
             for stage, decision in enumerate(decisions):
                 if decision is None:
@@ -70,7 +74,7 @@ class StoredAnswerView:
         return [len(d) for d, k in zip(documents, keys, strict=True) if len(stored.get(k, ())) != len(labels)]
 
     def stored_share(self, aliases: Sequence[str], prompt: Callable[[Sequence[TokenIds]], TokenIds]) -> float:
-        pools = [self.documents(alias) for alias in aliases]
+        pools = [[d for d in self.documents(alias) if d not in self._dropped.get(alias, ())] for alias in aliases]
         if not all(pools):
             return 0.0
         sample = random.Random(0)
