@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -16,7 +17,7 @@ from quail.planner.statistics import document_columns
 from quail.runtime.report import ReportValue
 from quail_native.backend import NativeBackend
 from quail_native.benchmark.naive import NaiveModel
-from quail_native.benchmark.workloads import selected, tables
+from quail_native.benchmark.workloads import Workload, selected, tables
 
 
 @dataclass(frozen=True)
@@ -84,10 +85,12 @@ def run(args: argparse.Namespace) -> int:
     rows: list[Row] = []
     notes: list[str] = []
     naive: NaiveModel | None = None
+    cache_line: str | None = None
     for backend in args.backends.split(","):
+        config = quail.EngineConfig(model=model.name, backend=backend, device=args.device,
+                                    chunk_tokens=args.chunk_tokens, cache="off")  # the engine's work, every time
         try:
-            session = quail.Session(quail.EngineConfig(model=model.name, backend=backend, device=args.device,
-                                                       chunk_tokens=args.chunk_tokens), registry=registry)
+            session = quail.Session(config, registry=registry)
         except quail.QuailError as error:
             notes.append(f"{backend}: skipped — {error}")
             continue
@@ -100,13 +103,46 @@ def run(args: argparse.Namespace) -> int:
             for workload in workloads:
                 rows.append(measure(session, workload.name, workload.sql, naive, peak, model.non_embedding_params))
                 print(f"  {workload.name} [{backend}]: {rows[-1].wall_s:.2f} s (naive {rows[-1].naive_s:.2f} s)")
+        if cache_line is None:
+            cache_line = answer_cache_line(config, registry, args.scale, workloads[0])
     peak = max(peak, device_peak(device)[0])  # measured again after the run: the better of the two is the ceiling
     rows = [replace(r, efficiency=None if r.efficiency is None else r.efficiency * first_peak / peak) for r in rows]
     notes.append(f"GEMM peak: torch {precision} on {device.type}, {peak / 1e9:.1f} GFLOP/s (the better of bf16 and "
                  f"fp32, measured before and after the run)")
+    if cache_line is not None:
+        notes.append(cache_line)
     write_outputs(args.out, rows, notes, peak)
     print_summary(rows, notes)
     return 0
+
+
+@dataclass(frozen=True)
+class CacheRun:
+    seconds: float
+    fresh_tokens: int | None
+
+
+def answer_cache_line(config: quail.EngineConfig, registry: quail.ExtensionRegistry, scale: str,
+                      workload: Workload) -> str:
+    """One workload cold (an empty answer store) and warm (every answer stored), each in a new session."""
+    with tempfile.TemporaryDirectory(prefix="quail-bench-answers-") as directory:
+        stored = replace(config, cache=str(Path(directory) / "answers.sqlite"))
+        cold, warm = (cache_run(stored, registry, scale, workload) for _ in range(2))
+    ratio = warm.seconds / cold.seconds if cold.seconds else float("nan")
+    return (f"ratio warm/cold wall (answer cache, {workload.name} [{config.backend}]): {ratio:.3f} — cold "
+            f"{cold.seconds:.2f} s, warm {warm.seconds:.3f} s (plan + run, new session each); fresh tokens "
+            f"{cold.fresh_tokens} → {warm.fresh_tokens}")
+
+
+def cache_run(config: quail.EngineConfig, registry: quail.ExtensionRegistry, scale: str,
+              workload: Workload) -> CacheRun:
+    with quail.Session(config, registry=registry) as session:
+        for name, load in tables(scale).items():
+            session.register(name, quail.DocumentProvider.from_table(load(), "id"))
+        started = time.perf_counter()
+        report = session.sql(workload.sql).run().report
+        fresh = report["fresh_tokens"]
+        return CacheRun(time.perf_counter() - started, fresh if isinstance(fresh, int) else None)
 
 
 def measure(session: quail.Session, name: str, sql: str, naive: NaiveModel, peak: float, params: int) -> Row:
