@@ -362,6 +362,18 @@ def test_a_corrupt_store_warns_computes_the_right_rows_and_cli_clear_removes_it(
     assert run(TWO_FILTERS).report["fresh_tokens"] == 0, "a fresh store works again"
 
 
+def test_a_damaged_stored_value_is_computed_again_never_read_as_an_answer():
+    run(FILTER)
+    with sqlite3.connect(os.environ[STORE_ENVIRONMENT]) as db:  # flip a bit of every stored margin
+        for key, value in db.execute("SELECT key, value FROM answers").fetchall():
+            db.execute("UPDATE answers SET value = ? WHERE key = ?", (bytes([value[0] ^ 1]) + value[1:], key))
+    with pytest.warns(AnswerStoreWarning, match="failed their checksum"):
+        again = run(FILTER)
+    assert again.report["answers"]["stored"] == 0 and again.report["fresh_tokens"] > 0
+    assert answer_sets(again) == answer_sets(run(FILTER, cache="off"))
+    assert run(FILTER).report["fresh_tokens"] == 0, "the damaged values were replaced by the recomputed ones"
+
+
 def test_a_store_locked_by_another_writer_warns_and_computes(monkeypatch):
     monkeypatch.setattr(store, "BUSY_TIMEOUT_S", 0.2)
     run(FILTER)  # the store exists; another process now holds its write lock

@@ -77,11 +77,16 @@ class StoredAnswerAccess:
     def get(self, keys: Iterable[Key]) -> dict[Key, Readout]:
         if self._store is None:
             return {}
+        damaged = self._store.damaged
         try:
-            return self._store.get(keys)
+            found = self._store.get(keys)
         except StoreError as error:
             self._drop(error)
             return {}
+        if self._store.damaged > damaged:
+            _warn(StoreError(f"{self._store.damaged - damaged} stored answers in {self._store.path} failed their "
+                             "checksum"))
+        return found
 
     def put(self, answers: Sequence[Answer]) -> None:
         if self._store is None or self.identity is None or not answers:

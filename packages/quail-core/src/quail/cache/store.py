@@ -2,7 +2,8 @@
 
 Answers are keyed by `quail.cache.keys` and hold the raw readout as little-endian float64s
 (a margin, a label log-probability per label, a calibration offset) — never a decision, so
-calibration and thresholds still apply when they are read. Writes are batches in one `BEGIN
+calibration and thresholds still apply when they are read — followed by a CRC-32 of key and
+readout: a damaged value is read as missing (and computed again), never as an answer. Writes are batches in one `BEGIN
 IMMEDIATE` transaction each: a process killed mid-write leaves the last committed batch, never
 half of one. Concurrent writers wait for each other (busy timeout); readers never wait (WAL).
 
@@ -18,6 +19,7 @@ import hashlib
 import sqlite3
 import struct
 import time
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +86,9 @@ class AnswerStore:
         self.limit = limit
         self._models: dict[str, int] = {}
         self._touched: set[Key] = set()
+        self.damaged = 0
+        """Values read so far whose checksum did not match (treated as missing, deleted at the next write)."""
+        self._damaged_keys: set[Key] = set()
 
     @classmethod
     def open(cls, path: Path, limit: int) -> AnswerStore:
@@ -133,8 +138,11 @@ class AnswerStore:
                 batch = wanted[start:start + LOOKUP_BATCH]
                 marks = ",".join("?" * len(batch))
                 for key, value in self._db.execute(f"SELECT key, value FROM answers WHERE key IN ({marks})", batch):
-                    readout = _unpack(value)
-                    if readout is not None:
+                    readout = _unpack(bytes(key), value)
+                    if readout is None:
+                        self.damaged += 1
+                        self._damaged_keys.add(bytes(key))
+                    else:
                         found[bytes(key)] = readout
         self._touched.update(found)
         return found
@@ -145,14 +153,22 @@ class AnswerStore:
             return
         now = _clock()
         with _failures(self.path, "write"), self._transaction():
+            self._forget_damaged()
             model_id = self._model_id(model, description)
             cursor = self._db.executemany(
                 "INSERT OR IGNORE INTO answers VALUES (?, ?, ?, ?, ?)",
-                [(a.key, model_id, KIND_CODES[a.kind], _pack(a.value), now) for a in answers])
+                [(a.key, model_id, KIND_CODES[a.kind], _pack(a.key, a.value), now) for a in answers])
             added = max(cursor.rowcount, 0)
             self._db.execute("UPDATE counts SET value = value + ? WHERE name = 'answers'", (added,))
             self._touch()
             self._evict()
+
+    def _forget_damaged(self) -> None:
+        """Delete the damaged values read so far, so their answers can be stored again."""
+        if self._damaged_keys:
+            removed = self._db.executemany("DELETE FROM answers WHERE key = ?", [(k,) for k in self._damaged_keys])
+            self._db.execute("UPDATE counts SET value = value - ? WHERE name = 'answers'", (max(removed.rowcount, 0),))
+            self._damaged_keys.clear()
 
     def _touch(self) -> None:
         if self._touched:
@@ -252,15 +268,17 @@ def remove_files(path: Path) -> None:
         candidate.unlink(missing_ok=True)
 
 
-def _pack(value: Readout) -> bytes:
-    return struct.pack(f"<{len(value)}d", *value)
+def _pack(key: Key, value: Readout) -> bytes:
+    floats = struct.pack(f"<{len(value)}d", *value)
+    return floats + struct.pack("<I", zlib.crc32(key + floats))
 
 
-def _unpack(value: bytes) -> Readout | None:
-    """A readout, or None for a value of impossible length (read as a miss, never as an answer)."""
-    if not value or len(value) % 8:
+def _unpack(key: Key, value: bytes) -> Readout | None:
+    """A readout, or None for a damaged value (wrong length or checksum): read as a miss, never as an answer."""
+    floats, check = value[:-4], value[-4:]
+    if not floats or len(floats) % 8 or struct.pack("<I", zlib.crc32(key + floats)) != check:
         return None
-    return struct.unpack(f"<{len(value) // 8}d", value)
+    return struct.unpack(f"<{len(floats) // 8}d", floats)
 
 
 def _clock() -> int:

@@ -38,7 +38,8 @@ class StoredPrices:
         if any(todo.count < documents.count for todo in pending):
             counts = ", ".join(f"#{p.position} {todo.count:.0f}" for p, todo in zip(predicates, pending, strict=True))
             self.remarks.append(f"answer store: of {documents.count:.0f} documents of {alias}, still to compute "
-                                f"{counts} (stored answers cost nothing; a stored FALSE drops its document)")
+                                f"{counts} (stored answers and repeated documents cost nothing; a stored FALSE "
+                                f"drops its document)")
         return pending
 
     def join_share(self, position: int, bound: JoinPrompt) -> float:
