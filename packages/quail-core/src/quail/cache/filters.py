@@ -1,11 +1,11 @@
-"""An AiFilter through the answer store: each document walks its stages over the stored readouts.
+"""An AiFilter through the answer store: each document's stages are first looked up.
 
-A document with a stored FALSE on any stage is out before any model work (its answers are the
-stored ones up to that FALSE, in plan order). Otherwise every stage without a stored answer is
-still to compute: documents needing the same stages go to the backend together as the same node
-with only those stages — same preamble, frame and question ids, so the same prompts — and the
-backend walks them as it always does (stopping at a FALSE). The merged answers for a document are
-then its stages in plan order, stored or computed, up to the first FALSE.
+A document with a stored FALSE on any stage is out before any model work. Otherwise every stage
+without a stored answer is still to compute: documents needing the same stages go to the backend
+together as the same node with only those stages — same preamble, frame and question ids, so the
+same prompts — and the backend walks them as it always does (stopping at a FALSE). A document's
+answers are then every stage it has an answer for, stored or computed, in plan order: the same
+set whichever order a plan chose, so a re-planned query reads back exactly what was computed.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pyarrow as pa
 
 from quail.backends import shapes
 from quail.backends.base import NodeInputs
-from quail.cache.execution import Found, NodeRun, representatives, row_inputs
 from quail.cache.keys import Key
+from quail.cache.node_run import Found, NodeRun, representatives, row_inputs
 from quail.physical import nodes as ph
 
 
@@ -29,22 +29,19 @@ def answer_filter(node: ph.AiFilter, inputs: NodeInputs, run: NodeRun) -> pa.Tab
     stored = run.lookup([key for row_keys in keys.values() for key in row_keys])
     offsets = run.known_offsets(node)
     found: dict[tuple[int, int], Found] = {}
-    dropped: dict[int, list[int]] = {}
     needs: dict[tuple[int, ...], list[int]] = {}
     for row, row_keys in keys.items():
         known = [run.decided(s.predicate, stored.get(k), offsets) for s, k in zip(stages, row_keys, strict=True)]
         found.update({(row, k): answer for k, answer in enumerate(known) if answer is not None})
-        falses = [k for k, answer in enumerate(known) if answer is not None and not answer.answer]
-        if falses:
-            dropped[row] = [k for k in range(falses[0] + 1) if known[k] is not None]
-            continue
+        if any(answer is not None and not answer.answer for answer in known):
+            continue  # a stored FALSE: out before any model work
         missing = tuple(k for k, answer in enumerate(known) if answer is None)
         if missing:
             needs.setdefault(missing, []).append(row)
     run.begin(len(groups), len(groups) - sum(len(rows) for rows in needs.values()))
     for missing, rows in needs.items():
         compute_stages(node, missing, rows, documents, keys, inputs, run, found)
-    return merged(node, groups, dropped, found, run)
+    return merged(node, groups, found, run)
 
 
 def stage_keys(node: ph.AiFilter, document: tuple[int, ...], run: NodeRun) -> list[Key]:
@@ -71,12 +68,12 @@ def compute_stages(node: ph.AiFilter, missing: tuple[int, ...], rows: list[int],
         run.commit()
 
 
-def merged(node: ph.AiFilter, groups: dict[int, list[int]], dropped: dict[int, list[int]],
-           found: dict[tuple[int, int], Found], run: NodeRun) -> pa.Table:
-    """Every row's answers in plan order up to its first FALSE, duplicates copying their representative's."""
+def merged(node: ph.AiFilter, groups: dict[int, list[int]], found: dict[tuple[int, int], Found],
+           run: NodeRun) -> pa.Table:
+    """Every row's answers in plan order, duplicates copying their representative's."""
     entries: list[tuple[int, int, Found]] = []
     for representative, rows in groups.items():
-        answered = dropped[representative] if representative in dropped else walked(node, representative, found)
+        answered = answered_stages(node, representative, found)
         for row in rows:
             for stage in answered:
                 answer = found[(representative, stage)]
@@ -88,14 +85,10 @@ def merged(node: ph.AiFilter, groups: dict[int, list[int]], dropped: dict[int, l
                                  [a.answer for _, _, a in entries], [a.margin for _, _, a in entries])
 
 
-def walked(node: ph.AiFilter, row: int, found: dict[tuple[int, int], Found]) -> list[int]:
-    """The stages a document answered, in plan order: until its first FALSE or a stage the backend never reached."""
-    answered = []
-    for stage in range(len(node.stages)):
-        answer = found.get((row, stage))
-        if answer is None:
-            break
-        answered.append(stage)
-        if not answer.answer:
-            break
+def answered_stages(node: ph.AiFilter, row: int, found: dict[tuple[int, int], Found]) -> list[int]:
+    """The stages a document has answers for; a document without a FALSE must have them all."""
+    answered = [stage for stage in range(len(node.stages)) if (row, stage) in found]
+    if len(answered) < len(node.stages) and all(found[(row, stage)].answer for stage in answered):
+        raise RuntimeError(f"{node.kind} {node.id!r}: the backend left row {row} without an answer for "
+                           f"{len(node.stages) - len(answered)} stage(s) and without a FALSE that would end it")
     return answered

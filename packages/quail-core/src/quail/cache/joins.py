@@ -5,8 +5,8 @@ The rest go to the backend as the same node restricted (through its `candidates`
 tuple per distinct prompt, chunked by anchor so each anchor's prefix is still computed once per
 call. Exists / anti anchors stop at their first TRUE, which may leave a copied tuple of another
 anchor unasked: such anchors go round again with what they still lack until every anchor is
-decided. The merged answers list, per anchor in candidate order, every answered tuple (up to the
-first TRUE for exists / anti).
+decided. The merged answers list every candidate tuple that has an answer, stored or computed,
+per anchor in candidate order — the same set whichever order the backend asked them in.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pyarrow.compute as pc
 
 from quail.backends import shapes
 from quail.backends.base import NodeInputs
-from quail.cache.execution import Found, NodeRun
 from quail.cache.keys import Key
+from quail.cache.node_run import Found, NodeRun
 from quail.physical import nodes as ph
 from quail.runtime.relational import candidate_tuples
 
@@ -87,7 +87,7 @@ def answer_join(node: ph.AiJoin, inputs: NodeInputs, run: NodeRun) -> pa.Table:
         if len(answered) == before:
             raise RuntimeError(f"the backend answered none of the {sum(map(len, asked.values()))} tuples of "
                                f"{node.kind} {node.id!r} it was asked for")
-    return _merged(items, answered, early, run)
+    return _merged(items, answered, run)
 
 
 def _unanswered(items: _JoinItems, answered: dict[Key, Found], early: bool) -> dict[int, list[Tuple]]:
@@ -105,7 +105,7 @@ def _unanswered(items: _JoinItems, answered: dict[Key, Found], early: bool) -> d
     return asked
 
 
-def _merged(items: _JoinItems, answered: dict[Key, Found], early: bool, run: NodeRun) -> pa.Table:
+def _merged(items: _JoinItems, answered: dict[Key, Found], run: NodeRun) -> pa.Table:
     rows: dict[str, list[int]] = {alias: [] for alias in items.aliases}
     answers: list[bool] = []
     margins: list[float] = []
@@ -119,8 +119,6 @@ def _merged(items: _JoinItems, answered: dict[Key, Found], early: bool, run: Nod
                 rows[alias].append(row)
             answers.append(found.answer)
             margins.append(found.margin)
-            if early and found.answer:
-                break
     node = items.node
     return shapes.join_answers(rows, answers, margins, anchor=node.anchor.alias,
                                partners=[p.alias for p in node.partners], semantics=node.semantics,

@@ -14,8 +14,8 @@ import pyarrow as pa
 
 from quail.backends import shapes
 from quail.backends.base import NodeInputs
-from quail.cache.execution import NodeRun, representatives, row_inputs
 from quail.cache.keys import Key, ReadoutKind
+from quail.cache.node_run import NodeRun, representatives, row_inputs
 from quail.cache.store import Readout
 from quail.physical import nodes as ph
 
