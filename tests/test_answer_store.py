@@ -249,6 +249,29 @@ def test_answers_are_committed_per_backend_call_so_an_interrupted_query_resumes(
     assert answer_sets(resumed) == answer_sets(full)
 
 
+class ShapelessExecution(KeywordExecution):
+    """Answers without the raw margin: not the standard shape."""
+
+    def execute(self, node: ph.PhysicalNode, inputs: NodeInputs) -> NodeOutput:
+        output = super().execute(node, inputs)
+        return NodeOutput({"answers": output.tables["answers"].drop_columns(["margin"])}, output.metrics)
+
+
+class ShapelessBackend(KeywordBackend):
+    name = "shapeless"
+
+    def start(self, context: GpuContext) -> ShapelessExecution:
+        return ShapelessExecution(self._tokenizer)
+
+
+def test_a_backend_answering_in_the_wrong_shape_is_a_clear_error_and_stores_nothing():
+    with keyword_session(backend=ShapelessBackend(TOKENIZER)) as session, \
+            pytest.raises(RuntimeError, match="AiFilter 'filter_r' with expected a 'margin' column"):
+        session.sql(FILTER).run()
+    with sqlite3.connect(os.environ[STORE_ENVIRONMENT]) as db:
+        assert db.execute("SELECT count(*) FROM answers").fetchone()[0] == 0
+
+
 def test_the_process_provider_stores_where_the_local_one_reads():
     quail.release_engines()
     query = EXISTS

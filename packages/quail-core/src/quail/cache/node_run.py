@@ -112,10 +112,15 @@ class NodeRun:
         backend = self.execution.backend()
         with reporting(backend, self._progress_within(items) if self.execution.progress is not None else None):
             output = backend.execute(node, inputs)
+        table = output.tables.get("answers")
+        problem = "no 'answers' table" if not isinstance(table, pa.Table) else shapes.shape_problem(node, table)
+        if problem is not None or table is None:
+            raise RuntimeError(f"the backend answered {node.kind} {node.id!r} with {problem}: every backend returns "
+                               f"the standard shapes of quail.backends.shapes")
         self.calls.append(output.metrics)
         self._keep_offsets(node, output.metrics)
         self.advance(items)
-        return output.tables["answers"]
+        return table
 
     def _keep_offsets(self, node: ph.PhysicalNode, metrics: NodeMetrics) -> None:
         if not isinstance(node, ph.AiFilter | ph.AiJoin) or not node.calibration:
