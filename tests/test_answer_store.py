@@ -5,7 +5,7 @@ and again when they are all read back; changing the SELECT list computes nothing
 computes only its own prompts; a stored FALSE drops its document before model work; identical
 prompts are computed once; answers are committed per backend call, so an interrupted query
 resumes; a store that is corrupt or locked degrades to computing; the planner prices stored
-answers at zero. (Real models, new processes and kill -9: packages/quail-native/tests/test_answer_store.py.)
+answers at zero. (Real models, new processes and kill -9: packages/quail-native/tests/test_native_answer_store.py.)
 """
 
 from __future__ import annotations

@@ -161,7 +161,7 @@ def open_run(tiny_checkpoints: dict[str, TinyModel], naive_models: dict[str, Nai
 
         `engine` adds EngineConfig fields (arena size, page size, prefix sharing, calibration — off unless
         given: the tiny models are base models, and raw decisions are margin > 0). The answer store is off:
-        these tests check what the executor computes (test_answer_store.py checks what is stored).
+        these tests check what the executor computes (test_native_answer_store.py checks what is stored).
         """
         if after is not None:
             session = after.session
