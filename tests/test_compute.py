@@ -157,7 +157,7 @@ def test_a_backend_the_worker_does_not_have_is_refused_by_name_and_the_session_s
 
 def test_a_process_worker_keeps_its_engine_warm_across_sessions():
     quail.release_engines()
-    config = quail.EngineConfig(backend="example-keyword", compute="process")
+    config = quail.EngineConfig(backend="example-keyword", compute="process", cache="off")  # both runs compute
     kinds = []
     for _ in range(2):
         with registered_tables(quail.Session(config, tokenizer=ByteTokenizer())) as session:
@@ -199,7 +199,8 @@ def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[quail.Model
 def native_results(model: quail.ModelSpec, compute: str) -> list[quail.runtime.results.QueryResult]:
     registry = quail.ExtensionRegistry.with_built_ins()
     registry.register_model(model)
-    config = quail.EngineConfig(model=model.name, compute=compute, precision="fp32", calibration="off")
+    config = quail.EngineConfig(model=model.name, compute=compute, precision="fp32", calibration="off",
+                                cache="off")  # both providers compute: their engines' answers are compared
     with quail.Session(config, registry=registry) as session:
         session.register("reviews", quail.DocumentProvider.from_table(
             pa.table({"id": range(len(TINY_REVIEWS)), "body": TINY_REVIEWS}), "id"))

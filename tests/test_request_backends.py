@@ -8,6 +8,7 @@ is the request planning or a schedule losing, duplicating or misrouting an answe
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -221,7 +222,8 @@ def test_execute_request_runs_the_graph_on_an_engine_kept_in_runtime_state(tmp_p
             tables[alias] = TableInput(alias, provider.num_rows, tokens, pa.table({}))
         graph = query.plan().graph
         state: dict[object, object] = {}
-        request = PhysicalRequest("fake_vllm", graph, model_outputs(graph), tables, session.config, session.model,
+        config = replace(session.config, cache="off")  # both requests compute on the engine kept in `state`
+        request = PhysicalRequest("fake_vllm", graph, model_outputs(graph), tables, config, session.model,
                                   session.device)
         context = BackendExecutionContext(request, session.registry, state)
         boots = fake.boots

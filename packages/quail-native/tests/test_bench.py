@@ -22,6 +22,8 @@ def test_bench_writes_report_results_and_chart_and_prints_the_ratio_lines_last(t
     assert out[-4].startswith("ratio fresh/minimum tokens:")
     assert out[-3].startswith("ratio SoL/measured wall:")
     assert any(line.startswith("note: nope: skipped") for line in out)
+    [cache] = [line for line in out if line.startswith("note: ratio warm/cold wall (answer cache, reviews: 1 filter")]
+    assert cache.endswith(" → 0"), "the warm run reads every answer from the store"
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["gemm_peak_flops"] > 0
     assert len(results["rows"]) == 9 and all(r["backend"] == "native" for r in results["rows"])

@@ -162,7 +162,8 @@ def open_run(tiny_checkpoints: dict[str, TinyModel], naive_models: dict[str, Nai
         engine and KV state kept).
 
         `engine` adds EngineConfig fields (arena size, page size, prefix sharing, calibration — off unless
-        given: the tiny models are base models, and raw decisions are margin > 0).
+        given: the tiny models are base models, and raw decisions are margin > 0). The answer store is off:
+        these tests check what the executor computes (test_native_answer_store.py checks what is stored).
         """
         if after is not None:
             session = after.session
@@ -171,7 +172,7 @@ def open_run(tiny_checkpoints: dict[str, TinyModel], naive_models: dict[str, Nai
             tiny = tiny_checkpoints[kind]
             registry = quail.ExtensionRegistry.with_built_ins()
             registry.register_model(tiny.spec)
-            fields = {"calibration": "off", "device": DEVICE, "precision": "fp32", **(engine or {})}
+            fields = {"calibration": "off", "cache": "off", "device": DEVICE, "precision": "fp32", **(engine or {})}
             config = quail.EngineConfig(model=tiny.spec.name, chunk_tokens=chunk, **fields)
             session = quail.Session(config, registry=registry)
             for name, table in (tables or TABLES).items():

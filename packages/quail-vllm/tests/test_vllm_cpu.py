@@ -52,10 +52,13 @@ KV_BYTES = 256 << 20
 def run_on(backend: str, model: quail.ModelSpec | str, tables: dict[str, pa.Table], sql: str,
            registry: quail.ExtensionRegistry, compute: str = "local",
            ) -> tuple[quail.Query, quail.runtime.results.QueryResult, float]:
-    """One session: plan, boot (unless the engine is warm) and run the query; the wall time includes the boot."""
+    """One session: plan, boot (unless the engine is warm) and run the query; the wall time includes the boot.
+
+    Answers are not stored: every run computes on its engine (these tests compare engines).
+    """
     name = model if isinstance(model, str) else model.name
     config = quail.EngineConfig(model=name, backend=backend, precision="fp32", chunk_tokens=1024,
-                                kv_budget_bytes=KV_BYTES, compute=compute)
+                                kv_budget_bytes=KV_BYTES, compute=compute, cache="off")
     started = time.perf_counter()
     with quail.Session(config, registry=registry) as session:
         for table_name, table in tables.items():

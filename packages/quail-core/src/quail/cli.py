@@ -54,6 +54,7 @@ def _run(argv: Sequence[str] | None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from quail.cache.command import add_command as add_cache_command
     from quail.config import DEFAULT_BACKEND, DEFAULT_DEVICE, DEFAULT_MODEL
     from quail.plugins.loading import add_plugin_commands
     from quail.query_cli import add_arguments as add_query_arguments
@@ -74,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     query = commands.add_parser("query", help="run an AI SQL query over Parquet / CSV / JSONL / Arrow tables")
     add_query_arguments(query)
     query.set_defaults(handler=run_query_command)
+    add_cache_command(commands)
     add_plugin_commands(commands)
     return parser
 

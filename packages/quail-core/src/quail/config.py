@@ -19,6 +19,8 @@ DEFAULT_MODEL = "gemma-3-270m"
 DEFAULT_DEVICE = "cpu"
 DEFAULT_BACKEND = "native"
 DEFAULT_COMPUTE = "local"
+DEFAULT_CACHE = "auto"
+DEFAULT_CACHE_LIMIT = 4_000_000
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,10 @@ class EngineConfig:
     backends that no entry point provides; Ray calls its counterpart `worker_process_setup_hook`)."""
     engines_per_device: int = 1
     """Booted engines a worker keeps per device; booting one more closes the least recently used."""
+    cache: str = DEFAULT_CACHE
+    """The answer store: `auto` (on, under $QUAIL_HOME), `off`, or the path of a store file (`quail.cache`)."""
+    cache_limit: int = DEFAULT_CACHE_LIMIT
+    """Answers the store keeps; beyond it the least recently used are evicted."""
 
     def __post_init__(self) -> None:
         for name in ("model", "device", "backend"):
@@ -68,6 +74,9 @@ class EngineConfig:
                                               self.worker_setup.count(":") != 1):
             raise ConfigError(f"EngineConfig.worker_setup must be 'module:function', got {self.worker_setup!r}")
         _require_count("engines_per_device", self.engines_per_device, 1)
+        if not isinstance(self.cache, str) or not self.cache.strip():
+            raise ConfigError(f"EngineConfig.cache must be 'auto', 'off' or a store file's path, got {self.cache!r}")
+        _require_count("cache_limit", self.cache_limit, 1)
 
     def engine_settings(self) -> EngineConfig:
         """This config with every field that only planning or placement reads set to its default.
@@ -75,7 +84,8 @@ class EngineConfig:
         Two configs with equal engine settings can share one booted engine.
         """
         return replace(self, prefix_sharing="auto", calibration="auto", oversized_documents="refuse",
-                       compute=DEFAULT_COMPUTE, worker_setup=None, engines_per_device=1)
+                       compute=DEFAULT_COMPUTE, worker_setup=None, engines_per_device=1, cache=DEFAULT_CACHE,
+                       cache_limit=DEFAULT_CACHE_LIMIT)
 
 
 def _require_name(field: str, value: object) -> None:

@@ -37,6 +37,10 @@ def format_report(report: dict[str, ReportValue]) -> str:
     fresh, minimum = report["fresh_tokens"], report["minimum_tokens"]
     if isinstance(fresh, int) and isinstance(minimum, int) and minimum:
         lines.append(f"  fresh / minimum tokens: {fresh / minimum:.3f}")
+    answers = report.get("answers")
+    if isinstance(answers, dict):
+        lines.append(f"  answers: {human(answers['stored'])} stored, {human(answers['computed'])} computed, "
+                     f"{human(answers['duplicates'])} copied from identical prompts")
     stages = report["stages"]
     if isinstance(stages, list):
         for stage in stages:

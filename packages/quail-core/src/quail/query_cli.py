@@ -92,6 +92,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--oversized-documents", choices=OVERSIZED_POLICIES, default="refuse",
                         help="a document too long for one forward pass with its prompt: refuse the query "
                              "(default), skip that document, or truncate it to what fits")
+    parser.add_argument("--cache", help="the answer store: auto (default), off, or a store file's path")
+    parser.add_argument("--chunk-tokens", type=int, help="tokens per forward pass (answers are committed every "
+                                                         "few passes)")
     parser.add_argument("--explain", action="store_true", help="print the plan and exit without running")
     parser.add_argument("-o", "--output", type=output_path,
                         help=f"write the rows to a {', '.join(OUTPUT_SUFFIXES)} file (checked before the model "
@@ -114,7 +117,8 @@ def query_text(args: argparse.Namespace) -> str:
 
 
 def config_of(args: argparse.Namespace) -> EngineConfig:
-    chosen = {key: getattr(args, key) for key in ("model", "device", "backend") if getattr(args, key)}
+    chosen = {key: getattr(args, key) for key in ("model", "device", "backend", "cache", "chunk_tokens")
+              if getattr(args, key)}
     return EngineConfig(**chosen, oversized_documents=args.oversized_documents)
 
 

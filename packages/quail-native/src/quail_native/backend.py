@@ -5,12 +5,14 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from quail import (
     BackendExecutionContext,
     DeviceSpec,
     GpuContext,
     ModelExecution,
+    ModelIdentity,
     ModelRegion,
     ModelSpec,
     PhysicalCandidate,
@@ -20,6 +22,7 @@ from quail import (
     SupportResult,
 )
 from quail.backends import serving
+from quail.config import EngineConfig
 from quail.data.tokenizer import Tokenizer
 from quail.frontend.prompts import answer_tokens, style_for
 from quail.planner.calibration import calibrates
@@ -27,6 +30,8 @@ from quail.planner.physical import plan_query
 
 ARCHITECTURES = ("qwen3", "gemma3")
 DEFAULT_KV_CHUNKS = 32
+CHECKPOINT_FILES = ("config.json", "tokenizer.json", "*.safetensors")
+"""What `load_model` reads of a checkpoint directory: the files its answers are a function of."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,14 @@ class NativeBackend:
 
         directory = model_directory(model)
         return load_tokenizer(directory, read_arch(directory))
+
+    def model_identity(self, model: ModelSpec, device: DeviceSpec, config: EngineConfig) -> ModelIdentity:
+        """The checkpoint's files, the precision it runs in and the device kind (kernels round differently)."""
+        from quail_native.models.locate import model_directory
+
+        directory = model_directory(model)
+        files = tuple(sorted({p for pattern in CHECKPOINT_FILES for p in Path(directory).glob(pattern)}))
+        return ModelIdentity(files, (("precision", precision_name(config, device, model)), ("device", device.kind)))
 
     def plan(self, region: ModelRegion, context: PlanningContext) -> Sequence[PhysicalCandidate] | Refusal:
         if context.tokenizer is None:
@@ -88,6 +101,17 @@ class NativeBackend:
 
     def execute_request(self, context: BackendExecutionContext) -> PhysicalResponse:
         return serving.execute_request(self, context)
+
+
+def precision_name(config: EngineConfig, device: DeviceSpec, model: ModelSpec) -> str:
+    """The precision the engine computes in ("fp32" / "bf16"): as configured, else what `auto` picks here."""
+    import torch
+
+    from quail_native.precision import choose_precision
+
+    target = torch.device("cuda") if device.kind == "cuda" else torch.device("cpu")
+    chosen = choose_precision(config.precision, target, model.hidden, model.ffn)
+    return "bf16" if chosen.dtype == torch.bfloat16 else "fp32"
 
 
 def _cuda_support(gpu_count: int) -> SupportResult:

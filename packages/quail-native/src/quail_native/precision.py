@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -48,8 +49,12 @@ def choose_precision(requested: Precision, device: torch.device, hidden: int, wi
                                    f"{fp32 / 1e9:.3g} GFLOP/s on this CPU)")
 
 
+@lru_cache(maxsize=16)
 def gemm_rate(dtype: torch.dtype, device: torch.device, hidden: int, width: int) -> float:
-    """Best FLOP/s of [PROBE_TOKENS × hidden] @ [hidden × width] — the shape of the model's MLP projection."""
+    """Best FLOP/s of [PROBE_TOKENS × hidden] @ [hidden × width] — the shape of the model's MLP projection.
+
+    Measured once per process and shape: the engine, the answer store's model identity and the bench must
+    all see the same choice."""
     a = torch.randn(PROBE_TOKENS, hidden, device=device).to(dtype)
     b = torch.randn(hidden, width, device=device).to(dtype)
     a @ b  # warm-up: the first call of a dtype pays for kernel selection

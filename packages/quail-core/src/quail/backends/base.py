@@ -6,13 +6,15 @@ crosses a compute provider's boundary as data (a `PhysicalRequest`), and on the 
 provider calls the backend's `execute_request`, which boots the backend with `start` once per
 worker (the engine is kept in `runtime_state`, so it outlives sessions) and runs the model nodes
 through the generic runner. `quail.backends.serving.execute_request` is that shared
-implementation; a backend may override it.
+implementation; a backend may override it (and then answers no stored answers: the answer store
+of `quail.cache` sits in that shared path).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 import pyarrow as pa
@@ -24,6 +26,7 @@ from quail.data.providers import Columns, Rows
 from quail.data.tokenizer import Tokenizer
 from quail.data.tokens import TokenColumn
 from quail.errors import Refusal
+from quail.logical.expressions import AiPredicate
 from quail.logical.nodes import LogicalNode
 from quail.physical.graph import PhysicalGraph
 from quail.physical.nodes import PhysicalNode
@@ -37,6 +40,8 @@ BootKind = Literal["cold", "warm"]
 PortRef = tuple[str, str]
 """(node id, port name) of a physical node's output."""
 TokenIds = tuple[int, ...]
+StagePrompt = tuple[AiPredicate, Callable[[TokenIds], TokenIds]]
+"""A TRUE/FALSE predicate and its whole prompt as a function of one document's token ids."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,31 @@ class PlanningContext:
     document_shared_prefix_tokens: Mapping[str, int] = field(default_factory=dict)
     """Per alias: Σ whole pages each document shares with its predecessor in token order."""
     calibration: Switch = "auto"
+    stored_answers: StoredAnswers | None = None
+    """What the answer store already holds (None when answers are not stored): priced at zero."""
+
+
+@runtime_checkable
+class StoredAnswers(Protocol):
+    """The answer store as the planner sees it: which prompts' readouts need no model work.
+
+    Only prices come from here; the answers themselves are read again where the model nodes run.
+    """
+
+    def pending_stages(self, alias: str, stages: Sequence[StagePrompt]) -> list[list[int]]:
+        """Per stage: the token lengths of the distinct documents of `alias` it still has to read —
+        those whose readout is not stored, less those a stored FALSE of another stage drops."""
+        ...
+
+    def pending_labels(self, alias: str, prompt: Callable[[TokenIds], TokenIds],
+                       labels: Sequence[TokenIds]) -> list[int]:
+        """The token lengths of the distinct documents whose label log-probabilities are not stored."""
+        ...
+
+    def stored_share(self, aliases: Sequence[str], prompt: Callable[[Sequence[TokenIds]], TokenIds]) -> float:
+        """An estimate (from a sample) of the fraction of tuples — one document per alias, in `aliases`
+        order — whose TRUE/FALSE readout of `prompt(documents)` is stored."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -125,6 +155,12 @@ class NodeMetrics:
     recomputed_tokens: int | None = None
     calibration_offsets: tuple[tuple[int, float], ...] | None = None
     """(predicate position, mean margin on content-free documents) when the node was calibrated."""
+    stored_answers: int | None = None
+    """Answers read from the answer store instead of computed (None when the node did not consult it)."""
+    computed_answers: int | None = None
+    """Answers the backend computed in this run."""
+    duplicate_answers: int | None = None
+    """Answers copied from an identical prompt of the same node (duplicate documents, repeated tuples)."""
 
 
 @dataclass(frozen=True)
@@ -294,6 +330,29 @@ class TokenizerSource(Protocol):
     """Optional: a backend that can hand the session its model's tokenizer for planning."""
 
     def tokenizer(self, model: ModelSpec) -> Tokenizer: ...
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """What a backend's readouts are a function of, besides the prompt: the basis of stored answers' keys.
+
+    `files` are hashed by content (weights, tokenizer, config); `settings` name everything else that
+    changes the numbers (precision, device kind, a rule's version). Quail adds the backend's name.
+    """
+
+    files: tuple[Path, ...]
+    settings: tuple[tuple[str, str], ...]
+
+
+@runtime_checkable
+class ModelIdentitySource(Protocol):
+    """Optional: a backend that can say what its readouts depend on, so they can be stored and reused.
+
+    A backend without it (or returning None, e.g. when its weights cannot be found) gets no answer
+    store: Quail never guesses that two runs computed the same numbers.
+    """
+
+    def model_identity(self, model: ModelSpec, device: DeviceSpec, config: EngineConfig) -> ModelIdentity | None: ...
 
 
 @runtime_checkable

@@ -7,6 +7,10 @@ session that booted it; the requested part of the graph then runs through the ge
 
 Engines are kept `engines_per_device` at a time per device (least recently used closed first), and
 an engine whose query failed is closed rather than trusted with the next one.
+
+Model nodes reach the engine through the answer store (`quail.cache`): what is stored is read,
+identical prompts are asked once, the rest is computed and stored as it arrives — for every backend
+that runs here, and without booting an engine when nothing is left to compute.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from quail.backends.base import (
     PhysicalResponse,
     RuntimeState,
 )
+from quail.cache.access import StoredAnswerAccess
+from quail.cache.execution import CachedExecution
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
 from quail.config import EngineConfig
@@ -82,15 +88,19 @@ def execute_request(backend: ModelBackend, context: BackendExecutionContext) -> 
         boot.execution, boot.seconds, boot.kind = started_execution(backend, key, context)
         return boot.execution
 
+    access = StoredAnswerAccess.open(backend, context.model, context.device, context.config)
     tokens = {alias: table.tokens for alias, table in context.tables.items() if table.tokens is not None}
     skipped = {alias: table.left_out for alias, table in context.tables.items() if table.left_out is not None}
-    runner = Runner(context.graph, RunInputs(context.tables, tokens, skipped), start, backend=backend.name,
+    runner = Runner(context.graph, RunInputs(context.tables, tokens, skipped),
+                    lambda: CachedExecution(start, access, context.config.chunk_tokens), backend=backend.name,
                     progress=context.progress)
     try:
         output = runner.run(context.outputs)
     except BaseException:
         release(context.runtime_state, key)  # a failed query may leave the engine inconsistent
         raise
+    finally:
+        access.close()
     fresh, cached = model_token_totals(context.graph, output.node_metrics)
     metrics = ExecutionMetrics(time.perf_counter() - started, fresh, cached, boot.seconds, boot.kind,
                                nodes=output.node_metrics, notes=boot.notes)

@@ -215,6 +215,19 @@ def shared_frame(sequences: Sequence[TokenIds]) -> TokenIds:
     return sequences[0][: max(length, 0)]
 
 
+def filter_prompt(preamble: TokenIds, document: TokenIds, frame: TokenIds, question: TokenIds) -> TokenIds:
+    """The layout of a filter (or score) prompt: [preamble][document][frame][question tail]."""
+    return preamble + document + frame + question
+
+
+def join_prompt(preamble: TokenIds, anchor: TokenIds, frame: TokenIds, labels: Sequence[TokenIds],
+                partners: Sequence[TokenIds], cue: TokenIds) -> TokenIds:
+    """The layout of a join prompt: [preamble][anchor document][frame] then Σ [label j][partner j], [cue]."""
+    if len(partners) != len(labels):
+        raise ValueError(f"{len(partners)} partner documents for {len(labels)} partner slots")
+    return preamble + anchor + frame + sum((label + doc for label, doc in zip(labels, partners, strict=True)), ()) + cue
+
+
 @dataclass(frozen=True)
 class FilterPrompts:
     """The parts of every stage of one alias's filters (the AiFilter node lays them out)."""

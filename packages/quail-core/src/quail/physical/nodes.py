@@ -18,7 +18,7 @@ from enum import Enum
 from types import MappingProxyType
 from typing import ClassVar
 
-from quail.frontend.prompts import AnswerTokens
+from quail.frontend.prompts import AnswerTokens, filter_prompt, join_prompt
 from quail.logical.expressions import AiPredicate, ColumnRef, Equality, Label, OutputColumn, Prompt, Semantics
 
 
@@ -135,7 +135,7 @@ class AiFilter(PhysicalNode):
 
     def prompt(self, document: TokenIds, stage: int) -> TokenIds:
         """The whole prompt of stage `stage` (an index into `stages`) for one document."""
-        return self.prefix(document) + self.stages[stage].question
+        return filter_prompt(self.preamble, document, self.frame, self.stages[stage].question)
 
     def calibration_prompts(self) -> dict[int, list[TokenIds]]:
         """Per predicate position: its prompt over every content-free document (none when uncalibrated)."""
@@ -197,12 +197,10 @@ class AiJoin(PhysicalNode):
 
     def suffix(self, partners: Sequence[TokenIds]) -> TokenIds:
         """[label 1][partner 1]…[cue]: what is new per candidate tuple (partners in `partners` order)."""
-        if len(partners) != len(self.labels):
-            raise ValueError(f"{self.id}: {len(partners)} partner documents for {len(self.labels)} partner slots")
-        return sum((label + document for label, document in zip(self.labels, partners, strict=True)), ()) + self.cue
+        return join_prompt((), (), (), self.labels, partners, self.cue)
 
     def prompt(self, anchor: TokenIds, partners: Sequence[TokenIds]) -> TokenIds:
-        return self.anchor_prefix(anchor) + self.suffix(partners)
+        return join_prompt(self.preamble, anchor, self.frame, self.labels, partners, self.cue)
 
     def calibration_prompts(self) -> dict[int, list[TokenIds]]:
         """The predicate's prompt with one content-free document in every slot, per content-free document."""
@@ -243,7 +241,7 @@ class AiClassify(PhysicalNode):
 
     def document_prompt(self, document: TokenIds) -> TokenIds:
         """[preamble][document][tail]: the first token of every label is read after it."""
-        return self.preamble + document + self.tail
+        return filter_prompt(self.preamble, document, (), self.tail)
 
     def describe(self) -> str:
         return f"AiClassify #{self.position} {self.alias} AS {self.output} [{', '.join(x.name for x in self.labels)}]"
@@ -275,7 +273,7 @@ class AiScore(PhysicalNode):
 
     def document_prompt(self, document: TokenIds) -> TokenIds:
         """[preamble][document][question]: the score is read at its last token."""
-        return self.preamble + document + self.question
+        return filter_prompt(self.preamble, document, (), self.question)
 
     def describe(self) -> str:
         return f"AiScore #{self.position} {self.alias} AS {self.output}"

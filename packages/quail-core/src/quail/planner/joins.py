@@ -45,6 +45,8 @@ class AnchorLayout:
     frame: int
     labels: Mapping[str, int]
     cue: int
+    stored: float = 0.0
+    """The share of its tuples whose answers are already stored: their work is not priced."""
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,8 @@ class JoinProblem:
             prefix_work = ask(prefix, frames, answers=False)
         else:
             prefix_work = scan(prefix.plus(layout.frame), answers=False)
-        return prefix_work, ask(prefix.plus(layout.frame), suffix)
+        unstored = 1.0 - layout.stored
+        return prefix_work.times(unstored), ask(prefix.plus(layout.frame), suffix).times(unstored)
 
     def longest_prompt(self, edge: JoinEdge, anchor: str) -> float:
         """Tokens of the worst tuple anchored on `anchor`: it must fit one forward chunk."""

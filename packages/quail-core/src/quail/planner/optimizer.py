@@ -28,6 +28,7 @@ from quail.planner.joins import (
     plan_joins,
 )
 from quail.planner.shape import Leaf, PlanShape, SubqueryJoin, rebuild, shape_of
+from quail.planner.stored import StoredPrices
 
 OVERSIZED_HINT = ("to answer the other documents, skip or cut the long ones: "
                   "EngineConfig(oversized_documents='skip' or 'truncate')")
@@ -75,6 +76,7 @@ class _Optimizer:
         self.style = style
         self.cost = CostModel(context.model, context.device, context.chunk_tokens)
         self.remarks: list[str] = []
+        self.stored = StoredPrices(context, tokenizer, style, self.remarks)
 
     def documents(self, alias: str) -> Lengths:
         lengths = self.context.document_token_lengths.get(alias)
@@ -120,13 +122,15 @@ class _Optimizer:
         prefix = documents.plus(len(bound.preamble) + len(bound.frame))
         self.check_fits(leaf.alias, prefix.maximum + max(len(q) for q in bound.questions))
         prices = []
-        for predicate, question in zip(leaf.predicates, bound.questions, strict=True):
+        pending = self.stored.pending_stages(leaf.alias, leaf.predicates, bound, documents)
+        for predicate, question, todo in zip(leaf.predicates, bound.questions, pending, strict=True):
             selectivity, assumed = selectivity_of(predicate.selectivity)
-            questions = _constant(documents.count, len(question))
+            asked = todo.plus(len(bound.preamble) + len(bound.frame))
+            questions = _constant(todo.count, len(question))
             prices.append(StagePrice(
                 predicate.position, selectivity, assumed,
-                self.cost.seconds(scan(prefix.plus(len(question)))),
-                self.cost.seconds(ask(prefix, questions)),
+                self.cost.seconds(scan(asked.plus(len(question)))),
+                self.cost.seconds(ask(asked, questions)),
             ))
         order = order_filters(leaf.alias, prices, self.context.order_rule)
         self.remarks.append(f"filter order on {leaf.alias}: {' → '.join(f'#{p}' for p in order.positions)} "
@@ -226,7 +230,8 @@ class _Optimizer:
         for anchor in anchors:
             bound = bind_join(predicate, anchor, self.tokenizer, self.style)
             labels = {p.alias: len(label) for p, label in zip(bound.partners, bound.labels, strict=True)}
-            layouts[anchor] = AnchorLayout(len(bound.preamble), len(bound.frame), labels, len(bound.cue))
+            layouts[anchor] = AnchorLayout(len(bound.preamble), len(bound.frame), labels, len(bound.cue),
+                                           self.stored.join_share(predicate.position, bound))
         selectivity, _ = selectivity_of(predicate.selectivity)
         return JoinEdge(predicate.position, predicate.aliases, selectivity, layouts,
                         "full" if semantics == "full" else ("exists" if semantics == "exists" else "anti"))
@@ -318,7 +323,7 @@ class _Optimizer:
             work = work + ask(documents, _constant(documents.count, length))
         if isinstance(output, Classify):  # label log-probabilities need the whole vocabulary head
             work = replace(work, vocabulary_rows=work.answers, answers=0.0)
-        return self.cost.seconds(work)
+        return self.cost.seconds(work.times(self.stored.output_share(output, self.documents(alias).count)))
 
     # -- the rewritten plan -------------------------------------------------------------------
 

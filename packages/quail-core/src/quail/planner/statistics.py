@@ -13,7 +13,7 @@ from functools import lru_cache
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from quail.backends.base import OrderRule, PlanningContext
+from quail.backends.base import OrderRule, PlanningContext, StoredAnswers
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
 from quail.config import EngineConfig, Switch
@@ -78,8 +78,10 @@ def _shareable(column: TokenColumn, page_tokens: int) -> int:
 
 def planning_context(plan: LogicalNode, providers: Mapping[str, DocumentProvider], tokens: Mapping[str, TokenColumn],
                      tokenizer: Tokenizer, config: EngineConfig, model: ModelSpec, device: DeviceSpec,
-                     order: OrderRule, skipped: Mapping[str, pa.Array]) -> PlanningContext:
-    """Everything a backend's `plan` may consult, measured from the query's data (rows `skipped` left out)."""
+                     order: OrderRule, skipped: Mapping[str, pa.Array],
+                     stored: StoredAnswers | None = None) -> PlanningContext:
+    """Everything a backend's `plan` may consult, measured from the query's data (rows `skipped` left out)
+    and the answers stored."""
     lengths = {alias: taking_part(tokens[alias], skipped.get(alias)) if alias in tokens else [0] * provider.num_rows
                for alias, provider in providers.items()}
     return PlanningContext(
@@ -88,5 +90,5 @@ def planning_context(plan: LogicalNode, providers: Mapping[str, DocumentProvider
         chunk_tokens=config.chunk_tokens, kv_budget_bytes=config.kv_budget_bytes,
         kv_page_tokens=config.kv_page_tokens, prefix_sharing=config.prefix_sharing,
         document_shared_prefix_tokens=shared_prefixes(tokens, config.kv_page_tokens, config.prefix_sharing),
-        calibration=config.calibration,
+        calibration=config.calibration, stored_answers=stored,
     )

@@ -18,6 +18,7 @@ from quail.backends.base import (
     BackendExecutionContext,
     GpuContext,
     ModelExecution,
+    ModelIdentity,
     ModelRegion,
     PhysicalCandidate,
     PhysicalResponse,
@@ -27,8 +28,9 @@ from quail.backends.base import (
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.locations import local_model_directory
 from quail.catalog.models import ModelSpec
+from quail.config import EngineConfig
 from quail.data.tokenizer import HuggingFaceTokenizer, Tokenizer
-from quail.errors import Refusal
+from quail.errors import Refusal, RefusalError
 from quail.frontend.prompts import answer_tokens, style_for
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
@@ -39,6 +41,9 @@ from quail.requests.execution import REQUEST_NODES, RequestModelExecution
 from quail.requests.strategies import RequestStrategy
 
 EngineFactory = Callable[[GpuContext], RequestEngine]
+CHECKPOINT_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
+                    "*.safetensors")
+"""What a serving engine reads of a checkpoint directory."""
 
 
 def installed(distribution: str) -> bool:
@@ -82,6 +87,19 @@ class RequestBackend:
 
     def tokenizer(self, model: ModelSpec) -> Tokenizer:
         return checkpoint_tokenizer(model)
+
+    def model_identity(self, model: ModelSpec, device: DeviceSpec, config: EngineConfig) -> ModelIdentity | None:
+        """The checkpoint the engine loads, the configured precision and the device kind; None without weights here.
+
+        The adapter (this backend's name, which Quail adds) resolves `precision="auto"` per device kind, so
+        the configured value and the kind name the dtype it runs.
+        """
+        try:
+            directory = local_model_directory(model)
+        except RefusalError:
+            return None
+        files = tuple(sorted({p for pattern in CHECKPOINT_FILES for p in directory.glob(pattern)}))
+        return ModelIdentity(files, (("precision", config.precision), ("device", device.kind)))
 
     def plan(self, region: ModelRegion, context: PlanningContext) -> Sequence[PhysicalCandidate] | Refusal:
         """The native planner's plan, with the TRUE/FALSE ids every request asks for in its model nodes."""

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from quail.backends.base import ModelRegion, PhysicalCandidate, PhysicalRequest, PortRef, TableInput
+from quail.cache.planning import stored_answers
 from quail.compute.base import Caller
 from quail.data.providers import DocumentProvider
 from quail.data.tokens import TokenColumn
@@ -56,9 +57,11 @@ def prepared_documents(query: Query) -> tuple[OversizedDocuments, dict[str, Toke
 def plan_physical(query: Query) -> PhysicalCandidate:
     session = query.session
     oversized, tokens, skipped = prepared_documents(query)
-    context = planning_context(query.logical_plan, providers_of(query), tokens, session.tokenizer, session.config,
-                               session.model, session.device, query.order, skipped)
-    offered = session.backend.plan(ModelRegion(query.logical_plan), context)
+    with stored_answers(session.backend, session.model, session.device, session.config, tokens,
+                        session.tokenizer) as stored:
+        context = planning_context(query.logical_plan, providers_of(query), tokens, session.tokenizer,
+                                   session.config, session.model, session.device, query.order, skipped, stored)
+        offered = session.backend.plan(ModelRegion(query.logical_plan), context)
     if isinstance(offered, Refusal):
         raise RefusalError(offered)
     if not offered:

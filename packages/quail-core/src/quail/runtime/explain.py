@@ -42,6 +42,10 @@ def _measured(metrics: NodeMetrics | None) -> str:
         parts.append(f"chunks {metrics.chunks}")
     if metrics.kv_evictions:
         parts.append(f"KV evictions {metrics.kv_evictions:,} ({metrics.recomputed_tokens or 0:,} tokens recomputed)")
+    if metrics.computed_answers is not None:
+        stored = "" if metrics.stored_answers is None else f"{metrics.stored_answers:,} stored, "
+        parts.append(f"answers {stored}{metrics.computed_answers:,} computed, "
+                     f"{metrics.duplicate_answers or 0:,} copied from identical prompts")
     for position, offset in metrics.calibration_offsets or ():
         parts.append(f"#{position} TRUE above margin {offset:+.3f}")
     return "measured: " + ", ".join(parts)

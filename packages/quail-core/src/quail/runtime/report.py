@@ -174,6 +174,15 @@ class QueryReport:
             "recomputed_tokens": _sum_known([m.recomputed_tokens for m in model]),
         }
 
+    def answers(self) -> dict[str, int | None]:
+        """Model answers by origin over the model nodes: the answer store, the backend, an identical prompt."""
+        model = [m for m in self.node_metrics.values() if m.computed_answers is not None]
+        return {
+            "stored": _sum_known([m.stored_answers for m in model]),
+            "computed": _sum_known([m.computed_answers for m in model]),
+            "duplicates": _sum_known([m.duplicate_answers for m in model]),
+        }
+
     def calibration(self) -> dict[str, float] | None:
         """Predicate position → the margin a TRUE answer had to beat; None when nothing was calibrated."""
         offsets = {str(p): o for m in self.node_metrics.values() for p, o in (m.calibration_offsets or ())}
@@ -195,6 +204,7 @@ class QueryReport:
             "stages": [dict(asdict(s), aliases=list(s.aliases)) for s in self.stages],
             "node_metrics": {k: asdict(v) for k, v in self.node_metrics.items()},
             "kv": dict(self.kv()),
+            "answers": dict(self.answers()),
             "calibration": self.calibration(),
             "remarks": list(self.remarks),
             "engine": list(self.engine),

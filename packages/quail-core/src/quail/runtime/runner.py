@@ -22,7 +22,7 @@ from quail.data.tokens import TokenColumn
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
 from quail.runtime import relational
-from quail.runtime.progress import ProgressAware, ProgressListener
+from quail.runtime.progress import ProgressListener, reporting
 from quail.runtime.relational import RowSource
 
 Observer = Callable[[ph.PhysicalNode, NodeMetrics], None]
@@ -116,18 +116,13 @@ class Runner:
 
     def _execute_model_node(self, node: ph.PhysicalNode, inputs: NodeInputs) -> NodeOutput:
         execution = self.execution()
-        aware = isinstance(execution, ProgressAware) and self.progress is not None
-        if aware:
-            execution.set_progress(self._forward_progress(node))
-        try:
+        with reporting(execution, self._forward_progress(node)):
             return execution.execute(node, inputs)
-        finally:
-            if aware:
-                execution.set_progress(None)
 
-    def _forward_progress(self, node: ph.PhysicalNode) -> Callable[[int, int], None]:
+    def _forward_progress(self, node: ph.PhysicalNode) -> Callable[[int, int], None] | None:
         listener = self.progress
-        assert listener is not None
+        if listener is None:
+            return None
 
         def forward(done: int, total: int) -> None:
             listener(node, done, total)

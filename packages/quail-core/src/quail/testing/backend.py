@@ -12,6 +12,7 @@ from quail.backends.base import (
     BackendExecutionContext,
     GpuContext,
     ModelExecution,
+    ModelIdentity,
     ModelRegion,
     NodeInputs,
     NodeMetrics,
@@ -23,6 +24,7 @@ from quail.backends.base import (
 )
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
+from quail.config import EngineConfig
 from quail.data.tokenizer import Tokenizer
 from quail.errors import Refusal, RefusalError
 from quail.frontend.prompts import BASE_STYLE
@@ -31,6 +33,9 @@ from quail.planner.physical import plan_query
 from quail.runtime.relational import candidate_tuples
 from quail.testing.rules import classify_margins, predicate_margin
 from quail.testing.tokenizer import ByteTokenizer
+
+RULE_VERSION = "keyword-1"
+"""Changes whenever `quail.testing.rules` answers differently, so stored keyword answers are not reused."""
 
 
 class KeywordBackend:
@@ -60,6 +65,10 @@ class KeywordBackend:
     def tokenizer(self, model: ModelSpec) -> Tokenizer:
         """Whatever the model, the keyword rule reads the text back from this tokenizer's ids."""
         return self._tokenizer
+
+    def model_identity(self, model: ModelSpec, device: DeviceSpec, config: EngineConfig) -> ModelIdentity:
+        """The keyword rule reads decoded text: its answers depend on the rule and the tokenizer, not on a model."""
+        return ModelIdentity(files=(), settings=(("rule", RULE_VERSION), ("tokenizer", self._tokenizer.identity)))
 
     def plan(self, region: ModelRegion, context: PlanningContext) -> Sequence[PhysicalCandidate] | Refusal:
         # keyword margins carry no language-model bias, so `auto` leaves them uncalibrated

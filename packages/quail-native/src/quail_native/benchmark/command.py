@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -106,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         rows = measure_all(sessions, workloads, args.repeats, model_dir, device, first_peak,
                            model.non_embedding_params, notes)
+        cache_line = (answer_cache_line(next(iter(sessions.values())).config, registry, args.scale, workloads[0])
+                      if sessions else None)
     finally:
         for session in sessions.values():
             session.close()
@@ -116,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
                  f"fp32, measured before and after the run)")
     notes.append(f"each (workload, backend) warmed up once, then timed {args.repeats}× interleaved with the others; "
                  "walls are medians, spread = (slowest − fastest) ÷ median")
+    if cache_line is not None:
+        notes.append(cache_line)
     write_outputs(args.out, rows, notes, peak)
     print_summary(rows, notes)
     return 0
@@ -128,7 +133,8 @@ def open_sessions(args: argparse.Namespace, registry: quail.ExtensionRegistry, m
     sessions: dict[str, quail.Session] = {}
     for backend in backends:
         config = quail.EngineConfig(model=model, backend=backend, device=args.device, chunk_tokens=args.chunk_tokens,
-                                    precision=args.precision, engines_per_device=len(backends))
+                                    precision=args.precision, engines_per_device=len(backends),
+                                    cache="off")  # the engine's work, every run
         try:
             session = quail.Session(config, registry=registry)
         except quail.QuailError as error:
@@ -175,6 +181,35 @@ def measure_all(sessions: dict[str, quail.Session], workloads: tuple[Workload, .
         workload = next(w for w in workloads if w.name == name)
         rows.append(row_of(session, workload, taken, naive, peak, params))
     return rows
+
+
+@dataclass(frozen=True)
+class CacheRun:
+    seconds: float
+    fresh_tokens: int | None
+
+
+def answer_cache_line(config: quail.EngineConfig, registry: quail.ExtensionRegistry, scale: str,
+                      workload: Workload) -> str:
+    """One workload cold (an empty answer store) and warm (every answer stored), each in a new session."""
+    with tempfile.TemporaryDirectory(prefix="quail-bench-answers-") as directory:
+        stored = replace(config, cache=str(Path(directory) / "answers.sqlite"))
+        cold, warm = (cache_run(stored, registry, scale, workload) for _ in range(2))
+    ratio = warm.seconds / cold.seconds if cold.seconds else float("nan")
+    return (f"ratio warm/cold wall (answer cache, {workload.name} [{config.backend}]): {ratio:.3f} — cold "
+            f"{cold.seconds:.2f} s, warm {warm.seconds:.3f} s (plan + run, new session each); fresh tokens "
+            f"{cold.fresh_tokens} → {warm.fresh_tokens}")
+
+
+def cache_run(config: quail.EngineConfig, registry: quail.ExtensionRegistry, scale: str,
+              workload: Workload) -> CacheRun:
+    with quail.Session(config, registry=registry) as session:
+        for name, load in tables(scale).items():
+            session.register(name, quail.DocumentProvider.from_table(load(), "id"))
+        started = time.perf_counter()
+        report = session.sql(workload.sql).run().report
+        fresh = report["fresh_tokens"]
+        return CacheRun(time.perf_counter() - started, fresh if isinstance(fresh, int) else None)
 
 
 def timed_run(session: quail.Session, sql: str) -> Sample:

@@ -47,9 +47,9 @@ def run_native(session: quail.Session) -> tuple[Measured, list[tuple[int, int, t
     node = query.plan().graph.node("filter_r")
     texts = datasets.reviews().column("body").to_pylist()
     assert session.tokenizer is not None and isinstance(node, AiFilter)
-    stages = {s.predicate.position: s for s in node.stages}
-    prompts = [(row, position, node.preamble + tuple(session.tokenizer.encode(texts[row])) + node.frame
-                + stages[position].question) for row, position in margins]
+    stages = {s.predicate.position: k for k, s in enumerate(node.stages)}
+    prompts = [(row, position, node.prompt(tuple(session.tokenizer.encode(texts[row])), stages[position]))
+               for row, position in margins]
     fresh = result.report["fresh_tokens"]
     return Measured(seconds, int(fresh) if isinstance(fresh, int) else 0, margins), prompts
 

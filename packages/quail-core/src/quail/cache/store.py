@@ -1,0 +1,293 @@
+"""AnswerStore: one SQLite file (WAL) of raw readouts, shared by every process on the machine.
+
+Answers are keyed by `quail.cache.keys` and hold the raw readout as little-endian float64s
+(a margin, a label log-probability per label, a calibration offset) — never a decision, so
+calibration and thresholds still apply when they are read — followed by a CRC-32 of key and
+readout: a damaged value is read as missing (and computed again), never as an answer. Writes are batches in one `BEGIN
+IMMEDIATE` transaction each: a process killed mid-write leaves the last committed batch, never
+half of one. Concurrent writers wait for each other (busy timeout); readers never wait (WAL).
+
+The store keeps at most `limit` answers: past it, the least recently used (read or written) are
+deleted in the same transaction that overflowed it. Every SQLite failure surfaces as `StoreError`
+with the file's path; callers decide whether that stops them (the CLI) or only the store (queries).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import sqlite3
+import struct
+import time
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from quail.cache.keys import Key, ReadoutKind
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 5.0
+"""How long a write waits for another process's write before the store gives up on that batch."""
+LOOKUP_BATCH = 500
+"""Keys per SELECT (SQLite limits the number of bound parameters)."""
+EVICT_TO = 0.9
+"""An overflowing store is trimmed to this fraction of its limit, so eviction does not run on every write."""
+KIND_CODES: dict[ReadoutKind, int] = {"margin": 1, "labels": 2, "calibration": 3}
+KIND_NAMES: dict[int, ReadoutKind] = {code: kind for kind, code in KIND_CODES.items()}
+Readout = tuple[float, ...]
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS answers (key BLOB PRIMARY KEY, model INTEGER NOT NULL, kind INTEGER NOT NULL, "
+    "value BLOB NOT NULL, used INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS answers_by_use ON answers (used)",
+    "CREATE TABLE IF NOT EXISTS models (id INTEGER PRIMARY KEY, identity TEXT NOT NULL UNIQUE, "
+    "description TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS files (path TEXT PRIMARY KEY, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, "
+    "digest TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS counts (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+)
+
+
+class StoreError(Exception):
+    """The answer store could not be read or written (corrupt, locked, made by a newer Quail, unwritable)."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One readout to store under its key."""
+
+    key: Key
+    kind: ReadoutKind
+    value: Readout
+
+
+@dataclass(frozen=True)
+class ModelCount:
+    identity: str
+    description: str
+    answers: dict[ReadoutKind, int]
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    path: Path
+    bytes_on_disk: int
+    answers: int
+    models: tuple[ModelCount, ...]
+
+
+class AnswerStore:
+    """An open store file. Not thread-safe: one per thread (queries open one per request)."""
+
+    def __init__(self, connection: sqlite3.Connection, path: Path, limit: int) -> None:
+        self._db = connection
+        self.path = path
+        self.limit = limit
+        self._models: dict[str, int] = {}
+        self._touched: set[Key] = set()
+        self.damaged = 0
+        """Values read so far whose checksum did not match (treated as missing, deleted at the next write)."""
+        self._damaged_keys: set[Key] = set()
+
+    @classmethod
+    def open(cls, path: Path, limit: int) -> AnswerStore:
+        """Open (creating when missing) the store at `path`; StoreError when it is not a usable store."""
+        with _failures(path, "open"):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            connection = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        store = cls(connection, path, limit)
+        try:
+            with _failures(path, "open"):
+                store._prepare()
+        except StoreError:
+            connection.close()
+            raise
+        return store
+
+    def _prepare(self) -> None:
+        db = self._db
+        db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        version = int(db.execute("PRAGMA user_version").fetchone()[0])
+        if version > SCHEMA_VERSION:
+            raise sqlite3.DatabaseError(f"made by a newer Quail (schema {version}; this one reads {SCHEMA_VERSION})")
+        if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            db.execute("PRAGMA journal_mode = WAL")
+        db.execute("PRAGMA synchronous = NORMAL")
+        if version < SCHEMA_VERSION:
+            with self._transaction():
+                for statement in _SCHEMA:
+                    db.execute(statement)
+                db.execute("INSERT OR IGNORE INTO counts VALUES ('answers', 0)")
+                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        """Record when the answers read were last used (best effort: only eviction order depends on it)."""
+        with contextlib.suppress(StoreError, sqlite3.Error), _failures(self.path, "update"), self._transaction():
+            self._touch()
+        self._db.close()
+
+    # -- answers ----------------------------------------------------------------------------------
+
+    def get(self, keys: Iterable[Key]) -> dict[Key, Readout]:
+        """The stored readouts among `keys` (absent keys are simply missing)."""
+        wanted = list(dict.fromkeys(keys))
+        found: dict[Key, Readout] = {}
+        with _failures(self.path, "read"):
+            for start in range(0, len(wanted), LOOKUP_BATCH):
+                batch = wanted[start:start + LOOKUP_BATCH]
+                marks = ",".join("?" * len(batch))
+                for key, value in self._db.execute(f"SELECT key, value FROM answers WHERE key IN ({marks})", batch):
+                    readout = _unpack(bytes(key), value)
+                    if readout is None:
+                        self.damaged += 1
+                        self._damaged_keys.add(bytes(key))
+                    else:
+                        found[bytes(key)] = readout
+        self._touched.update(found)
+        return found
+
+    def put(self, model: str, description: str, answers: Sequence[Answer]) -> None:
+        """Store one batch in one transaction (all or nothing), evicting past the limit."""
+        if not answers:
+            return
+        now = _clock()
+        with _failures(self.path, "write"), self._transaction():
+            self._forget_damaged()
+            model_id = self._model_id(model, description)
+            cursor = self._db.executemany(
+                "INSERT OR IGNORE INTO answers VALUES (?, ?, ?, ?, ?)",
+                [(a.key, model_id, KIND_CODES[a.kind], _pack(a.key, a.value), now) for a in answers])
+            added = max(cursor.rowcount, 0)
+            self._db.execute("UPDATE counts SET value = value + ? WHERE name = 'answers'", (added,))
+            self._touch()
+            self._evict()
+
+    def _forget_damaged(self) -> None:
+        """Delete the damaged values read so far, so their answers can be stored again."""
+        if self._damaged_keys:
+            removed = self._db.executemany("DELETE FROM answers WHERE key = ?", [(k,) for k in self._damaged_keys])
+            self._db.execute("UPDATE counts SET value = value - ? WHERE name = 'answers'", (max(removed.rowcount, 0),))
+            self._damaged_keys.clear()
+
+    def _touch(self) -> None:
+        if self._touched:
+            now = _clock()
+            self._db.executemany("UPDATE answers SET used = ? WHERE key = ?", [(now, k) for k in self._touched])
+            self._touched.clear()
+
+    def _evict(self) -> None:
+        count = int(self._db.execute("SELECT value FROM counts WHERE name = 'answers'").fetchone()[0])
+        if count <= self.limit:
+            return
+        excess = count - int(self.limit * EVICT_TO)
+        cursor = self._db.execute(
+            "DELETE FROM answers WHERE key IN (SELECT key FROM answers ORDER BY used LIMIT ?)", (excess,))
+        self._db.execute("UPDATE counts SET value = value - ? WHERE name = 'answers'", (max(cursor.rowcount, 0),))
+
+    def _model_id(self, identity: str, description: str) -> int:
+        found = self._models.get(identity)
+        if found is None:
+            self._db.execute("INSERT OR IGNORE INTO models (identity, description) VALUES (?, ?)",
+                             (identity, description))
+            found = int(self._db.execute("SELECT id FROM models WHERE identity = ?", (identity,)).fetchone()[0])
+            self._models[identity] = found
+        return found
+
+    # -- file digests (model identities hash weights once per file version) ------------------------
+
+    def file_digest(self, path: Path) -> str:
+        """SHA-256 of a file's content, remembered by (path, size, mtime) so it is computed once per version."""
+        status = path.stat()
+        resolved = str(path.resolve())
+        with _failures(self.path, "read"):
+            row = self._db.execute("SELECT digest FROM files WHERE path = ? AND size = ? AND mtime_ns = ?",
+                                   (resolved, status.st_size, status.st_mtime_ns)).fetchone()
+        if row is not None:
+            return str(row[0])
+        digest = content_digest(path)
+        with _failures(self.path, "write"), self._transaction():
+            self._db.execute("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?)",
+                             (resolved, status.st_size, status.st_mtime_ns, digest))
+        return digest
+
+    # -- the CLI's view -----------------------------------------------------------------------------
+
+    def stats(self) -> StoreStats:
+        """What the store holds, per model and readout kind (counted, not taken from the running count)."""
+        with _failures(self.path, "read"):
+            rows = self._db.execute("SELECT m.identity, m.description, a.kind, count(*) FROM answers a "
+                                    "JOIN models m ON m.id = a.model GROUP BY a.model, a.kind ORDER BY m.id").fetchall()
+        models: dict[str, ModelCount] = {}
+        for identity, description, kind, count in rows:
+            entry = models.setdefault(identity, ModelCount(identity, description, {}))
+            entry.answers[KIND_NAMES.get(int(kind), "margin")] = int(count)
+        total = sum(sum(m.answers.values()) for m in models.values())
+        return StoreStats(self.path, disk_bytes(self.path), total, tuple(models.values()))
+
+    def clear(self) -> int:
+        """Delete every answer (file digests stay: they describe files, not answers); how many there were."""
+        with _failures(self.path, "write"), self._transaction():
+            removed = self._db.execute("DELETE FROM answers").rowcount
+            self._db.execute("DELETE FROM models")
+            self._db.execute("UPDATE counts SET value = 0 WHERE name = 'answers'")
+        with _failures(self.path, "write"):
+            self._db.execute("VACUUM")
+        return max(removed, 0)
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+
+def content_digest(path: Path) -> str:
+    """SHA-256 of a file. A Hugging Face hub blob is named by its SHA-256 already: that name is used."""
+    resolved = path.resolve()
+    name = resolved.name
+    if resolved.parent.name == "blobs" and len(name) == 64 and all(c in "0123456789abcdef" for c in name):
+        return name
+    with resolved.open("rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def disk_bytes(path: Path) -> int:
+    """The store file and its write-ahead log and shared-memory index."""
+    return sum(p.stat().st_size for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm"))
+               if p.exists())
+
+
+def remove_files(path: Path) -> None:
+    """Delete a store that cannot be opened (corrupt, foreign), with its log and index."""
+    for candidate in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        candidate.unlink(missing_ok=True)
+
+
+def _pack(key: Key, value: Readout) -> bytes:
+    floats = struct.pack(f"<{len(value)}d", *value)
+    return floats + struct.pack("<I", zlib.crc32(key + floats))
+
+
+def _unpack(key: Key, value: bytes) -> Readout | None:
+    """A readout, or None for a damaged value (wrong length or checksum): read as a miss, never as an answer."""
+    floats, check = value[:-4], value[-4:]
+    if not floats or len(floats) % 8 or struct.pack("<I", zlib.crc32(key + floats)) != check:
+        return None
+    return struct.unpack(f"<{len(floats) // 8}d", floats)
+
+
+def _clock() -> int:
+    return time.time_ns() // 1000
+
+
+@contextlib.contextmanager
+def _failures(path: Path, action: str) -> Iterator[None]:
+    try:
+        yield
+    except (sqlite3.Error, OSError) as error:
+        raise StoreError(f"could not {action} the answer store {path}: {error}") from error
