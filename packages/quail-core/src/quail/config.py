@@ -36,6 +36,15 @@ class EngineConfig:
     backends that no entry point provides; Ray calls its counterpart `worker_process_setup_hook`)."""
     engines_per_device: int = 1
     """Booted engines a worker keeps per device; booting one more closes the least recently used."""
+    address: str | None = None
+    """Cluster of a distributed provider (`ray`): None starts a local one (or joins the one this process
+    already started), "auto" joins the cluster running on this machine, or a cluster address."""
+    workers: int | None = None
+    """Workers a distributed provider splits model work over; None: as many as the cluster has room for."""
+    worker_cpus: float = 1.0
+    """CPUs (threads) each distributed worker holds."""
+    worker_gpus: float | None = None
+    """GPUs each distributed worker holds; None: one on a GPU device, none on `cpu`."""
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
@@ -55,6 +64,17 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.worker_setup must be 'module:function', got {self.worker_setup!r}")
         if self.engines_per_device < 1:
             raise ValueError(f"EngineConfig.engines_per_device must be at least 1, got {self.engines_per_device}")
+        self._check_placement()
+
+    def _check_placement(self) -> None:
+        if self.address is not None and not (isinstance(self.address, str) and self.address.strip()):
+            raise ValueError(f"EngineConfig.address must be None, 'auto' or a cluster address, got {self.address!r}")
+        if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 1):
+            raise ValueError(f"EngineConfig.workers must be None or at least 1, got {self.workers!r}")
+        if not self.worker_cpus > 0:
+            raise ValueError(f"EngineConfig.worker_cpus must be more than 0, got {self.worker_cpus!r}")
+        if self.worker_gpus is not None and not self.worker_gpus >= 0:
+            raise ValueError(f"EngineConfig.worker_gpus must be None or at least 0, got {self.worker_gpus!r}")
 
     def engine_settings(self) -> EngineConfig:
         """This config with every field that only planning or placement reads set to its default.
@@ -62,4 +82,4 @@ class EngineConfig:
         Two configs with equal engine settings can share one booted engine.
         """
         return replace(self, prefix_sharing="auto", calibration="auto", compute=DEFAULT_COMPUTE, worker_setup=None,
-                       engines_per_device=1)
+                       engines_per_device=1, address=None, workers=None, worker_cpus=1.0, worker_gpus=None)

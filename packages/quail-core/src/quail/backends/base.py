@@ -197,7 +197,9 @@ class TableInput:
 class PhysicalRequest:
     """The model part of a query as it crosses a compute provider's boundary: data only.
 
-    The far side runs every node that `outputs` depend on and returns those ports' tables.
+    The far side runs every node that `outputs` depend on and returns those ports' tables. Ports in
+    `known` are taken as given and their producers never run: answers an earlier phase computed
+    elsewhere, or a Scan restricted to the documents of one shard.
     """
 
     backend: str
@@ -207,6 +209,28 @@ class PhysicalRequest:
     config: EngineConfig
     model: ModelSpec
     device: DeviceSpec
+    known: Mapping[PortRef, pa.Table] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ShardMetrics:
+    """One shard of a query split over workers: which documents it held, where it ran, what it cost.
+
+    `wall_s` is None for a shard cancelled before it answered (a LIMIT already had its rows).
+    """
+
+    phase: int
+    shard: int
+    alias: str | None
+    """The alias whose documents were split; None when the plan ran unsplit."""
+    worker: str
+    documents: int
+    tokens: int
+    wall_s: float | None
+    boot_s: float | None = None
+    boot_kind: BootKind | None = None
+    retries: int = 0
+    cancelled: bool = False
 
 
 @dataclass(frozen=True)
@@ -221,6 +245,8 @@ class ExecutionMetrics:
     nodes: Mapping[str, NodeMetrics] = field(default_factory=dict)
     """Per node id run on the far side, in the order they ran."""
     extra: Mapping[str, float] = field(default_factory=dict)
+    shards: tuple[ShardMetrics, ...] = ()
+    """Per shard when a provider split the work over workers (empty when it ran whole)."""
 
 
 @dataclass(frozen=True)
@@ -251,12 +277,14 @@ class BackendExecutionContext:
     model: ModelSpec
     device: DeviceSpec
     progress: ProgressListener | None = None
+    known: Mapping[PortRef, pa.Table] = field(default_factory=dict)
+    """Ports computed elsewhere (the request's `known`): the runner takes them as given."""
 
     @classmethod
     def of(cls, request: PhysicalRequest, registry: ExtensionRegistry, runtime_state: RuntimeState,
            progress: ProgressListener | None = None) -> BackendExecutionContext:
         return cls(request.graph, request.outputs, request.tables, registry, runtime_state, request.config,
-                   request.model, request.device, progress)
+                   request.model, request.device, progress, request.known)
 
     def gpu_context(self, device_index: int = 0) -> GpuContext:
         return GpuContext(self.model, self.device, device_index, self.config.gpus, self.config)
