@@ -102,8 +102,8 @@ def encode_request(request: PhysicalRequest, tokens: TokenTravel = "path") -> Fr
     return message("request", header, blobs)
 
 
-def decode_request(received: Message, beside: Mapping[str, TokenColumn] | None = None) -> PhysicalRequest:
-    """`beside`: alias → token column, for a request encoded with `tokens="beside"`."""
+def decode_request(received: Message, beside: Mapping[str, pa.ChunkedArray] | None = None) -> PhysicalRequest:
+    """`beside`: alias → its token lists as the transport delivered them, for `tokens="beside"` requests."""
     header = received.header
     travel = header["tokens"]
     if (travel == "beside") != (beside is not None):
@@ -125,13 +125,14 @@ def decode_request(received: Message, beside: Mapping[str, TokenColumn] | None =
     )
 
 
-def _token_column(alias: str, path: Path, beside: Mapping[str, TokenColumn] | None) -> TokenColumn:
+def _token_column(alias: str, path: Path, beside: Mapping[str, pa.ChunkedArray] | None) -> TokenColumn:
+    """The mapped file at `path`, or the lists the transport carried (`path` then only names the column)."""
     if beside is None:
         return TokenColumn.open(path)
     found = beside.get(alias)
     if found is None:
         raise ValueError(f"the transport carried no token column for alias {alias!r} (it carried {sorted(beside)})")
-    return found
+    return TokenColumn(path, found)
 
 
 def _port_tables(tables: Mapping[PortRef, pa.Table], blobs: list[bytes | memoryview]) -> list[Json]:

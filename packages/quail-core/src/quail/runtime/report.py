@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from quail.backends.base import NodeMetrics
+from quail.backends.base import NodeMetrics, ShardMetrics
 from quail.data.tokens import TokenColumn
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
@@ -160,6 +160,8 @@ class QueryReport:
     stages: tuple[StageReport, ...]
     node_metrics: Mapping[str, NodeMetrics]
     remarks: tuple[str, ...]
+    shards: tuple[ShardMetrics, ...] = ()
+    """Per shard when the compute provider split the model work over workers."""
 
     def kv(self) -> dict[str, int | None]:
         metrics = [m for m in self.node_metrics.values()]
@@ -195,6 +197,8 @@ class QueryReport:
             "calibration": self.calibration(),
             "remarks": list(self.remarks),
             "order_rule": self.order_rule,
+            "shards": [asdict(s) for s in self.shards],
+            "retries": sum(s.retries for s in self.shards),
         }
 
 
