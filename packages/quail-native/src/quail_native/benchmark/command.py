@@ -15,6 +15,7 @@ from quail.frontend.prompts import answer_tokens
 from quail.planner.statistics import document_columns
 from quail.runtime.report import ReportValue
 from quail_native.backend import NativeBackend
+from quail_native.benchmark.computes import compute_lines, computes_of, shard_walls
 from quail_native.benchmark.naive import NaiveModel
 from quail_native.benchmark.workloads import selected, tables
 
@@ -32,6 +33,9 @@ class Row:
     agreement: float | None
     efficiency: float | None
     rows: int
+    compute: str = "local"
+    shard_walls: tuple[float, ...] = ()
+    """Wall seconds of each shard a distributed provider ran (empty on `local`)."""
 
 
 def gemm_peak(device: torch.device, dtype: torch.dtype, sizes: tuple[int, ...] = (1024, 2048),
@@ -84,22 +88,29 @@ def run(args: argparse.Namespace) -> int:
     rows: list[Row] = []
     notes: list[str] = []
     naive: NaiveModel | None = None
+    computes = computes_of(args.compute)
     for backend in args.backends.split(","):
-        try:
-            session = quail.Session(quail.EngineConfig(model=model.name, backend=backend, device=args.device,
-                                                       chunk_tokens=args.chunk_tokens), registry=registry)
-        except quail.QuailError as error:
-            notes.append(f"{backend}: skipped — {error}")
-            continue
-        with session:
-            for name, load in tables(args.scale).items():
-                session.register(name, quail.DocumentProvider.from_table(load(), "id"))
-            if naive is None:
-                tokenizer = session.tokenizer or NativeBackend().tokenizer(session.model)
-                naive = NaiveModel(model_dir, tokenizer, answer_tokens(tokenizer), device)
-            for workload in workloads:
-                rows.append(measure(session, workload.name, workload.sql, naive, peak, model.non_embedding_params))
-                print(f"  {workload.name} [{backend}]: {rows[-1].wall_s:.2f} s (naive {rows[-1].naive_s:.2f} s)")
+        for compute in computes:
+            try:
+                session = quail.Session(quail.EngineConfig(model=model.name, backend=backend, device=args.device,
+                                                           chunk_tokens=args.chunk_tokens, compute=compute,
+                                                           workers=args.workers), registry=registry)
+            except quail.QuailError as error:
+                notes.append(f"{backend} on {compute}: skipped — {error}")
+                continue
+            with session:
+                for name, load in tables(args.scale).items():
+                    session.register(name, quail.DocumentProvider.from_table(load(), "id"))
+                if naive is None:
+                    tokenizer = session.tokenizer or NativeBackend().tokenizer(session.model)
+                    naive = NaiveModel(model_dir, tokenizer, answer_tokens(tokenizer), device)
+                if len(computes) > 1:  # compared side by side: every provider starts warm (workers up, engines booted)
+                    session.sql(workloads[0].sql).run()
+                for workload in workloads:
+                    rows.append(measure(session, workload.name, workload.sql, naive, peak,
+                                        model.non_embedding_params))
+                    where = backend if compute == "local" else f"{backend} on {compute}"
+                    print(f"  {workload.name} [{where}]: {rows[-1].wall_s:.2f} s (naive {rows[-1].naive_s:.2f} s)")
     peak = max(peak, device_peak(device)[0])  # measured again after the run: the better of the two is the ceiling
     rows = [replace(r, efficiency=None if r.efficiency is None else r.efficiency * first_peak / peak) for r in rows]
     notes.append(f"GEMM peak: torch {precision} on {device.type}, {peak / 1e9:.1f} GFLOP/s (the better of bf16 and "
@@ -125,7 +136,7 @@ def measure(session: quail.Session, name: str, sql: str, naive: NaiveModel, peak
     return Row(name, session.backend.name, wall, baseline.seconds, fresh if isinstance(fresh, int) else None,
                report["minimum_tokens"] if isinstance(report["minimum_tokens"], int) else None,
                _float(report["sol_seconds"]), _float(report["estimated_seconds"]), baseline.agreement, efficiency,
-               result.count())
+               result.count(), session.config.compute, shard_walls(report))
 
 
 def model_flops(report: dict[str, ReportValue], params: int) -> float | None:
@@ -186,8 +197,10 @@ def chart(path: Path, rows: list[Row]) -> None:
 
 
 def summary_lines(rows: list[Row]) -> list[str]:
-    """Other backends' wall ratios first (vs naive and vs native on the same workloads), native's lines last."""
-    lines = []
+    """Providers side by side first, then other backends' wall ratios (vs naive and vs native on the same
+    workloads), native's lines last — every ratio but the providers' over the `local` rows."""
+    lines = compute_lines(rows)
+    rows = [r for r in rows if r.compute == "local"]
     native = {r.workload: r for r in rows if r.backend == "native"}
     for backend in dict.fromkeys(r.backend for r in rows if r.backend != "native"):
         mine = [r for r in rows if r.backend == backend and r.naive_s]
