@@ -13,8 +13,10 @@ the coordinator merges them and runs the relational part over whole tables.
   KV stays where it was computed), and a partner's filter runs in an earlier phase whose answers
   every worker of the join then reads.
 * Shards are contiguous runs of documents balanced by tokens (an optimal linear partition: the
-  largest shard as small as it can be); documents that lend or borrow a shared prefix form one unit
-  that is never cut. The same alias gets the same shards, on the same workers, in every phase.
+  largest shard as small as it can be). A document that borrows most of itself from a lender (a
+  cumulative trace's step) stays in the lender's shard; a short common header (a templated preamble)
+  does not glue the table together — each shard computes it once. The same alias gets the same
+  shards, on the same workers, in every phase.
 * A LIMIT on the result asks for more, smaller shards, so the coordinator can stop once the shards
   in document order already hold enough rows.
 * What cannot be split soundly (a LIMIT below model work, a backend's own node) runs unsplit on one
@@ -31,10 +33,12 @@ import pyarrow as pa
 from quail.data.tokens import TokenColumn
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
-from quail.planner.prefixes import plan_borrows
+from quail.planner.prefixes import Borrow, plan_borrows
 
 LIMIT_SHARDS_PER_WORKER = 4
 """Shards per worker when the result ends in a LIMIT: small enough to stop early, few enough to stay cheap."""
+GLUED_SHARE = 0.5
+"""A borrower stays with its lender when it borrows at least this share of its own tokens."""
 
 RowRanges = tuple[tuple[int, int], ...]
 """[start, stop) row ranges, ascending and disjoint."""
@@ -49,6 +53,7 @@ class Shard:
     ranges: RowRanges
     documents: int
     tokens: int
+    """Prefill work: every document's tokens, less what it borrows from a lender in the same shard."""
 
     def rows(self) -> pa.Array:
         """The shard's row positions, ascending (int32, the Scan's row type)."""
@@ -220,21 +225,24 @@ def _phase_groups(graph: PhysicalGraph, model: Sequence[ph.PhysicalNode]) -> lis
     return [(alias, tuple(ids)) for (_, alias), ids in ordered]
 
 
-def _sharing_groups(graph: PhysicalGraph, alias: str, column: TokenColumn, page_tokens: int) -> list[tuple[int, int]]:
-    """(row, lender) pairs of prefix sharing when a filter on `alias` borrows shared prefixes."""
+def _sharing_groups(graph: PhysicalGraph, alias: str, column: TokenColumn, page_tokens: int) -> list[Borrow]:
+    """The borrows that keep a document in its lender's shard, when a filter on `alias` shares prefixes."""
     if not any(isinstance(n, ph.AiFilter) and n.alias == alias and n.share_prefixes for n in graph.nodes):
         return []
     documents = dict(enumerate(column.tokens.to_pylist()))
     _, borrows = plan_borrows(documents, page_tokens)
-    return [(b.row, b.lender) for b in borrows.values()]
+    return [b for b in borrows.values() if b.tokens >= GLUED_SHARE * len(documents[b.row])]
 
 
 def split_documents(column: TokenColumn, workers: int, per_worker: int = 1,
-                    together: Sequence[tuple[int, int]] = ()) -> tuple[Shard, ...]:
-    """Contiguous shards of the column's documents, balanced by tokens; each pair in `together` stays
-    in one shard. Shard i goes to worker i mod `workers`; at least one shard, even for no documents."""
+                    together: Sequence[Borrow] = ()) -> tuple[Shard, ...]:
+    """Contiguous shards of the column's documents, balanced by prefill tokens; a borrower in `together`
+    stays with its lender (and computes only its tail). Shard i goes to worker i mod `workers`; at
+    least one shard, even for no documents."""
     lengths = column.lengths().to_pylist()
-    units = _units(len(lengths), together)
+    for borrow in together:
+        lengths[borrow.row] -= borrow.tokens
+    units = _units(len(lengths), [(b.row, b.lender) for b in together])
     weights = [sum(max(n, 1) for n in lengths[start:stop]) for start, stop in units]
     parts = _linear_partition(weights, workers * per_worker)
     shards = []
