@@ -77,6 +77,7 @@ class PhaseRun:
         except BaseException:  # an error, or Ctrl-C: nothing of this query keeps running
             self._cancel_pending()
             raise
+        self._forward_progress()  # what the last shards reported before they answered
         return self._outcome(None, cancelled=[])
 
     def _step(self) -> pa.Table | None:
@@ -138,7 +139,7 @@ class PhaseRun:
         count = events.qsize()
         for query, shard, node, done, total in events.get_nowait_batch(count) if count else ():
             if query == self.query:
-                self.progress.report(node, shard, done, total)
+                self.progress.report(node, shard, done, total, len(self.phase.shards))
 
     def _cancel_pending(self) -> list[_Running]:
         import ray
@@ -153,6 +154,7 @@ class PhaseRun:
         return [(running.shard, response) for running, response in self.done.values()]
 
     def _outcome(self, covered: pa.Table | None, cancelled: list[_Running]) -> PhaseOutcome:
+        self.progress.finish(self.phase.nodes)
         answered = sorted(self.done.values(), key=lambda item: item[0].shard.index)
         metrics = [self._metrics(running, response) for running, response in answered]
         metrics += [self._metrics(running, None) for running in cancelled]

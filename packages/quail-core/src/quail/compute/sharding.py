@@ -193,20 +193,38 @@ def _boot_kind(kinds: Sequence[BootKind | None]) -> BootKind | None:
 
 @dataclass
 class ShardProgress:
-    """Folds the progress of shards running side by side into one count per node for the caller."""
+    """Folds the progress of shards running side by side into one count per node for the caller.
+
+    A node's total is known only once every shard running it has reported; until then it is
+    extrapolated from the shards that have, so a progress bar ends when the last shard does.
+    """
 
     graph: PhysicalGraph
     listener: ProgressListener | None
     _counts: dict[tuple[str, int], tuple[int, int]] = dataclasses.field(default_factory=dict)
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
-    def report(self, node_id: str, shard: int, done: int, total: int) -> None:
+    def report(self, node_id: str, shard: int, done: int, total: int, shards: int) -> None:
+        """Shard `shard` (of `shards` running the node) has done `done` of its `total` items."""
         if self.listener is None:
             return
         with self._lock:
             self._counts[(node_id, shard)] = (done, total)
             mine = [count for (node, _), count in self._counts.items() if node == node_id]
-        self.listener(self.graph.node(node_id), sum(d for d, _ in mine), sum(t for _, t in mine))
+        done_all, known = sum(d for d, _ in mine), sum(t for _, t in mine)
+        expected = known if len(mine) >= shards else max(known * shards // len(mine), known + 1)
+        self.listener(self.graph.node(node_id), done_all, expected)
+
+    def finish(self, node_ids: Iterable[str]) -> None:
+        """The nodes are answered (every shard returned, or the rest were cancelled): their counts end."""
+        if self.listener is None:
+            return
+        for node_id in node_ids:
+            with self._lock:
+                mine = [count for (node, _), count in self._counts.items() if node == node_id]
+            if mine:
+                done = sum(d for d, _ in mine)
+                self.listener(self.graph.node(node_id), done, done)
 
 
 def progress_of(request: PhysicalRequest, caller: Caller) -> ShardProgress:
