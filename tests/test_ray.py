@@ -28,6 +28,8 @@ import quail
 from quail import datasets
 from quail.cli import main
 from quail.errors import RefusalError
+from quail.physical import editing
+from quail.physical import nodes as ph
 from quail.testing import ByteTokenizer
 from quail_ray.provider import POOL
 
@@ -47,11 +49,12 @@ def cluster() -> Iterator[None]:
 
 
 def worker_processes() -> list[psutil.Process]:
-    """This process's Ray worker actors (the local cluster's processes are its descendants)."""
+    """This process's Ray actors: workers and their progress queue (the local cluster is its descendant)."""
     found = []
     for process in psutil.Process().children(recursive=True):
         try:
-            if "QuailWorker" in " ".join(process.cmdline()) and process.status() != psutil.STATUS_ZOMBIE:
+            command = " ".join(process.cmdline())
+            if ("QuailWorker" in command or "_QueueActor" in command) and process.status() != psutil.STATUS_ZOMBIE:
                 found.append(process)
         except psutil.NoSuchProcess:
             continue
@@ -156,6 +159,18 @@ def test_a_limit_cancels_the_shards_it_no_longer_needs():
         assert "cancelled: the LIMIT had its rows" in result.explain()
 
 
+def test_a_plan_that_cannot_be_split_runs_whole_on_one_worker():
+    case = CASE_BY_ID["one_keyword_filter"]
+    with ray_session() as session, session_on("local") as local:
+        query = case.query(session)
+        edited = editing.insert(query.plan().graph, ph.Limit(id="early", count=5), after="scan_r")
+        result = query.run(plan=edited)
+        assert result.collect().equals(case.query(local).run(plan=edited).collect())
+        [shard] = result.report["shards"]
+        assert shard["alias"] is None
+    assert "phase 0 shard 0 (unsplit) on ray worker" in result.explain()
+
+
 # -- explain, refusals, release, the command line ------------------------------------------------------------
 
 
@@ -181,7 +196,7 @@ def test_a_missing_resource_is_refused_by_name_and_the_cluster_stays_usable(opti
 def test_releasing_engines_leaves_no_worker_behind():
     with ray_session() as session:
         session.sql(CASES[0].sql).run()
-    assert len(worker_processes()) == WORKERS
+    assert len(worker_processes()) == WORKERS + 1, "the workers and their progress queue"
     quail.release_engines()
     assert not POOL.live()
     deadline = time.monotonic() + 30
