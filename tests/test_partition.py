@@ -9,7 +9,11 @@ corpus splits, and what cannot be split soundly runs unsplit with the reason sai
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
+from typing import ClassVar
 
 import pyarrow as pa
 import pytest
@@ -170,6 +174,22 @@ def test_a_limit_asks_for_more_shards_than_workers(session):
     _, partition = partition_of(session, "limit_filter")
     assert partition.limit == 3
     assert len(partition.phases[0].shards) > partition.workers
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reorder(ph.PhysicalNode):
+    """A node of someone else's: the partitioner cannot tell what it does to the order of rows."""
+
+    INPUTS: ClassVar[Mapping[str, ph.PortType]] = MappingProxyType({"rows": ph.PortType.ROWS})
+    OUTPUTS: ClassVar[Mapping[str, ph.PortType]] = MappingProxyType({"rows": ph.PortType.ROWS})
+
+
+def test_a_limit_after_a_node_the_planner_does_not_know_is_not_met_early(session):
+    query = CASE_BY_ID["limit_filter"].query(session)
+    edited = editing.insert(query.plan().graph, Reorder(id="reorder"), after="survivors_r")
+    partition = plan_partition(edited, token_columns(query), 2)
+    assert partition.unsplit is None and partition.limit is None
+    assert len(partition.phases[0].shards) == 2
 
 
 def test_a_limit_before_model_work_runs_unsplit_and_says_why(session):

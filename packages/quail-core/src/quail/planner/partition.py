@@ -173,8 +173,26 @@ def _unsplit(workers: int, model: Sequence[ph.PhysicalNode], tokens: Mapping[str
 
 
 def _result_limit(graph: PhysicalGraph) -> int | None:
-    limits = [node.count for node in graph.nodes if isinstance(node, ph.Limit)]
-    return min(limits) if limits else None
+    """The count of a LIMIT the coordinator may meet early: one whose input the core runtime orders by its
+    row columns (every node before it is a core node), so the first documents give the first rows."""
+    limits = [node for node in graph.nodes if isinstance(node, ph.Limit)]
+    if len(limits) != 1:
+        return None
+    before = _ancestors(graph, limits[0].id)
+    if not all(isinstance(graph.node(n), ph.CORE_NODE_TYPES) for n in before):
+        return None
+    return limits[0].count
+
+
+def _ancestors(graph: PhysicalGraph, node_id: str) -> set[str]:
+    found: set[str] = set()
+    pending = [e.source for e in graph.inputs_of(node_id).values()]
+    while pending:
+        current = pending.pop()
+        if current not in found:
+            found.add(current)
+            pending.extend(e.source for e in graph.inputs_of(current).values())
+    return found
 
 
 def _descendants(graph: PhysicalGraph, node_id: str) -> set[str]:
