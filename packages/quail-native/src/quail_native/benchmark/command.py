@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 from dataclasses import asdict, dataclass, replace
@@ -90,25 +91,30 @@ def run(args: argparse.Namespace) -> int:
     naive: NaiveModel | None = None
     computes = computes_of(args.compute)
     for backend in args.backends.split(","):
-        for compute in computes:
-            try:
-                session = quail.Session(quail.EngineConfig(model=model.name, backend=backend, device=args.device,
-                                                           chunk_tokens=args.chunk_tokens, compute=compute,
-                                                           workers=args.workers), registry=registry)
-            except quail.QuailError as error:
-                notes.append(f"{backend} on {compute}: skipped — {error}")
-                continue
-            with session:
+        with contextlib.ExitStack() as opened:
+            sessions = []
+            for compute in computes:
+                try:
+                    sessions.append(opened.enter_context(quail.Session(quail.EngineConfig(
+                        model=model.name, backend=backend, device=args.device, chunk_tokens=args.chunk_tokens,
+                        compute=compute, workers=args.workers), registry=registry)))
+                except quail.QuailError as error:
+                    notes.append(f"{backend} on {compute}: skipped — {error}")
+            for session in sessions:
                 for name, load in tables(args.scale).items():
                     session.register(name, quail.DocumentProvider.from_table(load(), "id"))
                 if naive is None:
                     tokenizer = session.tokenizer or NativeBackend().tokenizer(session.model)
                     naive = NaiveModel(model_dir, tokenizer, answer_tokens(tokenizer), device)
-                if len(computes) > 1:  # compared side by side: every provider starts warm (workers up, engines booted)
+                if len(sessions) > 1:  # compared side by side: every provider starts warm (workers up, engines booted)
                     session.sql(workloads[0].sql).run()
-                for workload in workloads:
+            if naive is None:
+                continue  # no session opened: nothing to measure on this backend
+            for workload in workloads:  # providers take turns per workload: a machine's load drifts alike for each
+                for session in sessions:
                     rows.append(measure(session, workload.name, workload.sql, naive, peak,
                                         model.non_embedding_params))
+                    compute = session.config.compute
                     where = backend if compute == "local" else f"{backend} on {compute}"
                     print(f"  {workload.name} [{where}]: {rows[-1].wall_s:.2f} s (naive {rows[-1].naive_s:.2f} s)")
     peak = max(peak, device_peak(device)[0])  # measured again after the run: the better of the two is the ceiling
@@ -161,7 +167,8 @@ def write_outputs(out: Path, rows: list[Row], notes: list[str], peak: float) -> 
              "| workload | backend | wall s | naive s | native/naive | fresh | minimum | fresh/min | SoL s | "
              "agreement | % GEMM peak |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r.workload} | {r.backend} | {r.wall_s:.2f} | {r.naive_s or 0:.2f} | "
+        where = r.backend if r.compute == "local" else f"{r.backend} on {r.compute}"
+        lines.append(f"| {r.workload} | {where} | {r.wall_s:.2f} | {r.naive_s or 0:.2f} | "
                      f"{r.wall_s / r.naive_s if r.naive_s else float('nan'):.3f} | {r.fresh_tokens} | "
                      f"{r.minimum_tokens} | {_ratio(r.fresh_tokens, r.minimum_tokens)} | {r.sol_s or 0:.2f} | "
                      f"{(r.agreement or 0):.1%} | {(r.efficiency or 0):.0%} |")
