@@ -140,9 +140,8 @@ def plan_partition(graph: PhysicalGraph, tokens: Mapping[str, TokenColumn], work
     phases = []
     for index, (alias, nodes) in enumerate(_phase_groups(graph, model)):
         if alias not in shards:
-            shards[alias] = split_documents(tokens[alias], workers, per_worker, _sharing_groups(graph, alias,
-                                                                                                 tokens[alias],
-                                                                                                 page_tokens))
+            together = _sharing_groups(graph, alias, tokens[alias], page_tokens)
+            shards[alias] = split_documents(tokens[alias], workers, per_worker, together)
         phases.append(Phase(index, alias, nodes, shards[alias]))
     return Partition(workers, tuple(phases), limit=limit)
 
