@@ -16,7 +16,7 @@ from quail.frontend.prompts import answer_tokens
 from quail.planner.statistics import document_columns
 from quail.runtime.report import ReportValue
 from quail_native.backend import NativeBackend
-from quail_native.benchmark.computes import compute_lines, computes_of, shard_walls
+from quail_native.benchmark.computes import compute_lines, computes_of, labelled, shard_walls
 from quail_native.benchmark.naive import NaiveModel
 from quail_native.benchmark.workloads import selected, tables
 
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
                         model=model.name, backend=backend, device=args.device, chunk_tokens=args.chunk_tokens,
                         compute=compute, workers=args.workers), registry=registry)))
                 except quail.QuailError as error:
-                    notes.append(f"{backend} on {compute}: skipped — {error}")
+                    notes.append(f"{labelled(backend, compute)}: skipped — {error}")
             for session in sessions:
                 for name, load in tables(args.scale).items():
                     session.register(name, quail.DocumentProvider.from_table(load(), "id"))
@@ -114,8 +114,7 @@ def run(args: argparse.Namespace) -> int:
                 for session in sessions:
                     rows.append(measure(session, workload.name, workload.sql, naive, peak,
                                         model.non_embedding_params))
-                    compute = session.config.compute
-                    where = backend if compute == "local" else f"{backend} on {compute}"
+                    where = labelled(backend, session.config.compute)
                     print(f"  {workload.name} [{where}]: {rows[-1].wall_s:.2f} s (naive {rows[-1].naive_s:.2f} s)")
     peak = max(peak, device_peak(device)[0])  # measured again after the run: the better of the two is the ceiling
     rows = [replace(r, efficiency=None if r.efficiency is None else r.efficiency * first_peak / peak) for r in rows]
@@ -167,8 +166,7 @@ def write_outputs(out: Path, rows: list[Row], notes: list[str], peak: float) -> 
              "| workload | backend | wall s | naive s | native/naive | fresh | minimum | fresh/min | SoL s | "
              "agreement | % GEMM peak |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        where = r.backend if r.compute == "local" else f"{r.backend} on {r.compute}"
-        lines.append(f"| {r.workload} | {where} | {r.wall_s:.2f} | {r.naive_s or 0:.2f} | "
+        lines.append(f"| {r.workload} | {labelled(r.backend, r.compute)} | {r.wall_s:.2f} | {r.naive_s or 0:.2f} | "
                      f"{r.wall_s / r.naive_s if r.naive_s else float('nan'):.3f} | {r.fresh_tokens} | "
                      f"{r.minimum_tokens} | {_ratio(r.fresh_tokens, r.minimum_tokens)} | {r.sol_s or 0:.2f} | "
                      f"{(r.agreement or 0):.1%} | {(r.efficiency or 0):.0%} |")

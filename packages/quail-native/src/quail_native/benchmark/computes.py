@@ -34,6 +34,11 @@ def computes_of(argument: str) -> list[str]:
     return ["local", *dict.fromkeys(c for c in named if c != "local")]
 
 
+def labelled(backend: str, compute: str) -> str:
+    """How a row names where it ran: the backend, and the provider when it is not `local`."""
+    return backend if compute == "local" else f"{backend} on {compute}"
+
+
 def shard_walls(report: dict[str, ReportValue]) -> tuple[float, ...]:
     """Wall seconds of every shard that answered (cancelled shards have none)."""
     shards = report.get("shards")
