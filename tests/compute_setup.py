@@ -57,21 +57,26 @@ def register_fakes(registry: quail.ExtensionRegistry) -> None:
 
 
 class SlowExecution(KeywordExecution):
-    """The keyword rule, slowly: it reports progress, then takes its time, on every model node."""
+    """The keyword rule, slowly: it reports progress, takes its time, reports again, on every model node."""
+
+    pause_s = SLOW_NODE_S
 
     def execute(self, node: ph.PhysicalNode, inputs: NodeInputs) -> NodeOutput:
         if self.progress is not None:
             self.progress(0, 1)
-        time.sleep(SLOW_NODE_S)
+        time.sleep(self.pause_s)
+        if self.progress is not None:
+            self.progress(1, 1)
         return super().execute(node, inputs)
 
 
 class SlowKeywordBackend(KeywordBackend):
     name = "slow-keyword"
+    execution = SlowExecution
 
     def start(self, context: quail.GpuContext) -> SlowExecution:
         self.started += 1
-        return SlowExecution(self._tokenizer)
+        return self.execution(self._tokenizer)
 
 
 def register_slow(registry: quail.ExtensionRegistry) -> None:

@@ -15,6 +15,7 @@ PACKAGES = {
     "quail-native": "quail_native",
     "quail-vllm": "quail_vllm",
     "quail-sglang": "quail_sglang",
+    "quail-ray": "quail_ray",
 }
 
 
@@ -37,6 +38,13 @@ def test_backend_packages_depend_on_core_and_register_an_entry_point(package):
     assert any(dep.startswith("quail-core") for dep in meta["dependencies"])
     backend = package.removeprefix("quail-")
     assert meta["entry-points"]["quail"] == {backend: f"quail_{backend}.plugin"}
+
+
+def test_the_ray_package_depends_on_core_and_ray_and_registers_its_compute_provider():
+    meta = project("quail-ray")["project"]
+    assert any(dep.startswith("quail-core") for dep in meta["dependencies"])
+    assert any(dep.startswith("ray") for dep in meta["dependencies"])
+    assert meta["entry-points"]["quail"] == {"ray": "quail_ray.plugin"}
 
 
 def test_core_depends_on_no_engine():
@@ -63,7 +71,11 @@ def test_importing_quail_and_loading_every_plugin_imports_no_torch():
         "import sys, quail\n"
         "registry = quail.ExtensionRegistry.with_built_ins()\n"
         "assert {'native', 'vllm', 'sglang'} <= set(registry.backends)\n"
+        "assert 'ray' in registry.computes\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "assert 'ray' not in sys.modules, 'ray was imported'\n"
+        "quail.release_engines()\n"
+        "assert 'ray' not in sys.modules, 'releasing imported ray'\n"
     )
     assert result.returncode == 0, result.stderr
 

@@ -103,6 +103,8 @@ def test_progress_bar_is_drawn_on_stderr(files, capsys):
     ([], "either as an argument or with --file"),
     ([FILTER, "--output", "rows.xlsx"], "--output"),
     ([FILTER, "--backend", "nope"], "unknown backend 'nope'"),
+    ([FILTER, "--compute", "nope"], "unknown compute provider 'nope'"),
+    ([FILTER, "--compute", "ray", "--workers", "0"], "--workers must be None or at least 1, got 0"),
 ])
 def test_user_errors_exit_2_with_a_message_and_no_traceback(files, capsys, argv, message):
     code, _, err = run(capsys, *argv, "--no-progress")

@@ -39,6 +39,22 @@ def test_config_is_frozen_and_rejects_zero_gpus():
         EngineConfig(gpus=0)
 
 
+@pytest.mark.parametrize(("options", "message"), [
+    ({"workers": 0}, "EngineConfig.workers must be None or at least 1, got 0"),
+    ({"worker_cpus": 0}, "EngineConfig.worker_cpus must be more than 0"),
+    ({"worker_gpus": -1.0}, "EngineConfig.worker_gpus must be None or at least 0"),
+    ({"address": " "}, "EngineConfig.address must be None, 'auto' or a cluster address"),
+])
+def test_placement_options_are_checked(options, message):
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(**options)
+
+
+def test_placement_is_not_an_engine_setting():
+    placed = EngineConfig(compute="ray", address="auto", workers=4, worker_cpus=2.0, worker_gpus=0.5)
+    assert placed.engine_settings() == EngineConfig().engine_settings()
+
+
 def test_default_session_opens_on_this_machine():
     with Session() as session:
         assert session.backend.name == "native"

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+import quail
 from quail.cli import main
 
 pytestmark = pytest.mark.slow
@@ -31,3 +32,22 @@ def test_bench_writes_report_results_and_chart_and_prints_the_ratio_lines_last(t
     assert all(r["agreement"] >= 0.95 for r in results["rows"])
     assert (tmp_path / "chart.png").read_bytes()[:4] == b"\x89PNG"
     assert "| workload | backend |" in (tmp_path / "report.md").read_text()
+
+
+def test_bench_runs_ray_beside_local_and_prints_the_ratio_with_each_shards_time(tmp_path, capsys):
+    argv = ["bench", "--scale", "tiny", "--out", str(tmp_path), "--workloads", "2 filters,classification",
+            "--compute", "ray", "--workers", "2"]
+    try:
+        assert main(argv) == 0
+    finally:
+        quail.release_engines()  # the bench started a local Ray cluster: stop it and its workers
+    out = capsys.readouterr().out
+    assert "ratio ray/local wall (native): " in out
+    assert "reviews: classification on ray: shard walls " in out
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert sorted((r["workload"], r["compute"]) for r in rows) == sorted(
+        (w, c) for w in ("reviews: 2 filters", "reviews: 2 filters → join", "reviews: classification")
+        for c in ("local", "ray"))
+    assert all(len(r["shard_walls"]) == 2 for r in rows if r["compute"] == "ray")
+    assert all(r["agreement"] >= 0.95 for r in rows)
+    assert "| reviews: classification | native on ray |" in (tmp_path / "report.md").read_text()

@@ -56,6 +56,15 @@ class EngineConfig:
     """The answer store: `auto` (on, under $QUAIL_HOME), `off`, or the path of a store file (`quail.cache`)."""
     cache_limit: int = DEFAULT_CACHE_LIMIT
     """Answers the store keeps; beyond it the least recently used are evicted."""
+    address: str | None = None
+    """Cluster of a distributed provider (`ray`): None starts a local one (or joins the one this process
+    already started), "auto" joins the cluster running on this machine, or a cluster address."""
+    workers: int | None = None
+    """Workers a distributed provider splits model work over; None: as many as the cluster has room for."""
+    worker_cpus: float = 1.0
+    """CPUs (threads) each distributed worker holds."""
+    worker_gpus: float | None = None
+    """GPUs each distributed worker holds; None: one on a GPU device, none on `cpu`."""
 
     def __post_init__(self) -> None:
         for name in ("model", "device", "backend"):
@@ -77,6 +86,20 @@ class EngineConfig:
         if not isinstance(self.cache, str) or not self.cache.strip():
             raise ConfigError(f"EngineConfig.cache must be 'auto', 'off' or a store file's path, got {self.cache!r}")
         _require_count("cache_limit", self.cache_limit, 1)
+        self._check_placement()
+
+    def _check_placement(self) -> None:
+        if self.address is not None and not (isinstance(self.address, str) and self.address.strip()):
+            raise ConfigError(f"EngineConfig.address must be None, 'auto' or a cluster address, got {self.address!r}")
+        if self.workers is not None and (isinstance(self.workers, bool) or not isinstance(self.workers, int)
+                                         or self.workers < 1):
+            raise ConfigError(f"EngineConfig.workers must be None or at least 1, got {self.workers!r}")
+        if isinstance(self.worker_cpus, bool) or not isinstance(self.worker_cpus, int | float):
+            raise TypeError(f"EngineConfig.worker_cpus must be a number, got {self.worker_cpus!r}")
+        if not self.worker_cpus > 0:
+            raise ConfigError(f"EngineConfig.worker_cpus must be more than 0, got {self.worker_cpus!r}")
+        if self.worker_gpus is not None and not self.worker_gpus >= 0:
+            raise ConfigError(f"EngineConfig.worker_gpus must be None or at least 0, got {self.worker_gpus!r}")
 
     def engine_settings(self) -> EngineConfig:
         """This config with every field that only planning or placement reads set to its default.
@@ -85,7 +108,8 @@ class EngineConfig:
         """
         return replace(self, prefix_sharing="auto", calibration="auto", oversized_documents="refuse",
                        compute=DEFAULT_COMPUTE, worker_setup=None, engines_per_device=1, cache=DEFAULT_CACHE,
-                       cache_limit=DEFAULT_CACHE_LIMIT)
+                       cache_limit=DEFAULT_CACHE_LIMIT, address=None, workers=None, worker_cpus=1.0,
+                       worker_gpus=None)
 
 
 def _require_name(field: str, value: object) -> None:

@@ -87,6 +87,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model")
     parser.add_argument("--device")
     parser.add_argument("--backend")
+    parser.add_argument("--compute", help="where model work runs: local (default), process, or a plugin's (ray)")
+    parser.add_argument("--workers", type=int, help="workers a distributed provider splits the query over")
+    parser.add_argument("--address", help="cluster of a distributed provider: 'auto' or an address (default: a "
+                                          "local one)")
+    parser.add_argument("--worker-cpus", type=float, help="CPUs (threads) each distributed worker holds")
+    parser.add_argument("--worker-gpus", type=float, help="GPUs each distributed worker holds")
     parser.add_argument("--dialect", choices=("snowflake", "bigquery"), default="snowflake")
     parser.add_argument("--order", choices=("by_cost", "as_written"))
     parser.add_argument("--oversized-documents", choices=OVERSIZED_POLICIES, default="refuse",
@@ -117,9 +123,16 @@ def query_text(args: argparse.Namespace) -> str:
 
 
 def config_of(args: argparse.Namespace) -> EngineConfig:
-    chosen = {key: getattr(args, key) for key in ("model", "device", "backend", "cache", "chunk_tokens")
-              if getattr(args, key)}
-    return EngineConfig(**chosen, oversized_documents=args.oversized_documents)
+    keys = ("model", "device", "backend", "cache", "chunk_tokens", "compute", "workers", "address", "worker_cpus",
+            "worker_gpus")
+    chosen = {key: getattr(args, key) for key in keys if getattr(args, key, None) is not None}
+    try:
+        return EngineConfig(**chosen, oversized_documents=args.oversized_documents)
+    except ValueError as error:  # said in the command line's words: --worker-cpus, not EngineConfig.worker_cpus
+        message = str(error)
+        for key in keys:
+            message = message.replace(f"EngineConfig.{key} ", f"--{key.replace('_', '-')} ")
+        raise CompileError(message) from None
 
 
 def write_output(table: pa.Table, path: Path, suffix: str) -> None:

@@ -24,7 +24,7 @@ from quail.logical.nodes import LogicalNode, Scan, validate_plan, walk
 from quail.logical.rules import run_rules
 from quail.physical.graph import PhysicalGraph
 from quail.plugins.registry import ExtensionRegistry
-from quail.runtime.execution import plan_physical, run_query
+from quail.runtime.execution import plan_physical, planned_shards, run_query
 from quail.runtime.explain import explain_text
 from quail.runtime.results import QueryResult
 
@@ -169,7 +169,8 @@ class Query:
         except RefusalError as error:
             candidate, refusal = None, str(error)
         shown = candidate.plan if candidate is not None else self.logical_plan
-        return explain_text(shown, candidate, self.order, rules, refusal)
+        sharding = planned_shards(self, candidate.graph) if candidate is not None else []
+        return explain_text(shown, candidate, self.order, rules, refusal, sharding=sharding)
 
     def run(self, plan: PhysicalCandidate | PhysicalGraph | None = None) -> QueryResult:
         self.session.check_open()

@@ -244,7 +244,9 @@ class TableInput:
 class PhysicalRequest:
     """The model part of a query as it crosses a compute provider's boundary: data only.
 
-    The far side runs every node that `outputs` depend on and returns those ports' tables.
+    The far side runs every node that `outputs` depend on and returns those ports' tables. Ports in
+    `known` are taken as given and their producers never run: answers an earlier phase computed
+    elsewhere, or a Scan restricted to the documents of one shard.
     """
 
     backend: str
@@ -254,6 +256,28 @@ class PhysicalRequest:
     config: EngineConfig
     model: ModelSpec
     device: DeviceSpec
+    known: Mapping[PortRef, pa.Table] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ShardMetrics:
+    """One shard of a query split over workers: which documents it held, where it ran, what it cost.
+
+    `wall_s` is None for a shard cancelled before it answered (a LIMIT already had its rows).
+    """
+
+    phase: int
+    shard: int
+    alias: str | None
+    """The alias whose documents were split; None when the plan ran unsplit."""
+    worker: str
+    documents: int
+    tokens: int
+    wall_s: float | None
+    boot_s: float | None = None
+    boot_kind: BootKind | None = None
+    retries: int = 0
+    cancelled: bool = False
 
 
 @dataclass(frozen=True)
@@ -270,6 +294,8 @@ class ExecutionMetrics:
     notes: tuple[str, ...] = ()
     """What the engine says of itself (`DescribesEngine`), for the report's remarks."""
     extra: Mapping[str, float] = field(default_factory=dict)
+    shards: tuple[ShardMetrics, ...] = ()
+    """Per shard when a provider split the work over workers (empty when it ran whole)."""
 
 
 @dataclass(frozen=True)
@@ -303,6 +329,11 @@ class BackendExecutionContext:
     @property
     def outputs(self) -> tuple[PortRef, ...]:
         return self.request.outputs
+
+    @property
+    def known(self) -> Mapping[PortRef, pa.Table]:
+        """Ports computed elsewhere (an earlier phase, a shard's Scan): the runner takes them as given."""
+        return self.request.known
 
     @property
     def tables(self) -> Mapping[str, TableInput]:

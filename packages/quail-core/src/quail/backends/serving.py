@@ -95,7 +95,7 @@ def execute_request(backend: ModelBackend, context: BackendExecutionContext) -> 
                     lambda: CachedExecution(start, access, context.config.chunk_tokens), backend=backend.name,
                     progress=context.progress)
     try:
-        output = runner.run(context.outputs)
+        output = runner.run(context.outputs, known=context.known)
     except BaseException:
         release(context.runtime_state, key)  # a failed query may leave the engine inconsistent
         raise

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from quail.backends.base import PhysicalRequest, PhysicalResponse
+from quail.config import EngineConfig
 from quail.runtime.progress import ProgressListener
 
 if TYPE_CHECKING:
@@ -45,3 +46,12 @@ class ComputeProvider(Protocol):
     def execute(self, request: PhysicalRequest, caller: Caller) -> PhysicalResponse: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class ShardingProvider(Protocol):
+    """A provider that splits model work over workers by `quail.planner.partition`: explain shows how."""
+
+    def planned_workers(self, config: EngineConfig) -> int | None:
+        """Workers a query would be split over; None while that depends on a cluster not reached yet."""
+        ...

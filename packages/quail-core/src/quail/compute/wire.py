@@ -3,8 +3,9 @@
 A message is a JSON header frame followed by binary frames: Arrow IPC streams for tables (answer
 tables keep their schema metadata, so their shapes survive), plans through the physical-plan codecs,
 specs and metrics as codec-encoded frozen dataclasses. Token columns travel as the path of their
-memory-mapped file (a worker on the same machine maps it, zero-copy) — nothing crosses as a live
-Python object.
+memory-mapped file (a worker on the same machine maps it, zero-copy), or — for workers on other
+machines — beside the message, as the transport carries them (`tokens="beside"`): nothing crosses
+as a live Python object.
 """
 
 from __future__ import annotations
@@ -18,7 +19,15 @@ from typing import Literal, TypeVar
 
 import pyarrow as pa
 
-from quail.backends.base import ExecutionMetrics, NodeMetrics, PhysicalRequest, PhysicalResponse, TableInput
+from quail.backends.base import (
+    ExecutionMetrics,
+    NodeMetrics,
+    PhysicalRequest,
+    PhysicalResponse,
+    PortRef,
+    ShardMetrics,
+    TableInput,
+)
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
 from quail.config import EngineConfig
@@ -26,12 +35,14 @@ from quail.data.tokens import TokenColumn
 from quail.errors import CompileError, ComputeError, QuailError, Refusal, RefusalError
 from quail.physical.codecs import Json, decode_graph, encode_graph, from_json, register_codec_type, to_json
 
-for _cls in (EngineConfig, ModelSpec, DeviceSpec, NodeMetrics, Refusal):
+for _cls in (EngineConfig, ModelSpec, DeviceSpec, NodeMetrics, ShardMetrics, Refusal):
     register_codec_type(_cls)
 
 T = TypeVar("T")
 Frames = list[bytes | memoryview]
 MessageKind = Literal["request", "response", "progress", "error"]
+TokenTravel = Literal["path", "beside"]
+"""How a request's token columns travel: as their file's path, or beside the message (the transport's)."""
 
 
 @dataclass(frozen=True)
@@ -73,7 +84,9 @@ def table_of(data: bytes) -> pa.Table:
 # -- requests ---------------------------------------------------------------------------------------
 
 
-def encode_request(request: PhysicalRequest) -> Frames:
+def encode_request(request: PhysicalRequest, tokens: TokenTravel = "path") -> Frames:
+    """The request as frames; with `tokens="beside"` the header names each token column's file (its
+    identity) and the transport must hand the columns to `decode_request` itself."""
     blobs: list[bytes | memoryview] = []
     tables: list[Json] = []
     for alias, table in request.tables.items():
@@ -88,20 +101,26 @@ def encode_request(request: PhysicalRequest) -> Frames:
         tables.append(entry)
     header: dict[str, Json] = {
         "backend": request.backend, "graph": encode_graph(request.graph),
-        "outputs": [list(port) for port in request.outputs], "tables": tables,
+        "outputs": [list(port) for port in request.outputs], "tables": tables, "tokens": tokens,
+        "known": _port_tables(request.known, blobs),
         "config": to_json(request.config), "model": to_json(request.model), "device": to_json(request.device),
     }
     return message("request", header, blobs)
 
 
-def decode_request(received: Message) -> PhysicalRequest:
+def decode_request(received: Message, beside: Mapping[str, pa.ChunkedArray] | None = None) -> PhysicalRequest:
+    """`beside`: alias → its token lists as the transport delivered them, for `tokens="beside"` requests."""
     header = received.header
+    travel = header["tokens"]
+    if (travel == "beside") != (beside is not None):
+        raise ValueError(f"the request's token columns travel by {travel}, but the transport "
+                         f"{'handed columns' if beside is not None else 'handed none'}")
     tables = {}
     for entry in _list(header["tables"]):
         item = _dict(entry)
         alias = str(item["alias"])
         path, truncated_to, left_out = item["tokens"], item["truncated_to"], item["left_out"]
-        tokens = None if path is None else TokenColumn.open(Path(str(path)))
+        tokens = None if path is None else _token_column(alias, Path(str(path)), beside)
         if tokens is not None and truncated_to is not None:
             tokens = tokens.truncated(int(_number(truncated_to)))
         keys = table_of(received.blobs[int(_number(item["keys"]))])
@@ -112,8 +131,35 @@ def decode_request(received: Message) -> PhysicalRequest:
     return PhysicalRequest(
         backend=str(header["backend"]), graph=decode_graph(str(header["graph"])), outputs=outputs, tables=tables,
         config=_typed(header["config"], EngineConfig), model=_typed(header["model"], ModelSpec),
-        device=_typed(header["device"], DeviceSpec),
+        device=_typed(header["device"], DeviceSpec), known=_tables_of(header["known"], received.blobs),
     )
+
+
+def _token_column(alias: str, path: Path, beside: Mapping[str, pa.ChunkedArray] | None) -> TokenColumn:
+    """The mapped file at `path`, or the lists the transport carried (`path` then only names the column)."""
+    if beside is None:
+        return TokenColumn.open(path)
+    found = beside.get(alias)
+    if found is None:
+        raise ValueError(f"the transport carried no token column for alias {alias!r} (it carried {sorted(beside)})")
+    return TokenColumn(path, found)
+
+
+def _port_tables(tables: Mapping[PortRef, pa.Table], blobs: list[bytes | memoryview]) -> list[Json]:
+    """[node, port, blob index] per table, appending each table's IPC bytes to `blobs`."""
+    entries: list[Json] = []
+    for (node, port), table in tables.items():
+        blobs.append(table_bytes(table))
+        entries.append([node, port, len(blobs) - 1])
+    return entries
+
+
+def _tables_of(entries: Json, blobs: Sequence[bytes]) -> dict[PortRef, pa.Table]:
+    tables = {}
+    for entry in _list(entries):
+        node, port, index = _list(entry)
+        tables[(str(node), str(port))] = table_of(blobs[int(_number(index))])
+    return tables
 
 
 # -- responses --------------------------------------------------------------------------------------
@@ -121,29 +167,22 @@ def decode_request(received: Message) -> PhysicalRequest:
 
 def encode_response(response: PhysicalResponse) -> Frames:
     blobs: list[bytes | memoryview] = []
-    tables: list[Json] = []
-    for (node, port), table in response.tables.items():
-        blobs.append(table_bytes(table))
-        tables.append([node, port, len(blobs) - 1])
     metrics = response.metrics
     header: dict[str, Json] = {
-        "tables": tables,
+        "tables": _port_tables(response.tables, blobs),
         "metrics": {
             "wall_s": metrics.wall_s, "fresh_tokens": metrics.fresh_tokens, "cached_tokens": metrics.cached_tokens,
             "boot_s": metrics.boot_s, "boot_kind": metrics.boot_kind,
             "nodes": [[node, to_json(value)] for node, value in metrics.nodes.items()],
             "notes": list(metrics.notes),
-            "extra": dict(metrics.extra),
+            "extra": dict(metrics.extra), "shards": to_json(metrics.shards),
         },
     }
     return message("response", header, blobs)
 
 
 def decode_response(received: Message) -> PhysicalResponse:
-    tables = {}
-    for entry in _list(received.header["tables"]):
-        node, port, index = _list(entry)
-        tables[(str(node), str(port))] = table_of(received.blobs[int(_number(index))])
+    tables = _tables_of(received.header["tables"], received.blobs)
     raw = _dict(received.header["metrics"])
     nodes = {str(node): _typed(value, NodeMetrics) for node, value in (_list(n) for n in _list(raw["nodes"]))}
     boot_kind = raw["boot_kind"]
@@ -154,6 +193,7 @@ def decode_response(received: Message) -> PhysicalResponse:
         boot_kind="cold" if boot_kind == "cold" else "warm" if boot_kind == "warm" else None,
         nodes=nodes, notes=tuple(str(note) for note in _list(raw["notes"])),
         extra={str(k): _number(v) for k, v in _dict(raw["extra"]).items()},
+        shards=tuple(_typed(shard, ShardMetrics) for shard in _list(raw["shards"])),
     )
     return PhysicalResponse(tables, metrics)
 

@@ -12,15 +12,16 @@ import pyarrow as pa
 
 from quail.backends.base import ModelRegion, PhysicalCandidate, PhysicalRequest, PortRef, TableInput
 from quail.cache.planning import stored_answers
-from quail.compute.base import Caller
+from quail.compute.base import Caller, ShardingProvider
 from quail.data.providers import DocumentProvider
 from quail.data.tokens import TokenColumn
 from quail.errors import PlanEditError, Refusal, RefusalError
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
 from quail.planner.oversize import OversizedDocuments, find_oversized
+from quail.planner.partition import plan_partition
 from quail.planner.statistics import document_columns, planning_context
-from quail.runtime.explain import explain_text
+from quail.runtime.explain import explain_text, render_shards
 from quail.runtime.progress import ProgressListener
 from quail.runtime.report import QueryReport, minimum_tokens, model_token_totals, stages
 from quail.runtime.results import QueryResult
@@ -108,6 +109,19 @@ def model_request(session: Session, graph: PhysicalGraph, providers: Mapping[str
                            session.device)
 
 
+def planned_shards(query: Query, graph: PhysicalGraph) -> list[str]:
+    """What explain says of the split over workers, for a provider that splits (nothing otherwise)."""
+    compute, config = query.session.compute, query.session.config
+    if not isinstance(compute, ShardingProvider):
+        return []
+    workers = compute.planned_workers(config)
+    if workers is None:
+        return [f"compute {config.compute!r}: the workers are counted when the cluster is reached; set "
+                "EngineConfig.workers to see the shards before a run"]
+    partition = plan_partition(graph, token_columns(query), workers, page_tokens=config.kv_page_tokens)
+    return [f"compute {config.compute!r}: " + line if i == 0 else line for i, line in enumerate(partition.describe())]
+
+
 def _fan_out(listeners: tuple[ProgressListener, ...]) -> ProgressListener | None:
     if not listeners:
         return None
@@ -152,9 +166,9 @@ def run_query(query: Query, plan: PhysicalCandidate | PhysicalGraph | None) -> Q
         sol_seconds=candidate.sol_seconds, boot_s=response.metrics.boot_s, boot_kind=response.metrics.boot_kind,
         fresh_tokens=fresh, cached_tokens=cached, minimum_tokens=minimum_tokens(graph, answers, tokens),
         stages=tuple(stages(graph, answers)), node_metrics=node_metrics, remarks=candidate.remarks,
-        engine=response.metrics.notes, oversized_documents=oversized.report(),
+        engine=response.metrics.notes, oversized_documents=oversized.report(), shards=response.metrics.shards,
     )
     rules = ", ".join(rule.name for rule in registry.logical_rules)
     text = explain_text(candidate.plan, candidate, query.order, rules, measured=node_metrics,
-                        engine=response.metrics.notes)
+                        engine=response.metrics.notes, sharding=render_shards(response.metrics.shards))
     return QueryResult(output.tables[(graph.root, "table")], answers, report, text)

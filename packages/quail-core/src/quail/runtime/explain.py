@@ -3,9 +3,9 @@ in words, and — after a run — the measurements beside the estimates."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from quail.backends.base import NodeMetrics, PhysicalCandidate
+from quail.backends.base import NodeMetrics, PhysicalCandidate, ShardMetrics
 from quail.logical.nodes import LogicalNode, render
 from quail.physical.graph import PhysicalGraph
 from quail.physical.nodes import NodeEstimate, PhysicalNode
@@ -70,9 +70,22 @@ def render_physical(graph: PhysicalGraph, measured: Mapping[str, NodeMetrics] | 
     return "\n".join(lines)
 
 
+def render_shards(shards: Sequence[ShardMetrics]) -> list[str]:
+    """One line per shard a provider ran: its documents, its worker, what it took."""
+    lines = []
+    for shard in shards:
+        split = f"split on {shard.alias}" if shard.alias is not None else "unsplit"
+        took = "cancelled: the LIMIT had its rows" if shard.cancelled else f"wall {_number(shard.wall_s, 's')}"
+        boot = f", {shard.boot_kind} boot" if shard.boot_kind is not None else ""
+        retries = f", re-run {shard.retries}× after a worker was lost" if shard.retries else ""
+        lines.append(f"phase {shard.phase} shard {shard.shard} ({split}) on {shard.worker}: {shard.documents:,} "
+                     f"documents, {shard.tokens:,} tokens; {took}{boot}{retries}")
+    return lines
+
+
 def explain_text(logical: LogicalNode, candidate: PhysicalCandidate | None, order_rule: str, rules: str,
                  refusal: str | None = None, measured: Mapping[str, NodeMetrics] | None = None,
-                 engine: tuple[str, ...] = ()) -> str:
+                 engine: tuple[str, ...] = (), sharding: Sequence[str] = ()) -> str:
     optimized = "optimized, " if candidate is not None else ""
     sections = [f"== Logical plan ({optimized}rules: {rules}) ==", render(logical)]
     if candidate is None:
@@ -88,4 +101,6 @@ def explain_text(logical: LogicalNode, candidate: PhysicalCandidate | None, orde
     ]
     if engine:
         sections += ["== Engine ==", *(f"- {note}" for note in engine)]
+    if sharding:
+        sections += ["== Shards over workers ==", *sharding]
     return "\n".join(sections)

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from quail.backends.base import NodeMetrics
+from quail.backends.base import NodeMetrics, ShardMetrics
 from quail.data.tokens import TokenColumn
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
@@ -163,6 +163,8 @@ class QueryReport:
     engine: tuple[str, ...] = ()
     """What the engine said of itself when it booted (precision chosen, …)."""
     oversized_documents: Mapping[str, ReportValue] | None = None
+    shards: tuple[ShardMetrics, ...] = ()
+    """Per shard when the compute provider split the model work over workers."""
 
     def kv(self) -> dict[str, int | None]:
         metrics = [m for m in self.node_metrics.values()]
@@ -210,6 +212,8 @@ class QueryReport:
             "engine": list(self.engine),
             "oversized_documents": None if self.oversized_documents is None else dict(self.oversized_documents),
             "order_rule": self.order_rule,
+            "shards": [asdict(s) for s in self.shards],
+            "retries": sum(s.retries for s in self.shards),
         }
 
 

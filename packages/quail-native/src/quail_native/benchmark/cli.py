@@ -35,6 +35,10 @@ def add_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
     parser.add_argument("--model-dir", type=Path,
                         help="run a checkpoint directory of the embedded model's shape instead of the embedded "
                              "weights (a machine the weights cannot reach)")
+    parser.add_argument("--compute", default="local",
+                        help="comma-separated compute providers; any besides local runs beside it and is "
+                             "printed as a ratio to it (e.g. --compute ray --workers 2)")
+    parser.add_argument("--workers", type=int, help="workers a distributed provider splits each query over")
     parser.set_defaults(handler=_run)
 
 

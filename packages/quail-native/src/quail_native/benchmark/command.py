@@ -18,6 +18,7 @@ from quail.planner.statistics import document_columns
 from quail.runtime.report import ReportValue
 from quail.runtime.results import QueryResult
 from quail_native.backend import NativeBackend
+from quail_native.benchmark.computes import compute_lines, computes_of, labelled, shard_walls
 from quail_native.benchmark.naive import NaiveModel
 from quail_native.benchmark.workloads import Workload, selected, tables
 from quail_native.precision import choose_precision
@@ -42,6 +43,9 @@ class Row:
     agreement: float | None
     efficiency: float | None
     rows: int
+    compute: str = "local"
+    shard_walls: tuple[float, ...] = ()
+    """Wall seconds of each shard a distributed provider ran (empty on `local`)."""
 
 
 @dataclass(frozen=True)
@@ -128,27 +132,30 @@ def run(args: argparse.Namespace) -> int:
 
 def open_sessions(args: argparse.Namespace, registry: quail.ExtensionRegistry, model: str,
                   notes: list[str]) -> dict[str, quail.Session]:
-    """A session per backend that can run here, all open at once: their engines stay booted side by side."""
+    """A session per (backend, compute provider) that can run here, all open at once: their engines (and
+    workers) stay booted side by side. Keyed by the label the output uses."""
     backends = [b for b in args.backends.split(",") if b]
     sessions: dict[str, quail.Session] = {}
     for backend in backends:
-        config = quail.EngineConfig(model=model, backend=backend, device=args.device, chunk_tokens=args.chunk_tokens,
-                                    precision=args.precision, engines_per_device=len(backends),
-                                    cache="off")  # the engine's work, every run
-        try:
-            session = quail.Session(config, registry=registry)
-        except quail.QuailError as error:
-            notes.append(f"{backend}: skipped — {error}")
-            continue
-        for name, load in tables(args.scale).items():
-            session.register(name, quail.DocumentProvider.from_table(load(), "id"))
-        sessions[backend] = session
+        for compute in computes_of(args.compute):
+            config = quail.EngineConfig(model=model, backend=backend, device=args.device,
+                                        chunk_tokens=args.chunk_tokens, precision=args.precision,
+                                        engines_per_device=len(backends), compute=compute, workers=args.workers,
+                                        cache="off")  # the engine's work, every run
+            try:
+                session = quail.Session(config, registry=registry)
+            except quail.QuailError as error:
+                notes.append(f"{labelled(backend, compute)}: skipped — {error}")
+                continue
+            for name, load in tables(args.scale).items():
+                session.register(name, quail.DocumentProvider.from_table(load(), "id"))
+            sessions[labelled(backend, compute)] = session
     return sessions
 
 
 def measure_all(sessions: dict[str, quail.Session], workloads: tuple[Workload, ...], repeats: int, model_dir: Path,
                 device: torch.device, peak: float, params: int, notes: list[str]) -> list[Row]:
-    """Warm every (workload, backend) up once, then time `repeats` rounds, each over every workload and backend
+    """Warm every (workload, session) up once, then time `repeats` rounds, each over every workload and session
     in turn, so a slow stretch of the machine falls on all of them alike; a refused pair is reported, not fatal."""
     naive: NaiveModel | None = None
     samples: dict[tuple[str, str], list[Sample]] = {}
@@ -238,7 +245,7 @@ def row_of(session: quail.Session, workload: Workload, samples: list[Sample], na
                baseline.seconds, fresh if isinstance(fresh, int) else None,
                report["minimum_tokens"] if isinstance(report["minimum_tokens"], int) else None,
                _float(report["sol_seconds"]), _float(report["estimated_seconds"]), baseline.agreement, efficiency,
-               result.count())
+               result.count(), session.config.compute, shard_walls(report))
 
 
 def model_flops(report: dict[str, ReportValue], params: int) -> float | None:
@@ -263,8 +270,8 @@ def write_outputs(out: Path, rows: list[Row], notes: list[str], peak: float) -> 
              "| workload | backend | wall s (median) | spread | naive s | native/naive | fresh | minimum | fresh/min | "
              "SoL s | agreement | % GEMM peak |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r.workload} | {r.backend} | {r.wall_s:.2f} | {r.spread:.0%} of {r.repeats} | "
-                     f"{r.naive_s or 0:.2f} | "
+        lines.append(f"| {r.workload} | {labelled(r.backend, r.compute)} | {r.wall_s:.2f} | "
+                     f"{r.spread:.0%} of {r.repeats} | {r.naive_s or 0:.2f} | "
                      f"{r.wall_s / r.naive_s if r.naive_s else float('nan'):.3f} | {r.fresh_tokens} | "
                      f"{r.minimum_tokens} | {_ratio(r.fresh_tokens, r.minimum_tokens)} | {r.sol_s or 0:.2f} | "
                      f"{(r.agreement or 0):.1%} | {(r.efficiency or 0):.0%} |")
@@ -318,9 +325,11 @@ def workload_lines(rows: list[Row]) -> list[str]:
 
 
 def summary_lines(rows: list[Row]) -> list[str]:
-    """Per-workload lines, other backends' wall ratios (vs naive and vs native on the same workloads), native's
-    lines last."""
-    lines = workload_lines(rows)
+    """Providers side by side first, then per-workload lines, other backends' wall ratios (vs naive and vs
+    native on the same workloads), native's lines last — every ratio but the providers' over the `local` rows."""
+    lines = compute_lines(rows)
+    rows = [r for r in rows if r.compute == "local"]
+    lines += workload_lines(rows)
     native = {r.workload: r for r in rows if r.backend == "native"}
     for backend in dict.fromkeys(r.backend for r in rows if r.backend != "native"):
         mine = [r for r in rows if r.backend == backend and r.naive_s]

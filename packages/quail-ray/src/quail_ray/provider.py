@@ -1,0 +1,62 @@
+"""The `ray` compute provider: a query's model work split over the actors of a Ray cluster.
+
+The coordinator (the caller's process) asks the planner how to split the work
+(`quail.planner.partition`), runs each phase's shards on the pool's workers — each booting its engine
+once and keeping it for later queries — merges their Arrow answers, and runs the relational part
+over whole tables, so the rows are the unsplit plan's. Ray owns the cluster: placement, transport,
+object store, failure detection; this provider only says what runs where.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from quail.backends.base import PhysicalRequest, PhysicalResponse, ShardMetrics
+from quail.compute.base import Caller
+from quail.compute.lifetime import on_release
+from quail.compute.sharding import Answers, finish, merge_metrics, progress_of, request_partition, scan_port
+from quail.config import EngineConfig
+from quail_ray.dispatch import PhaseRun
+from quail_ray.pool import WorkerPool
+from quail_ray.transport import TokenShipment
+
+POOL = WorkerPool()
+"""Every Ray worker this process started: shared by all sessions, released with `quail.release_engines()`."""
+on_release(POOL.close)
+
+
+class RayProvider:
+    name = "ray"
+
+    def planned_workers(self, config: EngineConfig) -> int | None:
+        """`EngineConfig.workers`, else the pool's size once it has started (None before)."""
+        return config.workers if config.workers is not None else POOL.planned()
+
+    def execute(self, request: PhysicalRequest, caller: Caller) -> PhysicalResponse:
+        import ray
+
+        started = time.perf_counter()
+        workers = POOL.workers(request.config, request.device)
+        partition = request_partition(request, len(workers))
+        shipment = TokenShipment(request, ray.put)
+        progress = progress_of(request, caller)
+        query = uuid.uuid4().hex
+        answers: Answers = {}
+        responses: list[PhysicalResponse] = []
+        shards: list[ShardMetrics] = []
+        restrict = None
+        for phase in partition.phases:
+            outcome = PhaseRun(POOL, request, partition, phase, answers, shipment, progress, query).run()
+            answers.update(outcome.answers)
+            responses.extend(outcome.responses)
+            shards.extend(outcome.shards)
+            if outcome.covered is not None and phase.alias is not None:
+                restrict = {scan_port(request.graph, phase.alias): outcome.covered}
+        finished = finish(request, answers, restrict)
+        metrics = merge_metrics(request.graph, responses, shards, finished.node_metrics,
+                                time.perf_counter() - started)
+        return PhysicalResponse(finished.tables, metrics)
+
+    def close(self) -> None:
+        POOL.close()
