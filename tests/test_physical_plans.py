@@ -35,7 +35,7 @@ equalities = st.builds(Equality, column_refs, column_refs)
 outputs = st.builds(OutputColumn, texts, st.none() | column_refs)
 estimates = st.builds(ph.NodeEstimate, st.none() | floats, st.none() | floats, st.none() | floats)
 stages = st.builds(ph.FilterStage, predicates, token_ids, floats, st.booleans())
-semantics = st.sampled_from(["full", "exists", "anti"])
+semantics = st.sampled_from(["full", "exists", "anti", "left"])
 
 
 def tuples_of(strategy: st.SearchStrategy) -> st.SearchStrategy:
@@ -43,7 +43,7 @@ def tuples_of(strategy: st.SearchStrategy) -> st.SearchStrategy:
 
 
 FIELDS: dict[type, dict[str, st.SearchStrategy]] = {
-    ph.Scan: {"table": texts, "alias": texts},
+    ph.Scan: {"table": texts, "alias": texts, "where": texts},
     ph.AiFilter: {"alias": texts, "column": column_refs, "preamble": token_ids, "frame": token_ids,
                   "stages": tuples_of(stages), "retain_kv": st.booleans(),
                   "share_prefixes": st.booleans(), "calibration": tuples_of(token_ids)},
@@ -61,7 +61,9 @@ FIELDS: dict[type, dict[str, st.SearchStrategy]] = {
     ph.RecombineJoin: {"semantics": semantics},
     ph.RecombineLabels: {"alias": texts, "output": texts, "allowed": st.none() | tuples_of(texts)},
     ph.RecombineScores: {"alias": texts, "output": texts},
-    ph.Project: {"columns": tuples_of(outputs)},
+    ph.RecombineVerdicts: {"alias": texts, "output": texts},
+    ph.DropNullDocuments: {"aliases": tuples_of(texts)},
+    ph.Project: {"columns": tuples_of(outputs), "statement": texts, "relations": tuples_of(texts)},
     ph.Limit: {"count": st.integers(0, 10**12)},
     ph.Barrier: {},
 }

@@ -95,7 +95,7 @@ def test_progress_bar_is_drawn_on_stderr(files, capsys):
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["SELECT 1"], "no FROM clause"),
-    (["SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('x', r.body)) OR 1 = 1"], "OR is not supported"),
+    ([f"{FILTER} UNION {FILTER}"], "AI functions in two query blocks is not supported"),
     (["SELECT * FROM nowhere n WHERE AI_FILTER(PROMPT('{0}', n.x))"], "unknown table 'nowhere'"),
     ([FILTER, "--table", "reviews"], "write name=path[:id_col]"),
     ([FILTER, "--table", "reviews=/no/such/file.parquet"], "no file or directory"),

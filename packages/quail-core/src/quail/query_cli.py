@@ -1,4 +1,4 @@
-"""`quail query`: run AI SQL against Parquet / CSV / JSONL / Arrow files from the command line."""
+"""`quail query`: run AI SQL against Parquet / CSV / JSONL / Arrow files and DuckDB tables from the command line."""
 
 from __future__ import annotations
 
@@ -13,54 +13,63 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from quail.config import EngineConfig
-from quail.data.providers import DocumentProvider
+from quail.data.sources import SUFFIXES
 from quail.demo import format_report, format_rows, progress_bar
 from quail.errors import CompileError
 from quail.frontend.sql import Dialect
 from quail.session import Session
 
-READERS = {
-    ".parquet": DocumentProvider.from_parquet, ".pq": DocumentProvider.from_parquet,
-    ".csv": DocumentProvider.from_csv,
-    ".jsonl": DocumentProvider.from_jsonl, ".ndjson": DocumentProvider.from_jsonl,
-    ".arrow": DocumentProvider.from_ipc, ".feather": DocumentProvider.from_ipc, ".ipc": DocumentProvider.from_ipc,
-}
 OUTPUTS = (".parquet", ".csv", ".json", ".jsonl")
+DATABASES = (".duckdb", ".db")
 
 
 @dataclass(frozen=True)
 class TableArgument:
-    """`name=path[:id_col]` from the command line."""
+    """`name=path[:id_col]`, or `name=database.duckdb:table[:id_col]`, from the command line."""
 
     name: str
     path: Path
-    id_column: str
+    id_column: str | None
+    table: str | None = None
 
     @classmethod
     def parse(cls, text: str) -> TableArgument:
         name, equals, rest = text.partition("=")
         if not equals or not name or not rest:
-            raise CompileError(f"--table {text!r}: write name=path[:id_col]")
+            raise CompileError(f"--table {text!r}: write name=path[:id_col] or name=database.duckdb:table")
+        if Path(rest).exists():
+            return cls(name, Path(rest), "id")
+        for suffix in DATABASES:
+            head, found, tail = rest.partition(f"{suffix}:")
+            if found:
+                table, _, id_column = tail.partition(":")
+                return cls(name, Path(head + suffix), id_column or None, table)
         path, _, id_column = rest.rpartition(":") if ":" in rest else (rest, "", "id")
         return cls(name, Path(path), id_column or "id")
 
-    def provider(self) -> DocumentProvider:
+    def register(self, session: Session) -> None:
+        """Read the table into the session (DuckDB reads the file; ids are checked when named)."""
         if not self.path.exists():
             raise CompileError(f"--table {self.name}: no file or directory {self.path}")
-        if self.path.is_dir():
-            return DocumentProvider.from_parquet(self.path, self.id_column)
-        reader = READERS.get(self.path.suffix.lower())
-        if reader is None:
-            raise CompileError(f"--table {self.name}: cannot read {self.path.suffix or 'a file without suffix'}; "
-                               f"use one of {', '.join(sorted(READERS))}")
-        return reader(self.path, self.id_column)
+        suffix = self.path.suffix.lower()
+        if self.path.is_file() and suffix not in SUFFIXES:
+            raise CompileError(f"--table {self.name}: cannot read {suffix or 'a file without suffix'}; "
+                               f"use one of {', '.join(sorted(SUFFIXES))}")
+        if suffix in DATABASES and self.table is None:
+            raise CompileError(f"--table {self.name}: {self.path} is a DuckDB database; write "
+                               f"{self.name}={self.path}:table")
+        try:
+            session.register(self.name, self.path, id_column=self.id_column, table=self.table)
+        except (ValueError, FileNotFoundError) as error:
+            raise CompileError(f"--table {self.name}: {error}") from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("sql", nargs="?", help="the query (or use --file)")
     parser.add_argument("-f", "--file", type=Path, help="read the query from a file")
     parser.add_argument("-t", "--table", action="append", default=[], metavar="NAME=PATH[:ID_COL]",
-                        help="register a table (Parquet, CSV, JSONL or Arrow; the id column defaults to 'id')")
+                        help="register a table: Parquet, CSV, JSONL or Arrow (the id column defaults to 'id'), "
+                             "or NAME=DATABASE.duckdb:TABLE for a table of a DuckDB database")
     parser.add_argument("--model")
     parser.add_argument("--device")
     parser.add_argument("--backend")
@@ -116,7 +125,7 @@ def run_query_command(args: argparse.Namespace, out: TextIO | None = None, err: 
     dialect: Dialect = args.dialect
     with Session(config_of(args)) as session:
         for table in tables:
-            session.register(table.name, table.provider())
+            table.register(session)
         query = session.sql(text, dialect=dialect, order=args.order)
         if args.explain:
             print(query.explain(), file=out)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from types import TracebackType
 
@@ -11,7 +12,10 @@ from quail.backends.base import GpuContext, ModelBackend, ModelExecution, OrderR
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
 from quail.config import EngineConfig
-from quail.data.providers import DocumentProvider, TableSchema
+from quail.data.database import Database
+from quail.data.providers import TableSchema
+from quail.data.scan import ScanView
+from quail.data.sources import as_source
 from quail.data.tokenizer import Tokenizer
 from quail.data.tokens import TokenStore
 from quail.errors import CompileError, Refusal, RefusalError
@@ -26,6 +30,7 @@ from quail.plugins.registry import ExtensionRegistry
 from quail.runtime.execution import plan_physical, run_query
 from quail.runtime.explain import explain_text
 from quail.runtime.results import QueryResult
+from quail.runtime.views import scan_views
 
 ORDER_RULES: tuple[OrderRule, ...] = ("by_cost", "as_written")
 
@@ -43,7 +48,7 @@ class Session:
         self.backend: ModelBackend = self.registry.backend(self.config.backend)
         self._check_support()
         self.runtime_state: dict[str, object] = {}
-        self._tables: dict[str, DocumentProvider] = {}
+        self.database = Database()
         self.token_store = TokenStore()
         self._execution: ModelExecution | None = None
         self._closed = False
@@ -59,22 +64,32 @@ class Session:
 
     # -- tables -------------------------------------------------------------------------------
 
-    def register(self, name: str, provider: DocumentProvider) -> None:
-        """Make a document table available to queries under `name`."""
-        if not name.isidentifier():
+    def register(self, name: str, data: object, *, id_column: str | None = None, table: str | None = None) -> None:
+        """Make a table available to queries under `name`.
+
+        `data` is a DocumentProvider, a pyarrow Table / RecordBatch / RecordBatchReader / Dataset, a
+        pandas or polars DataFrame, a DuckDB relation, or the path of a Parquet, CSV, JSON, Arrow or
+        DuckDB file (`table` names the table of a DuckDB database). `id_column`, when given, must be
+        non-null and unique. Files are read again when they change on disk.
+        """
+        if not isinstance(name, str) or not name.isidentifier():
             raise CompileError(f"table name {name!r} is not an identifier")
-        if not isinstance(provider, DocumentProvider):
-            raise TypeError(f"register() takes a DocumentProvider, got {type(provider).__name__}")
-        self._tables[name] = provider
+        if name.startswith("__quail"):
+            raise CompileError(f"table name {name!r} is reserved for Quail's own relations")
+        if isinstance(data, str | os.PathLike) and table is None and not os.path.exists(data) and ":" in str(data):
+            path, _, table = str(data).rpartition(":")
+            data = path
+        self.database.register(name, as_source(data, id_column, table))
 
     @property
     def catalog(self) -> dict[str, TableSchema]:
-        return {name: provider.schema(name) for name, provider in self._tables.items()}
+        return self.database.catalog
 
     # -- queries ------------------------------------------------------------------------------
 
     def sql(self, text: str, dialect: Dialect = "snowflake", order: OrderRule | None = None) -> Query:
-        return Query(self, parse_sql(text, dialect), order)
+        self.database.refresh()
+        return Query(self, parse_sql(text, self.database, dialect), order)
 
     def docs(self, table: str) -> Docs:
         """Start a builder query over a registered table (its alias defaults to its name)."""
@@ -89,9 +104,6 @@ class Session:
     @property
     def closed(self) -> bool:
         return self._closed
-
-    def provider(self, table: str) -> DocumentProvider:
-        return self._tables[table]
 
     def execution(self) -> tuple[ModelExecution, float | None, str]:
         """The backend's started execution, (boot seconds, "cold") on first use, then "warm"."""
@@ -118,6 +130,7 @@ class Session:
             self._execution = None
             self.runtime_state.clear()
             self.token_store.close()
+            self.database.close()
 
     def __enter__(self) -> Session:
         return self
@@ -140,6 +153,11 @@ class Query:
         self.logical_plan: LogicalNode = run_rules(unoptimized, session.registry.logical_rules)
         validate_plan(self.logical_plan)
         self._candidate: PhysicalCandidate | None = None
+        self._planned_on = -1
+
+    def views(self) -> dict[str, ScanView]:
+        """Each alias's scan view: its column predicates applied by DuckDB, only the columns it needs."""
+        return scan_views(self.logical_plan, self.session.database)
 
     @property
     def aliases(self) -> dict[str, str]:
@@ -147,9 +165,11 @@ class Query:
         return {node.alias: node.table for node in walk(self.logical_plan) if isinstance(node, Scan)}
 
     def plan(self) -> PhysicalCandidate:
-        """The cheapest physical plan the backend offers (planned once, no model run)."""
-        if self._candidate is None:
+        """The cheapest physical plan the backend offers (planned once, again if a table changed; no model run)."""
+        self.session.database.refresh()
+        if self._candidate is None or self._planned_on != self.session.database.generation:
             self._candidate = plan_physical(self)
+            self._planned_on = self.session.database.generation
         return self._candidate
 
     def explain(self, verbose: bool = False, analyze: bool = False) -> str:
@@ -159,7 +179,7 @@ class Query:
         rules = ", ".join(rule.name for rule in self.session.registry.logical_rules)
         try:
             candidate, refusal = self.plan(), None
-        except RefusalError as error:
+        except (RefusalError, CompileError) as error:
             candidate, refusal = None, str(error)
         return explain_text(self.logical_plan, candidate, self.order, rules, refusal)
 

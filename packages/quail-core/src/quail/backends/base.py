@@ -74,6 +74,8 @@ class PlanningContext:
     document_shared_prefix_tokens: Mapping[str, int] = field(default_factory=dict)
     """Per alias: Σ whole pages each document shares with its predecessor in token order."""
     calibration: Switch = "auto"
+    null_documents: Mapping[str, int] = field(default_factory=dict)
+    """Per alias: rows whose document is NULL (no model work is spent on them; not in the lengths)."""
 
 
 @dataclass(frozen=True)

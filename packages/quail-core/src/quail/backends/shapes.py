@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 import pyarrow as pa
 
 from quail.logical.expressions import AiPredicate, Semantics
+from quail.physical.nodes import AiClassify, AiFilter, AiJoin, AiScore, PhysicalNode
 
 KIND = b"kind"
 
@@ -98,6 +99,22 @@ def score_answers(alias: str, output: str, rows: Sequence[int], margins: Sequenc
         "margin": pa.array(margins, pa.float64()),
     })
     return _with_kind(table, "scores", {"alias": alias, "output": output})
+
+
+def empty_answers(node: PhysicalNode) -> pa.Table | None:
+    """The answers of a standard model node that has no row to read (None for any other node)."""
+    if isinstance(node, AiFilter):
+        return filter_answers(node.alias, [], [], [], [])
+    if isinstance(node, AiJoin):
+        aliases = [c.alias for c in node.predicate.prompt.columns]
+        return join_answers({a: [] for a in aliases}, [], [], anchor=node.anchor.alias,
+                            partners=[p.alias for p in node.partners], semantics=node.semantics,
+                            position=node.predicate.position)
+    if isinstance(node, AiClassify):
+        return label_answers(node.alias, node.output, [], [], [])
+    if isinstance(node, AiScore):
+        return score_answers(node.alias, node.output, [], [])
+    return None
 
 
 def choose_label(margins: Sequence[float]) -> int:

@@ -14,12 +14,13 @@ from quail.backends.base import ModelRegion, PhysicalCandidate, PlanningContext,
 from quail.data.tokens import TokenColumn
 from quail.errors import PlanEditError, Refusal, RefusalError
 from quail.logical.expressions import Equality
-from quail.logical.nodes import Classify, Score, SemanticFilter, SemanticJoin, walk
+from quail.logical.nodes import Classify, Score, SemanticFilter, SemanticJoin, Verdict, walk
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
 from quail.planner.prefixes import shareable_tokens
+from quail.runtime.duckdb_tail import DuckTail
 from quail.runtime.explain import explain_text
-from quail.runtime.report import QueryReport, minimum_tokens, model_token_totals, stages
+from quail.runtime.report import QueryReport, minimum_tokens, model_token_totals, null_inputs, stages
 from quail.runtime.results import QueryResult
 from quail.runtime.runner import RunInputs, Runner
 from quail.runtime.unfold import report_view
@@ -37,7 +38,7 @@ def document_columns(query: Query) -> dict[str, str]:
             prompts = [p.prompt for p in node.predicates]
         elif isinstance(node, SemanticJoin):
             prompts = [node.predicate.prompt]
-        elif isinstance(node, Classify | Score):
+        elif isinstance(node, Classify | Score | Verdict):
             prompts = [node.prompt]
         for prompt in prompts:
             for column in prompt.columns:
@@ -54,8 +55,8 @@ def token_columns(query: Query) -> dict[str, TokenColumn]:
             f"no tokenizer for model {session.model.name!r}",
             ("planning and running need the model's tokenizer: pass Session(..., tokenizer=...)",),
         ))
-    aliases = query.aliases
-    return {alias: session.token_store.tokens(session.provider(aliases[alias]), column, session.tokenizer)
+    views = query.views()
+    return {alias: session.token_store.tokens(views[alias], column, session.tokenizer)
             for alias, column in document_columns(query).items()}
 
 
@@ -71,7 +72,7 @@ def equality_fractions(query: Query) -> dict[tuple[str, str], float]:
 def _pair_fraction(query: Query, equality: Equality) -> float:
     counts = []
     for ref in (equality.left, equality.right):
-        provider = query.session.provider(query.aliases[ref.alias])
+        provider = query.views()[ref.alias]
         counts.append(pc.value_counts(provider.to_table([ref.column]).column(ref.column).combine_chunks()))
     left = pa.table({"k": counts[0].field("values"), "a": counts[0].field("counts")})
     right = pa.table({"k": counts[1].field("values"), "b": counts[1].field("counts")})
@@ -97,9 +98,10 @@ def plan_physical(query: Query) -> PhysicalCandidate:
     session = query.session
     tokens = token_columns(query)
     lengths: dict[str, list[int]] = {}
-    for alias, table in query.aliases.items():
+    views = query.views()
+    for alias in query.aliases:
         column = tokens.get(alias)
-        lengths[alias] = column.lengths().to_pylist() if column else [0] * session.provider(table).num_rows
+        lengths[alias] = column.present_lengths().to_pylist() if column else [0] * views[alias].num_rows
     config = session.config
     context = PlanningContext(
         model=session.model, device=session.device, gpu_count=config.gpus, document_token_lengths=lengths,
@@ -107,7 +109,7 @@ def plan_physical(query: Query) -> PhysicalCandidate:
         chunk_tokens=config.chunk_tokens, kv_budget_bytes=config.kv_budget_bytes,
         kv_page_tokens=config.kv_page_tokens, prefix_sharing=config.prefix_sharing,
         document_shared_prefix_tokens=shared_prefixes(tokens, config.kv_page_tokens, config.prefix_sharing),
-        calibration=config.calibration,
+        calibration=config.calibration, null_documents={a: c.null_count for a, c in tokens.items()},
     )
     offered = session.backend.plan(ModelRegion(query.logical_plan), context)
     if isinstance(offered, Refusal):
@@ -136,10 +138,9 @@ def run_query(query: Query, plan: PhysicalCandidate | PhysicalGraph | None) -> Q
         candidate = replace(candidate, graph=plan)
     _check_plan_matches(query, candidate.graph)
     tokens = token_columns(query)
-    providers = {alias: session.provider(table) for alias, table in query.aliases.items()}
     execution, boot_s, boot_kind = session.execution()
-    runner = Runner(candidate.graph, RunInputs(providers, tokens), execution, session.registry.observers,
-                    session.registry.progress_listeners)
+    runner = Runner(candidate.graph, RunInputs(query.views(), tokens, DuckTail(session.database)), execution,
+                    session.registry.observers, session.registry.progress_listeners)
     output = runner.run()
     fresh, cached = model_token_totals(candidate.graph, output.node_metrics)
     steps, answers = report_view(candidate.graph, output.answer_tables)
@@ -150,7 +151,7 @@ def run_query(query: Query, plan: PhysicalCandidate | PhysicalGraph | None) -> Q
         boot_kind=boot_kind, fresh_tokens=fresh, cached_tokens=cached,
         minimum_tokens=minimum_tokens(steps, answers, tokens),
         stages=tuple(stages(steps, answers)), node_metrics=output.node_metrics,
-        remarks=candidate.remarks,
+        remarks=candidate.remarks, null_inputs=null_inputs(candidate.graph, output.node_metrics),
     )
     rules = ", ".join(rule.name for rule in session.registry.logical_rules)
     text = explain_text(query.logical_plan, candidate, query.order, rules, measured=output.node_metrics)

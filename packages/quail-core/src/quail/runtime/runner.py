@@ -1,7 +1,8 @@
 """The runner: walks a physical graph in topological order; model nodes go to the backend.
 
-Generic nodes (Scan, HashJoin, Recombine*, Limit, Project, Barrier) run here with pyarrow; model
-nodes run on the backend's ModelExecution, with the documents they read attached as tokens.
+Generic nodes (Scan, HashJoin, Recombine*, DropNullDocuments, Limit, Barrier) run here with pyarrow, the
+root Project on DuckDB; model nodes run on the backend's ModelExecution, with the documents they read
+attached as tokens.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from typing import Protocol, runtime_checkable
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from quail.backends import shapes
 from quail.backends.base import ModelExecution, NodeMetrics, NodeOutput
-from quail.data.providers import DocumentProvider
+from quail.data.scan import RowSource
 from quail.data.tokens import TokenColumn
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
@@ -33,12 +35,20 @@ class ReadsDocuments(Protocol):
     def document_aliases(self) -> tuple[str, ...]: ...
 
 
+@runtime_checkable
+class Tail(Protocol):
+    """Runs the root: the relational tail over the model's rows and the aliases' scan views."""
+
+    def run(self, node: ph.Project, rows: pa.Table, views: Mapping[str, RowSource]) -> pa.Table: ...
+
+
 @dataclass(frozen=True)
 class RunInputs:
-    """Where rows and tokens come from, per alias."""
+    """Where rows and tokens come from, per alias (its scan view), and what runs the relational tail."""
 
-    providers: Mapping[str, DocumentProvider]
+    providers: Mapping[str, RowSource]
     tokens: Mapping[str, TokenColumn]
+    tail: Tail
 
 
 @dataclass
@@ -92,6 +102,10 @@ class Runner:
         return NodeMetrics(time.perf_counter() - started, rows_in=rows_in, rows_out=table.num_rows)
 
     def _execute_model_node(self, node: ph.PhysicalNode, inputs: dict[str, pa.Table]) -> NodeOutput:
+        nothing = shapes.empty_answers(node) if any(t.num_rows == 0 for t in inputs.values()) else None
+        if nothing is not None:  # no row to read: no model work at all (not even calibration)
+            return NodeOutput({"answers": nothing}, NodeMetrics(0.0, rows_in=0, rows_out=0, fresh_tokens=0,
+                                                                cached_tokens=0))
         execution = self.execution
         aware = isinstance(execution, ProgressAware) and bool(self.progress)
         if aware:
@@ -138,12 +152,16 @@ class Runner:
             return relational.add_labels(inputs["rows"], inputs["answers"], node.alias, node.output, node.allowed)
         if isinstance(node, ph.RecombineScores):
             return relational.add_scores(inputs["rows"], inputs["answers"], node.alias, node.output)
+        if isinstance(node, ph.RecombineVerdicts):
+            return relational.add_verdicts(inputs["rows"], inputs["answers"], node.alias, node.output)
+        if isinstance(node, ph.DropNullDocuments):
+            return relational.present_documents(inputs["rows"], node.aliases, self.inputs.tokens)
         if isinstance(node, ph.Limit):
             return inputs["rows"].slice(0, node.count)
         if isinstance(node, ph.Barrier):
             return inputs["rows"].combine_chunks()
         if isinstance(node, ph.Project):
-            return relational.project(inputs["rows"], node.columns, providers)
+            return self.inputs.tail.run(node, inputs["rows"], providers)
         raise TypeError(f"no runtime for {node.kind} {node.id!r}: is it a backend's node on the wrong backend?")
 
 
