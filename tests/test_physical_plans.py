@@ -62,7 +62,7 @@ FIELDS: dict[type, dict[str, st.SearchStrategy]] = {
     ph.RecombineLabels: {"alias": texts, "output": texts, "allowed": st.none() | tuples_of(texts)},
     ph.RecombineScores: {"alias": texts, "output": texts},
     ph.RecombineVerdicts: {"alias": texts, "output": texts},
-    ph.DropNullDocuments: {"aliases": tuples_of(texts)},
+    ph.DropNullDocuments: {"aliases": tuples_of(texts), "distinct": st.booleans()},
     ph.Project: {"columns": tuples_of(outputs), "statement": texts, "relations": tuples_of(texts)},
     ph.Limit: {"count": st.integers(0, 10**12)},
     ph.Barrier: {},

@@ -175,6 +175,10 @@ class DocumentProvider:
                 self._identity = f"data:{content_digest(self._dataset)}"
         return self._identity
 
+    def column_identity(self, column: str) -> str:
+        """The provider's identity: its token files are keyed by the whole table (and the column)."""
+        return self.identity
+
     @property
     def stamp(self) -> tuple[FileStamp, ...]:
         """The files under the provider as last read (empty for data in memory)."""

@@ -38,6 +38,10 @@ class RowSource(Protocol):
     @property
     def identity(self) -> str: ...
 
+    def column_identity(self, column: str) -> str:
+        """Equal for equal contents of one column: keys the column's token file."""
+        ...
+
     def scan(self, columns: Columns = None, batch_rows: int = ...) -> Iterator[pa.RecordBatch]: ...
 
     def take(self, rows: Rows, columns: Columns = None) -> pa.Table: ...
@@ -56,6 +60,7 @@ class ScanView:
         self.sql = sql
         self.path = path
         self._identity: str | None = None
+        self._column_identities: dict[str, str] = {}
 
     @property
     def num_rows(self) -> int:
@@ -75,6 +80,13 @@ class ScanView:
         if self._identity is None:
             self._identity = f"view:{content_digest(ds.dataset(self._table))}"
         return self._identity
+
+    def column_identity(self, column: str) -> str:
+        """A hash of one column: views that keep the same documents share their token file, whatever
+        else they read."""
+        if column not in self._column_identities:
+            self._column_identities[column] = f"column:{content_digest(ds.dataset(self.to_table([column])))}"
+        return self._column_identities[column]
 
     def scan(self, columns: Columns = None, batch_rows: int = 65_536) -> Iterator[pa.RecordBatch]:
         if batch_rows < 1:

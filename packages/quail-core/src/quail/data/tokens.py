@@ -151,7 +151,7 @@ class TokenStore:
         if self.closed:
             raise QuailError("the token store is closed")
         _check_text(provider, column)
-        key = (provider.identity, column, tokenizer.identity)
+        key = (provider.column_identity(column), column, tokenizer.identity)
         cached = self._columns.get(key)
         if cached is None:
             cached = self._columns[key] = TokenColumn.open(self._file(key, provider, column, tokenizer))

@@ -300,16 +300,19 @@ class RecombineVerdicts(PhysicalNode):
 
 @dataclass(frozen=True)
 class DropNullDocuments(PhysicalNode):
-    """Rows whose document is NULL for one of `aliases` (or whose row is NULL, outside a LEFT JOIN's
-    matches): an AI function of NULL is NULL, so the model never sees them."""
+    """A model node's input: without the rows whose document is NULL for one of `aliases` (or whose row
+    is NULL, outside a LEFT JOIN's matches) — an AI function of NULL is NULL, so the model never sees
+    them. `distinct` keeps each document of the one alias once (an AI output is computed once per document)."""
 
     aliases: tuple[str, ...] = ()
+    distinct: bool = False
 
     INPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
     OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
 
     def describe(self) -> str:
-        return f"Skip NULL documents of {', '.join(self.aliases)}"
+        what = "Each document of" if self.distinct else "Skip NULL documents of"
+        return f"{what} {', '.join(self.aliases)}"
 
 
 @dataclass(frozen=True)

@@ -82,15 +82,17 @@ class _GraphBuilder:
                                    relations=plan.relations), rows=rows)
         return PhysicalGraph(tuple(self.nodes), tuple(self.edges), root)
 
-    def documents(self, rows: Port, aliases: tuple[str, ...]) -> Port:
-        """`rows` as a model node's input: without the rows whose document of `aliases` is NULL, if any can be."""
+    def documents(self, rows: Port, aliases: tuple[str, ...], distinct: bool = False) -> Port:
+        """`rows` as a model node's input: without the rows whose document of `aliases` is NULL, if any can be;
+        `distinct`: each document of the one alias once (rows repeat it after a join)."""
         skipped = tuple(a for a in aliases if a in self.null_documents or a in self.nullable)
-        if not skipped:
+        if not skipped and not distinct:
             return rows
-        name = f"documents_{'_'.join(skipped)}"
+        name = f"documents_{'_'.join(aliases if distinct else skipped)}"
         count = sum(1 for n in self.nodes if n.id == name or n.id.startswith(f"{name}_"))
         node_id = name if count == 0 else f"{name}_{count}"
-        return self.add(ph.DropNullDocuments(node_id, aliases=skipped), rows=rows), "rows"
+        node = ph.DropNullDocuments(node_id, aliases=aliases if distinct else skipped, distinct=distinct)
+        return self.add(node, rows=rows), "rows"
 
     def rows(self, node: LogicalNode) -> Port:
         if isinstance(node, Scan):
@@ -168,7 +170,7 @@ class _GraphBuilder:
         model = self.add(ph.AiClassify(f"classify_{node.output}", alias=alias, column=bound.column,
                                        output=node.output, position=node.position, labels=node.labels,
                                        preamble=bound.preamble, tail=bound.tail, label_tokens=bound.labels),
-                         rows=self.documents(rows, (alias,)))
+                         rows=self.documents(rows, (alias,), len(node.child.aliases) > 1))
         return self.add(ph.RecombineLabels(f"labels_{node.output}", alias=alias, output=node.output,
                                            allowed=node.allowed), rows=rows, answers=(model, "answers")), "rows"
 
@@ -178,7 +180,8 @@ class _GraphBuilder:
         bound = bind_filters([AiPredicate(node.prompt, node.position)], self.tokenizer, self.style)
         model = self.add(ph.AiScore(f"score_{node.output}", alias=alias, column=bound.column, output=node.output,
                                     position=node.position, prompt=node.prompt, preamble=bound.preamble,
-                                    question=bound.frame + bound.questions[0]), rows=self.documents(rows, (alias,)))
+                                    question=bound.frame + bound.questions[0]),
+                         rows=self.documents(rows, (alias,), len(node.child.aliases) > 1))
         return self.add(ph.RecombineScores(f"scores_{node.output}", alias=alias, output=node.output),
                         rows=rows, answers=(model, "answers")), "rows"
 
@@ -191,7 +194,8 @@ class _GraphBuilder:
         stage = ph.FilterStage(predicate, bound.questions[0], *selectivity_of(node.selectivity))
         model = self.add(ph.AiFilter(f"filter_{node.output}", alias=alias, column=bound.column,
                                      preamble=bound.preamble, frame=bound.frame, stages=(stage,),
-                                     calibration=self.calibration), rows=self.documents(rows, (alias,)))
+                                     calibration=self.calibration),
+                         rows=self.documents(rows, (alias,), len(node.child.aliases) > 1))
         return self.add(ph.RecombineVerdicts(f"verdicts_{node.output}", alias=alias, output=node.output),
                         rows=rows, answers=(model, "answers")), "rows"
 

@@ -91,7 +91,7 @@ def shared_prefixes(tokens: Mapping[str, TokenColumn], page_tokens: int, switch:
 
 @lru_cache(maxsize=64)
 def _shareable(column: TokenColumn, page_tokens: int) -> int:
-    return shareable_tokens(column.tokens.to_pylist(), page_tokens)
+    return shareable_tokens([t for t in column.tokens.to_pylist() if t is not None], page_tokens)
 
 
 def plan_physical(query: Query) -> PhysicalCandidate:

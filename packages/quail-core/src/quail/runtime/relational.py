@@ -117,8 +117,10 @@ def _add_column(rows: pa.Table, values: pa.Table, alias: str, output: str) -> pa
     return _ordered(joined.select([*rows.column_names, output]), aliases_of(rows, rows.column_names))
 
 
-def present_documents(rows: pa.Table, aliases: Sequence[str], tokens: Mapping[str, TokenColumn]) -> pa.Table:
-    """The rows whose row and document are not NULL for any of `aliases` (those an AI function can read)."""
+def present_documents(rows: pa.Table, aliases: Sequence[str], tokens: Mapping[str, TokenColumn],
+                      distinct: bool = False) -> pa.Table:
+    """The rows whose row and document are not NULL for any of `aliases` (those an AI function can read);
+    with `distinct`, each row of the one alias once."""
     keep = pa.array([True] * rows.num_rows, pa.bool_())
     for alias in aliases:
         if alias not in rows.column_names:
@@ -127,4 +129,8 @@ def present_documents(rows: pa.Table, aliases: Sequence[str], tokens: Mapping[st
         present = pc.fill_null(pc.take(tokens[alias].present(), positions), False) if alias in tokens else (
             pc.is_valid(positions))
         keep = pc.and_(keep, present)
-    return rows.filter(keep)
+    kept = rows.filter(keep)
+    if not distinct:
+        return kept
+    (alias,) = aliases
+    return _ordered(kept.select([alias]).group_by(alias).aggregate([]), [alias])

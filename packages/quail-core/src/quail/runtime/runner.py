@@ -155,7 +155,7 @@ class Runner:
         if isinstance(node, ph.RecombineVerdicts):
             return relational.add_verdicts(inputs["rows"], inputs["answers"], node.alias, node.output)
         if isinstance(node, ph.DropNullDocuments):
-            return relational.present_documents(inputs["rows"], node.aliases, self.inputs.tokens)
+            return relational.present_documents(inputs["rows"], node.aliases, self.inputs.tokens, node.distinct)
         if isinstance(node, ph.Limit):
             return inputs["rows"].slice(0, node.count)
         if isinstance(node, ph.Barrier):
