@@ -558,5 +558,5 @@ def test_a_file_that_no_longer_validates_is_refused(tmp_path, as_provider: bool)
         duplicated = pa.concat_tables([TABLES["reviews"], TABLES["reviews"].slice(0, 1)])
         pq.write_table(duplicated, path)
         _touch_later(path)
-        with pytest.raises(quail.CompileError, match="file changed since register.*repeats the value 201"):
+        with pytest.raises(quail.CompileError, match=r"file changed since register.*repeats the value 201"):
             s.sql(FILE_QUERY).run()
