@@ -238,3 +238,25 @@ def test_explain_shows_the_request_node_with_its_strategy_and_steps():
         text = join_case().query(session).explain()
     assert "RequestExecution [operator filters, anchor_major joins]" in text
     assert "AiFilter r stages" in text and "AiJoin full" in text
+
+
+RELATIONAL = [
+    "SELECT r.id FROM reviews r WHERE r.stars >= 4 AND AI_FILTER(PROMPT('Is {0} about the \"plot\"?', r.body))",
+    "SELECT r.id, AI_FILTER(PROMPT('Does {0} mention \"music\"?', r.body)) AS m FROM reviews r "
+    "WHERE AI_FILTER(PROMPT('Is {0} about the \"plot\"?', r.body)) OR r.stars = 1",
+    "SELECT r.stars, COUNT(*) AS n FROM reviews r WHERE NOT AI_FILTER(PROMPT('Does {0} praise the \"acting\"?', "
+    "r.body)) GROUP BY r.stars ORDER BY r.stars",
+    "SELECT r.id, AI_SCORE(PROMPT('How positive is {0}?', r.body)) AS s FROM reviews r ORDER BY s DESC, r.id LIMIT 3",
+    "SELECT r.id, a.aspect FROM reviews r LEFT JOIN aspects a ON "
+    "AI_FILTER(PROMPT('Does the review {0} discuss {1}?', r.body, a.aspect)) WHERE r.stars <= 2",
+]
+
+
+@pytest.mark.parametrize("sql", RELATIONAL)
+def test_sql_around_the_ai_calls_runs_on_a_request_backend_as_on_the_keyword_backend(keyword, sql):
+    fake = Fake(capacity=1 << 20)
+    with request_session(fake, PIPELINED) as session:
+        query = session.sql(sql)
+        teach(fake, query)
+        got = query.run().collect()
+    assert got.to_pylist() == keyword.sql(sql).run().collect().to_pylist()

@@ -28,10 +28,10 @@ Documents = dict[int, TokenIds]
 
 
 def documents(inputs: Mapping[str, pa.Table], alias: str) -> Documents:
-    """row → token ids of the `documents:<alias>` table the runner attaches."""
+    """row → token ids of the `documents:<alias>` table the runner attaches (a NULL text has none)."""
     table = inputs[f"documents:{alias}"]
     rows = table.column(alias).to_pylist()
-    return {r: tuple(t) for r, t in zip(rows, table.column("tokens").to_pylist(), strict=True)}
+    return {r: tuple(t) for r, t in zip(rows, table.column("tokens").to_pylist(), strict=True) if t is not None}
 
 
 def execute_requests(engine: RequestEngine, node: RequestExecution, inputs: Mapping[str, pa.Table]) -> NodeOutput:
@@ -93,6 +93,11 @@ class _Run:
             return relational.recombine_join(inputs["left"], inputs["right"], inputs["answers"], step.semantics)
         if isinstance(step, ph.RecombineScores):
             return relational.add_scores(inputs["rows"], inputs["answers"], step.alias, step.output)
+        if isinstance(step, ph.RecombineVerdicts):
+            return relational.add_verdicts(inputs["rows"], inputs["answers"], step.alias, step.output)
+        if isinstance(step, ph.DropNullDocuments):
+            present = {a: pa.array(sorted(self.texts[a]), pa.int32()) for a in step.aliases}
+            return relational.present_documents(inputs["rows"], present, step.distinct)
         raise RefusalError(Refusal(f"a RequestExecution cannot run {step.kind} {step.id!r}"))
 
     def filter(self, step: ph.AiFilter, rows: pa.Table) -> pa.Table:

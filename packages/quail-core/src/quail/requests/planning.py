@@ -22,7 +22,8 @@ from quail.requests.node import EqualityPairs, RequestExecution, RequestStrategy
 
 REQUESTS_ID = "requests"
 _OUTER = (ph.Scan, ph.Limit, ph.Project)
-_INNER = (ph.AiFilter, ph.AiJoin, ph.AiScore, ph.HashJoin, ph.RecombineFilter, ph.RecombineJoin, ph.RecombineScores)
+_INNER = (ph.AiFilter, ph.AiJoin, ph.AiScore, ph.HashJoin, ph.RecombineFilter, ph.RecombineJoin, ph.RecombineScores,
+          ph.RecombineVerdicts, ph.DropNullDocuments)
 
 
 def plan_requests(backend: str, region: ModelRegion, context: PlanningContext, style: PromptStyle,

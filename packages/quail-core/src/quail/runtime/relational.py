@@ -117,20 +117,20 @@ def _add_column(rows: pa.Table, values: pa.Table, alias: str, output: str) -> pa
     return _ordered(joined.select([*rows.column_names, output]), aliases_of(rows, rows.column_names))
 
 
-def present_documents(rows: pa.Table, aliases: Sequence[str], tokens: Mapping[str, TokenColumn],
-                      distinct: bool = False) -> pa.Table:
-    """The rows whose row and document are not NULL for any of `aliases` (those an AI function can read);
-    with `distinct`, each row of the one alias once."""
+def with_documents(tokens: Mapping[str, TokenColumn], aliases: Sequence[str]) -> dict[str, pa.Array]:
+    """Per alias: the rows that hold a document (their text is not NULL)."""
+    return {a: pc.indices_nonzero(tokens[a].present()).cast(ROW) for a in aliases if a in tokens}
+
+
+def present_documents(rows: pa.Table, present: Mapping[str, pa.Array], distinct: bool = False) -> pa.Table:
+    """The rows whose position is not NULL and holds a document (in `present`) for each alias named there —
+    the rows an AI function can read; with `distinct`, each row of the one alias once."""
     keep = pa.array([True] * rows.num_rows, pa.bool_())
-    for alias in aliases:
-        if alias not in rows.column_names:
-            continue
-        positions = rows.column(alias).combine_chunks()
-        present = pc.fill_null(pc.take(tokens[alias].present(), positions), False) if alias in tokens else (
-            pc.is_valid(positions))
-        keep = pc.and_(keep, present)
+    for alias, documents in present.items():
+        if alias in rows.column_names:
+            keep = pc.and_(keep, pc.fill_null(pc.is_in(rows.column(alias), value_set=documents), False))
     kept = rows.filter(keep)
     if not distinct:
         return kept
-    (alias,) = aliases
+    (alias,) = present
     return _ordered(kept.select([alias]).group_by(alias).aggregate([]), [alias])

@@ -155,7 +155,8 @@ class Runner:
         if isinstance(node, ph.RecombineVerdicts):
             return relational.add_verdicts(inputs["rows"], inputs["answers"], node.alias, node.output)
         if isinstance(node, ph.DropNullDocuments):
-            return relational.present_documents(inputs["rows"], node.aliases, self.inputs.tokens, node.distinct)
+            present = relational.with_documents(self.inputs.tokens, node.aliases)
+            return relational.present_documents(inputs["rows"], present, node.distinct)
         if isinstance(node, ph.Limit):
             return inputs["rows"].slice(0, node.count)
         if isinstance(node, ph.Barrier):

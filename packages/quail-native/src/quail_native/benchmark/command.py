@@ -115,9 +115,9 @@ def measure(session: quail.Session, name: str, sql: str, naive: NaiveModel, peak
     result = query.run()
     report = result.report
     wall = float(report["wall_s"]) - float(report["boot_s"] or 0.0)  # type: ignore[arg-type]
-    texts = {alias: session.provider(table).to_table([column]).column(column).to_pylist()
-             for alias, table in query.aliases.items()
-             for a, column in document_columns(query).items() if a == alias}
+    views = query.views()  # rows are addressed by position in each alias's scan view
+    texts = {alias: views[alias].to_table([column]).column(column).to_pylist()
+             for alias, column in document_columns(query).items()}
     baseline = naive.run(query.plan().graph, dict(result.answer_tables), texts)
     fresh = report["fresh_tokens"]
     flops = model_flops(report, params)
