@@ -275,10 +275,7 @@ def keyword_session(tables: dict[str, pa.Table], calibration: str = "auto") -> q
 @pytest.fixture(scope="module")
 def session() -> Iterator[quail.Session]:
     """The corpus tables registered in as many ways as register() takes them."""
-    tokenizer = ByteTokenizer()
-    registry = quail.ExtensionRegistry.with_built_ins()
-    registry.register_backend(KeywordBackend(tokenizer))
-    with quail.Session(quail.EngineConfig(backend="keyword"), registry=registry, tokenizer=tokenizer) as s:
+    with keyword_session({}) as s:
         s.register("reviews", quail.DocumentProvider.from_table(TABLES["reviews"], "id"))
         s.register("aspects", TABLES["aspects"])
         s.register("genres", TABLES["genres"].to_pandas())
@@ -560,3 +557,34 @@ def test_a_file_that_no_longer_validates_is_refused(tmp_path, as_provider: bool)
         _touch_later(path)
         with pytest.raises(quail.CompileError, match=r"file changed since register.*repeats the value 201"):
             s.sql(FILE_QUERY).run()
+
+
+# -- property: any boolean mix of column predicates and AI filters answers like the oracle ------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402 - the property tests of this module
+from hypothesis import strategies as st  # noqa: E402
+
+COLUMN_ATOMS = ("r.stars >= 4", "r.stars < 3", "r.stars IS NULL", "r.genre_id IN (1, 2)", "r.title LIKE '%a%'",
+                "r.body IS NULL", "r.year BETWEEN 2019 AND 2021", "LENGTH(r.body) > 45", "r.body = ''")
+AI_ATOMS = (R_ACTING, R_PLOT, R_MUSIC, f"{R_POSITIVE} > 0.5")
+
+
+def _conditions(depth: int) -> st.SearchStrategy[str]:
+    atoms = st.sampled_from(COLUMN_ATOMS + AI_ATOMS)
+    if depth == 0:
+        return atoms
+    inner = _conditions(depth - 1)
+    return st.one_of(
+        atoms,
+        st.builds(lambda a, b: f"({a} AND {b})", inner, inner),
+        st.builds(lambda a, b: f"({a} OR {b})", inner, inner),
+        st.builds(lambda a: f"NOT ({a})", inner),
+    )
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(top=st.lists(_conditions(2), min_size=0, max_size=3), ai=st.sampled_from(AI_ATOMS))
+def test_any_mix_of_column_predicates_and_ai_filters_matches_the_oracle(session, top: list[str], ai: str):
+    sql = f"SELECT r.id, r.stars FROM reviews r WHERE {' AND '.join([*top, ai])}"
+    problem = same_rows(session.sql(sql).run().collect(), oracle_rows(sql, SF), ordered=False)
+    assert problem is None, f"{sql}: {problem}"

@@ -227,17 +227,22 @@ class DocumentProvider:
 
     def _checked(self, columns: Columns) -> list[str]:
         self.refresh()
-        if columns is None:
-            return list(self.columns)
-        names = [columns] if isinstance(columns, str) else list(dict.fromkeys(columns))
-        unknown = [name for name in names if name not in self.columns]
-        if unknown:
-            raise CompileError(f"unknown column {', '.join(map(repr, unknown))}; columns are {list(self.columns)}")
-        return names
+        return checked_columns(columns, self.columns)
 
     def _projected(self, names: list[str]) -> pa.Schema:
         schema = self._dataset.schema
         return pa.schema([schema.field(name) for name in names])
+
+
+def checked_columns(columns: Columns, available: Sequence[str]) -> list[str]:
+    """The columns asked for (all when None), each once, in order; CompileError naming unknown ones."""
+    if columns is None:
+        return list(available)
+    names = [columns] if isinstance(columns, str) else list(dict.fromkeys(columns))
+    unknown = [name for name in names if name not in available]
+    if unknown:
+        raise CompileError(f"unknown column {', '.join(map(repr, unknown))}; columns are {list(available)}")
+    return names
 
 
 # -- scanning ----------------------------------------------------------------------------------

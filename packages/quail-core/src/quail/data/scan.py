@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from quail.data.providers import MAX_ROWS, Columns, Rows, content_digest
+from quail.data.providers import MAX_ROWS, Columns, Rows, checked_columns, content_digest
 from quail.data.sources import quoted
 from quail.errors import CompileError
 
@@ -110,13 +110,7 @@ class ScanView:
         return self._table.select(self._checked(columns))
 
     def _checked(self, columns: Columns) -> list[str]:
-        if columns is None:
-            return list(self.columns)
-        names = [columns] if isinstance(columns, str) else list(dict.fromkeys(columns))
-        unknown = [name for name in names if name not in self.columns]
-        if unknown:
-            raise CompileError(f"unknown column {', '.join(map(repr, unknown))}; columns are {list(self.columns)}")
-        return names
+        return checked_columns(columns, self.columns)
 
     def __repr__(self) -> str:
         return f"ScanView(rows={self.num_rows}, columns={list(self.columns)})"
