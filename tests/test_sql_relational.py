@@ -588,3 +588,21 @@ def test_any_mix_of_column_predicates_and_ai_filters_matches_the_oracle(session,
     sql = f"SELECT r.id, r.stars FROM reviews r WHERE {' AND '.join([*top, ai])}"
     problem = same_rows(session.sql(sql).run().collect(), oracle_rows(sql, SF), ordered=False)
     assert problem is None, f"{sql}: {problem}"
+
+
+def test_the_readme_examples_run_and_give_the_columns_it_shows():
+    """README.md shows two queries on the embedded model with their output: they stay valid SQL here."""
+    import re
+    from pathlib import Path
+
+    from quail import datasets
+
+    readme = Path(__file__).parent.parent.joinpath("README.md").read_text()
+    section = readme[readme.index("Two examples on the embedded model"):]
+    blocks = re.findall(r"```sql\n(.*?)```\n\n```\n(.*?)\n", section, re.DOTALL)
+    assert len(blocks) == 2
+    with keyword_session({"reviews": datasets.reviews()}) as s:
+        for (sql, header), dialect in zip(blocks, (SF, BQ), strict=True):
+            result = s.sql(sql, dialect=dialect).run()
+            assert result.collect().column_names == header.split()
+            assert 0 < result.count() <= 5
