@@ -43,7 +43,6 @@ from quail.frontend.relational import (
     ai_block,
     early_limit,
     output_column,
-    positional_from,
     relocated,
     rows_relation,
     visible_ctes,
@@ -78,6 +77,7 @@ from quail.frontend.syntax import (
     unsupported,
     where_of,
 )
+from quail.frontend.tail import TailWriter
 from quail.logical.expressions import Comparison, ScoreThreshold
 
 __all__ = ["DIALECTS", "Dialect", "RelationalCatalog", "ai_call", "parse_sql"]
@@ -631,104 +631,25 @@ class _Reader:
     # -- the relational tail --------------------------------------------------------------------
 
     def _write_tail(self, note: str | None) -> RelationalSpec:
-        """The statement rewritten for DuckDB: the block reads the model's rows, AI calls read outputs."""
-        block = self.block
-        top = block is self.statement
-        items: list[exp.Expression] = []
-        for item in block.expressions:
-            items.extend(self._tail_items(item, top))
-        block.set("expressions", items)
-        residual = [self._rewrite(node) for node in self.residual]
-        block.set("where", exp.Where(this=exp.and_(*residual)) if residual else None)
-        for key in ("group", "having", "qualify", "order", "windows"):
-            value = block.args.get(key)
-            if isinstance(value, exp.Expression):
-                block.set(key, self._rewrite(value))
-            elif isinstance(value, list):
-                block.set(key, [self._rewrite(v) for v in value])
-        source, joins = positional_from(self.model_aliases, bool(self.outputs))
-        for join in self.tail_joins:
-            on = join.args.get("on")
-            if on is not None:
-                join.set("on", self.scope.qualify(on))
-        block.set("from_", source)
-        block.set("from", None)
-        block.set("joins", joins + self.tail_joins)
-        statement = self.statement.sql(dialect="duckdb")
+        """The statement rewritten for DuckDB (tail.py), bound by DuckDB here: the block reads the model's rows."""
+        writer = TailWriter(self.statement, self.block, self.scope, self.dialect, self._ai_value)
+        statement = writer.write(self.residual, self.model_aliases, self.tail_aliases, self.tail_joins,
+                                 lambda: bool(self.outputs))
         self._check_tail(statement)
-        reads = self._reads(block)
-        remarks = (note,) if note else ()
-        return RelationalSpec(statement, tuple(self.model_aliases), reads,
-                              tuple(o.name for o in self.outputs.values()), remarks)
+        return RelationalSpec(statement, tuple(self.model_aliases), writer.reads(self.model_aliases),
+                              tuple(o.name for o in self.outputs.values()), (note,) if note else ())
 
-    def _tail_items(self, item: exp.Expression, top: bool) -> list[exp.Expression]:
-        star = item if isinstance(item, exp.Star) else (
-            item.this if isinstance(item, exp.Column) and isinstance(item.this, exp.Star) else None)
-        if star is not None:
-            return self._expanded(item, star, top)
-        text = safe_sql(item, self.dialect)
-        rewritten = self._rewrite(item)
-        if not top or isinstance(item, exp.Alias):
-            return [rewritten]
-        if ai_calls(item):
-            return [exp.alias_(rewritten, exp.to_identifier(text, quoted=True))]
-        if isinstance(rewritten, exp.Column) and rewritten.table and is_plain_column(rewritten):
-            return [exp.alias_(rewritten, exp.to_identifier(f"{rewritten.table}.{rewritten.name}", quoted=True))]
-        return [rewritten]
-
-    def _expanded(self, item: exp.Expression, star: exp.Star, top: bool) -> list[exp.Expression]:
-        for key in ("replace", "rename", "ilike"):
-            if star.args.get(key):
-                raise unsupported(f"SELECT * {key.upper()} in the query block with AI functions", item,
-                                  "list the columns")
-        excluded = {c.name for c in star.args.get("except_") or []}
-        aliases = [item.table] if isinstance(item, exp.Column) else [
-            a for a in self.scope.columns if a in self.model_aliases or a in self.tail_aliases]
-        expanded: list[exp.Expression] = []
-        for alias in aliases:
-            if alias not in self.scope.columns:
-                raise fail_at(f"unknown alias {alias!r}; aliases in scope: {', '.join(self.scope.columns)}", item)
-            for name in self.scope.columns[alias]:
-                if name in excluded:
-                    continue
-                column = exp.column(exp.to_identifier(name, quoted=True), table=exp.to_identifier(alias))
-                expanded.append(exp.alias_(column, exp.to_identifier(f"{alias}.{name}" if top else name,
-                                                                     quoted=True)))
-        return expanded
-
-    def _rewrite(self, node: exp.Expression) -> exp.Expression:
-        """`node` (in place, still in the block) for the tail: AI calls replaced by their outputs (TRUE
-        where WHERE already holds it), bare columns qualified by their alias."""
-        def swap(item: exp.Expression) -> exp.Expression:
-            call = ai_call(item)
-            if call is None:
-                return item
-            if call.node.find_ancestor(exp.Select) is not self.block:
-                raise unsupported(f"{call.spelling} inside a subquery", call.node,
-                                  "AI functions stand in the query block's own clauses, or in a top-level "
-                                  "[NOT] EXISTS (SELECT ... WHERE AI_FILTER(...))")
-            if call.kind == "filter":
-                prompt, _ = prompt_and_options(call, {"selectivity", "anchor"})
-                if ("filter", self._prompt_key(prompt)) in self.satisfied:
-                    return exp.true()
-            aliases = self._call_aliases(call)
-            if len(aliases) != 1:
-                raise unsupported(f"{call.spelling} over {len(aliases)} tables outside the top-level AND of WHERE "
-                                  "and ON", call.node, "an AI value (in OR, NOT, CASE, SELECT, ...) reads one table")
-            return output_column(self._output(call).name)
-
-        replaced = node.transform(swap, copy=False)
-        self.scope.references(replaced)  # an unknown name is refused here, with its position
-        return self.scope.qualify(replaced)
-
-    def _reads(self, block: exp.Select) -> tuple[ColumnName, ...]:
-        seen: dict[tuple[str, str], ColumnName] = {}
-        models = set(self.model_aliases)
-        for column in block.find_all(exp.Column):
-            alias = column.table
-            if alias in models and not isinstance(column.this, exp.Star) and column.name in self.scope.columns[alias]:
-                seen.setdefault((alias, column.name), ColumnName(alias, column.name))
-        return tuple(seen.values())
+    def _ai_value(self, call: AiCall) -> exp.Expression:
+        """An AI call outside the model's filters and joins: its output column, or TRUE where WHERE holds it."""
+        if call.kind == "filter":
+            prompt, _ = prompt_and_options(call, {"selectivity", "anchor"})
+            if ("filter", self._prompt_key(prompt)) in self.satisfied:
+                return exp.true()
+        aliases = self._call_aliases(call)
+        if len(aliases) != 1:
+            raise unsupported(f"{call.spelling} over {len(aliases)} tables outside the top-level AND of WHERE "
+                              "and ON", call.node, "an AI value (in OR, NOT, CASE, SELECT, ...) reads one table")
+        return output_column(self._output(call).name)
 
     def _check_tail(self, statement: str) -> None:
         relations: dict[str, pa.Schema] = {}
