@@ -20,7 +20,7 @@ def test_bench_writes_report_results_and_chart_and_prints_the_ratio_lines_last(t
     assert any(line.startswith("note: nope: skipped") for line in out)
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["gemm_peak_flops"] > 0
-    assert len(results["rows"]) == 9 and all(r["backend"] == "native" for r in results["rows"])
+    assert len(results["rows"]) == 10 and all(r["backend"] == "native" for r in results["rows"])
     assert all(r["agreement"] >= 0.95 for r in results["rows"])
     assert (tmp_path / "chart.png").read_bytes()[:4] == b"\x89PNG"
     assert "| workload | backend |" in (tmp_path / "report.md").read_text()
