@@ -12,13 +12,12 @@ import itertools
 from collections.abc import Sequence
 
 from e2e_data import TABLES, arrow_table
-from test_end_to_end import CASES, Case, assert_matches_oracle, result_rows
+from test_end_to_end import CASES, KEPT_ENGINES, Case, assert_matches_oracle, result_rows
 
 import quail
 from quail.backends.base import ModelBackend
 from quail.frontend.prompts import answer_tokens
 from quail.physical import nodes as ph
-from quail.requests import RequestExecution
 from quail.testing import ByteTokenizer, KeywordBackend
 from quail.testing.rules import predicate_margin
 
@@ -64,7 +63,8 @@ def request_session(backend: ModelBackend, use: str | None = None, calibration: 
     registry = quail.ExtensionRegistry.with_built_ins()
     registry.register_backend(backend)
     registry.register_backend(KeywordBackend(TOKENIZER))
-    session = quail.Session(quail.EngineConfig(backend=use or backend.name, calibration=calibration),
+    session = quail.Session(quail.EngineConfig(backend=use or backend.name, calibration=calibration,
+                                               engines_per_device=KEPT_ENGINES),
                             registry=registry, tokenizer=TOKENIZER)
     for table, (_, id_column) in TABLES.items():
         session.register(table, quail.DocumentProvider.from_table(arrow_table(table), id_column))
@@ -76,42 +76,45 @@ def column_texts(alias_tables: dict[str, str], column: ph.ColumnRef) -> list[str
     return [str(v) for v in columns[column.column]]
 
 
-def teach(margins: Margins, query: quail.Query) -> RequestExecution:
-    """Fill a fake's table: every prompt the plan could send, with the keyword rule's margin."""
+def teach(margins: Margins, query: quail.Query) -> list[ph.PhysicalNode]:
+    """Fill a fake's table: every prompt the plan could send, with the keyword rule's margin; the model nodes."""
     graph = query.plan().graph
     tables = {n.alias: n.table for n in graph.nodes if isinstance(n, ph.Scan)}
-    [node] = [n for n in graph.nodes if isinstance(n, RequestExecution)]
-    for step in node.model_steps:
-        if isinstance(step, ph.AiFilter | ph.AiScore):
-            _teach_filter(margins, step, tables)
-        elif isinstance(step, ph.AiJoin):
-            _teach_join(margins, step, tables)
-    return node
+    model_nodes = [n for n in graph.nodes if n.is_model_node]
+    for node in model_nodes:
+        if isinstance(node, ph.AiFilter):
+            _teach_filter(margins, node, tables)
+        elif isinstance(node, ph.AiScore):
+            _teach_score(margins, node, tables)
+        elif isinstance(node, ph.AiJoin):
+            _teach_join(margins, node, tables)
+    return model_nodes
 
 
-def _teach_filter(margins: Margins, step: ph.AiFilter | ph.AiScore, tables: dict[str, str]) -> None:
-    questions = [(s.predicate.prompt.template, step.frame + s.question) for s in step.stages] \
-        if isinstance(step, ph.AiFilter) else [(step.prompt.template, step.question)]
-    for text in column_texts(tables, step.column):
-        for template, question in questions:
-            margins[step.preamble + tuple(TOKENIZER.encode(text)) + question] = predicate_margin(template, [text])
-    for document in getattr(step, "calibration", ()):
-        for template, question in questions:
-            margins[step.preamble + document + question] = predicate_margin(template, [TOKENIZER.decode(document)])
+def _teach_filter(margins: Margins, node: ph.AiFilter, tables: dict[str, str]) -> None:
+    documents = [(text, tuple(TOKENIZER.encode(text))) for text in column_texts(tables, node.column)]
+    documents += [(TOKENIZER.decode(d), d) for d in node.calibration]
+    for text, document in documents:
+        for k, stage in enumerate(node.stages):
+            margins[node.prompt(document, k)] = predicate_margin(stage.predicate.prompt.template, [text])
 
 
-def _teach_join(margins: Margins, step: ph.AiJoin, tables: dict[str, str]) -> None:
-    columns = step.predicate.prompt.columns
-    template = step.predicate.prompt.template
+def _teach_score(margins: Margins, node: ph.AiScore, tables: dict[str, str]) -> None:
+    for text in column_texts(tables, node.column):
+        margins[node.document_prompt(tuple(TOKENIZER.encode(text)))] = predicate_margin(node.prompt.template, [text])
+
+
+def _teach_join(margins: Margins, node: ph.AiJoin, tables: dict[str, str]) -> None:
+    columns = node.predicate.prompt.columns
+    template = node.predicate.prompt.template
     for texts in itertools.product(*(column_texts(tables, c) for c in columns)):
         by_alias = dict(zip((c.alias for c in columns), texts, strict=True))
-        ids = step.preamble + tuple(TOKENIZER.encode(by_alias[step.anchor.alias])) + step.frame
-        for label, partner in zip(step.labels, step.partners, strict=True):
-            ids += label + tuple(TOKENIZER.encode(by_alias[partner.alias]))
-        margins[ids + step.cue] = predicate_margin(template, list(texts))
-    for document in step.calibration:
-        ids = step.preamble + document + step.frame + sum((label + document for label in step.labels), ())
-        margins[ids + step.cue] = predicate_margin(template, [TOKENIZER.decode(document)] * len(columns))
+        ids = node.prompt(tuple(TOKENIZER.encode(by_alias[node.anchor.alias])),
+                          [tuple(TOKENIZER.encode(by_alias[p.alias])) for p in node.partners])
+        margins[ids] = predicate_margin(template, list(texts))
+    for document in node.calibration:
+        ids = node.prompt(document, [document] * len(node.partners))
+        margins[ids] = predicate_margin(template, [TOKENIZER.decode(document)] * len(columns))
 
 
 def classifies(case: Case) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -71,12 +71,17 @@ def P(template: str, *refs: str, threshold: tuple[str, float] | None = None) -> 
 # -- the session every corpus query runs on ----------------------------------------------------------
 
 
+KEPT_ENGINES = 8
+"""Tests compare backends side by side on one device: keep their engines instead of one per device."""
+
+
 def keyword_session(registry: quail.ExtensionRegistry | None = None, backend: str = "keyword") -> quail.Session:
     tokenizer = ByteTokenizer()
     if registry is None:
         registry = quail.ExtensionRegistry.with_built_ins()
         registry.register_backend(KeywordBackend(tokenizer))
-    session = quail.Session(quail.EngineConfig(backend=backend), registry=registry, tokenizer=tokenizer)
+    session = quail.Session(quail.EngineConfig(backend=backend, engines_per_device=KEPT_ENGINES), registry=registry,
+                            tokenizer=tokenizer)
     for name, (_, id_column) in TABLES.items():
         session.register(name, quail.DocumentProvider.from_table(arrow_table(name), id_column))
     return session
@@ -678,6 +683,7 @@ def test_report_node_metrics_cover_every_node_with_rows(session):
 
 
 def test_boot_is_cold_on_the_first_run_and_warm_on_the_second(fresh_session):
+    quail.release_engines()
     query = CASE_BY_ID["one_keyword_filter"].query(fresh_session)
     first, second = query.run().report, query.run().report
     assert first["boot_kind"] == "cold"
@@ -686,6 +692,22 @@ def test_boot_is_cold_on_the_first_run_and_warm_on_the_second(fresh_session):
     assert second["boot_s"] is None, "a warm run did not boot: its boot time is unknown/none, not 0"
     other = CASE_BY_ID["join_full"].query(fresh_session).run().report
     assert other["boot_kind"] == "warm"
+
+
+def test_an_engine_outlives_its_session_and_serves_the_next_one():
+    quail.release_engines()
+    with keyword_session() as first:
+        report = CASE_BY_ID["one_keyword_filter"].query(first).run().report
+        assert report["boot_kind"] == "cold"
+        booted = first.backend
+    with keyword_session() as second:
+        report = CASE_BY_ID["join_full"].query(second).run().report
+        assert report["boot_kind"] == "warm" and report["boot_s"] is None
+        assert second.backend is not booted and second.backend == booted, "an equal backend shares the engine"
+    assert booted.started == 1
+    quail.release_engines()
+    with keyword_session() as third:
+        assert CASE_BY_ID["one_keyword_filter"].query(third).run().report["boot_kind"] == "cold"
 
 
 def test_stages_report_provided_observed_and_assumed_selectivity(session):
@@ -907,7 +929,7 @@ class _Exploding:
         self.fail_on = fail_on
         self.closed = False
 
-    def execute(self, node: ph.PhysicalNode, inputs: Mapping[str, pa.Table]) -> Any:
+    def execute(self, node: ph.PhysicalNode, inputs: quail.NodeInputs) -> Any:
         if node.kind == self.fail_on:
             raise RuntimeError(f"device lost while running {node.kind} {node.id}")
         return self.inner.execute(node, inputs)
@@ -949,10 +971,13 @@ def test_a_failing_backend_gives_a_clear_error_and_the_session_stays_usable():
         assert_matches_oracle(case.query(session).collect(), case.oracle)
         directory = session.token_store.directory
         assert _token_files(directory)
+        assert len(backend.executions) == 3, "an engine whose query failed is closed, never trusted again"
+        assert [e.closed for e in backend.executions] == [True, True, False]
     finally:
         session.close()
     assert not directory.exists()
-    assert backend.executions and all(e.closed for e in backend.executions)
+    quail.release_engines()
+    assert all(e.closed for e in backend.executions)
 
 
 # -- 8. user-chosen names that meet the engine's own column names -------------------------------------------

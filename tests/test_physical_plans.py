@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import quail
 from quail import PlanEditError
+from quail.frontend.prompts import AnswerTokens
 from quail.logical.expressions import AiPredicate, ColumnRef, Equality, Label, OutputColumn, Prompt, ScoreThreshold
 from quail.physical import nodes as ph
 from quail.physical.codecs import decode_graph, encode_graph, from_json, register_codec_type, to_json
@@ -36,6 +37,7 @@ outputs = st.builds(OutputColumn, texts, st.none() | column_refs)
 estimates = st.builds(ph.NodeEstimate, st.none() | floats, st.none() | floats, st.none() | floats)
 stages = st.builds(ph.FilterStage, predicates, token_ids, floats, st.booleans())
 semantics = st.sampled_from(["full", "exists", "anti", "left"])
+answer_tokens = st.none() | st.builds(AnswerTokens, token_ids, token_ids)
 
 
 def tuples_of(strategy: st.SearchStrategy) -> st.SearchStrategy:
@@ -46,16 +48,16 @@ FIELDS: dict[type, dict[str, st.SearchStrategy]] = {
     ph.Scan: {"table": texts, "alias": texts, "where": texts},
     ph.AiFilter: {"alias": texts, "column": column_refs, "preamble": token_ids, "frame": token_ids,
                   "stages": tuples_of(stages), "retain_kv": st.booleans(),
-                  "share_prefixes": st.booleans(), "calibration": tuples_of(token_ids)},
+                  "share_prefixes": st.booleans(), "calibration": tuples_of(token_ids), "answers": answer_tokens},
     ph.AiJoin: {"predicate": predicates, "anchor": column_refs, "partners": tuples_of(column_refs),
                 "semantics": semantics, "preamble": token_ids, "frame": token_ids, "labels": tuples_of(token_ids),
                 "cue": token_ids, "selectivity": floats, "assumed_selectivity": st.booleans(),
-                "retain_anchor_kv": st.booleans(), "calibration": tuples_of(token_ids)},
+                "retain_anchor_kv": st.booleans(), "calibration": tuples_of(token_ids), "answers": answer_tokens},
     ph.AiClassify: {"alias": texts, "column": column_refs, "output": texts, "position": st.integers(0, 99),
                     "labels": tuples_of(labels), "preamble": token_ids, "tail": token_ids,
                     "label_tokens": tuples_of(token_ids)},
     ph.AiScore: {"alias": texts, "column": column_refs, "output": texts, "position": st.integers(0, 99),
-                 "prompt": prompts, "preamble": token_ids, "question": token_ids},
+                 "prompt": prompts, "preamble": token_ids, "question": token_ids, "answers": answer_tokens},
     ph.HashJoin: {"equalities": tuples_of(equalities)},
     ph.RecombineFilter: {"alias": texts},
     ph.RecombineJoin: {"semantics": semantics},
@@ -212,7 +214,8 @@ def simple_graph() -> PhysicalGraph:
         filter_r(),
         ph.RecombineFilter("survivors_r", alias="r"),
         ph.Limit("limit", count=10),
-        ph.Project("project", columns=(OutputColumn("r.body", R_BODY),)),
+        ph.Project("project", columns=(OutputColumn("r.body", R_BODY),),
+                   statement='SELECT r."body" AS "r.body" FROM __quail_rows_0 AS r', relations=("r",)),
     )
     edges = (
         Edge("scan_r", "rows", "filter_r", "rows"),
@@ -234,7 +237,7 @@ def joined_graph() -> PhysicalGraph:
         ph.HashJoin("candidates_2", equalities=(Equality(ColumnRef("r", "movie_id"), ColumnRef("m", "id")),)),
         ph.AiJoin("join_2", predicate=JOIN_PREDICATE, anchor=R_BODY, partners=(M_TITLE,), preamble=(1,),
                   frame=(4, 5), labels=((6,),), cue=(9,)),
-        ph.RecombineJoin("joined_2"),
+        ph.RecombineJoin("joined_2", semantics="full"),
         ph.AiClassify("classify_genre", alias="m", column=M_TITLE, output="genre", position=3,
                       labels=(Label("drama"), Label("comedy", "funny")), preamble=(1,), tail=(2,),
                       label_tokens=((11,), (12, 13))),
@@ -244,7 +247,10 @@ def joined_graph() -> PhysicalGraph:
         ph.RecombineScores("scores_s", alias="r", output="s"),
         ph.Barrier("barrier"),
         ph.Limit("limit", count=5),
-        ph.Project("project", columns=(OutputColumn("r.body", R_BODY), OutputColumn("genre"))),
+        ph.Project("project", columns=(OutputColumn("r.body", R_BODY), OutputColumn("genre")),
+                   statement='SELECT r."body" AS "r.body", __quail."genre" AS genre FROM __quail_rows_0 AS r '
+                             "POSITIONAL JOIN __quail_rows_1 AS m POSITIONAL JOIN __quail AS __quail",
+                   relations=("r", "m")),
     )
     edges = (
         Edge("scan_r", "rows", "filter_r", "rows"),
@@ -473,13 +479,16 @@ def test_removing_or_moving_a_model_node_is_refused(node_id):
         move(graph, node_id, after="scan_r")
 
 
-@pytest.mark.parametrize("cls", ph.MODEL_NODE_TYPES)
-def test_inserting_a_model_node_is_refused(cls):
+@pytest.mark.parametrize("node_id", ["filter_r", "join_2", "classify_genre", "score_s"])
+def test_inserting_a_model_node_is_refused(node_id):
+    model_node = replace(joined_graph().node(node_id), id="new_model_node")
     with pytest.raises(PlanEditError, match="model node"):
-        insert(simple_graph(), cls("new_model_node"), after="scan_r")
+        insert(simple_graph(), model_node, after="scan_r")
 
 
-@pytest.mark.parametrize("node", [ph.HashJoin("hj"), ph.RecombineFilter("rf"), ph.Project("p2"), ph.Scan("s2")])
+@pytest.mark.parametrize("node", [ph.HashJoin("hj", equalities=()), ph.RecombineFilter("rf", alias="r"),
+                                  ph.Project("p2", columns=(), statement="SELECT 1", relations=()),
+                                  ph.Scan("s2", table="reviews", alias="r")])
 def test_inserting_a_node_that_is_not_pass_through_is_refused(node):
     with pytest.raises(PlanEditError, match=r"pass-through|changes rows into table"):
         insert(simple_graph(), node, after="scan_r")

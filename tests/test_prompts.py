@@ -15,12 +15,13 @@ from quail.frontend.prompts import (
     bind_classify,
     bind_filters,
     bind_join,
-    common_prefix,
     filter_tail,
     question_text,
+    shared_frame,
     style_for,
 )
 from quail.logical.expressions import AiPredicate, ColumnRef, Label, Prompt
+from quail.physical import nodes as ph
 
 BODY = ColumnRef("r", "body")
 ASPECT = ColumnRef("a", "aspect")
@@ -56,6 +57,20 @@ def predicate(template: str, *columns: ColumnRef, position: int = 0) -> AiPredic
     return AiPredicate(Prompt(template, columns), position)
 
 
+def filter_node(predicates: Sequence[AiPredicate], tokenizer: CharTokenizer, style=BASE_STYLE) -> ph.AiFilter:
+    """The physical node the planner makes of a binding: it lays the parts out."""
+    bound = bind_filters(predicates, tokenizer, style)
+    stages = tuple(ph.FilterStage(p, q, 0.2, True) for p, q in zip(predicates, bound.questions, strict=True))
+    return ph.AiFilter("filter", alias=bound.alias, column=bound.column, preamble=bound.preamble, frame=bound.frame,
+                       stages=stages)
+
+
+def join_node(join_predicate: AiPredicate, anchor: str, tokenizer: CharTokenizer) -> ph.AiJoin:
+    bound = bind_join(join_predicate, anchor, tokenizer)
+    return ph.AiJoin("join", predicate=join_predicate, anchor=bound.anchor, partners=bound.partners,
+                     preamble=bound.preamble, frame=bound.frame, labels=bound.labels, cue=bound.cue)
+
+
 def test_text_before_the_document_moves_after_it():
     prompt = Prompt("Does the review praise the acting? {0}", (BODY,))
     assert question_text(prompt, {0: "the document"}) == "Does the review praise the acting?"
@@ -71,38 +86,39 @@ def test_a_placeholder_in_mid_sentence_names_the_document():
 
 def test_filter_prompt_is_preamble_document_frame_question():
     tokenizer = CharTokenizer()
-    stages = bind_filters([predicate("Is {0} positive?", BODY)], tokenizer)
+    node = filter_node([predicate("Is {0} positive?", BODY)], tokenizer)
     document = tuple(tokenizer.encode("great film"))
-    text = tokenizer.decode(stages.full_prompt(document, 0))
+    text = tokenizer.decode(node.prompt(document, 0))
     assert text.startswith("DOCUMENT:\ngreat film\n\nQUESTION: Is the document positive?")
     assert text.endswith("ANSWER:")
-    assert stages.full_prompt(document, 0)[0] == tokenizer.bos_id
+    assert node.prompt(document, 0)[0] == tokenizer.bos_id
 
 
 def test_parts_are_tokenized_separately_and_concatenated():
     tokenizer = WordTokenizer()
     stages = bind_filters([predicate("Is {0} positive?", BODY)], tokenizer)
     document = (7, 8, 9)
-    full = stages.full_prompt(document, 0)
+    full = filter_node([predicate("Is {0} positive?", BODY)], tokenizer).prompt(document, 0)
     assert full == stages.preamble + document + stages.frame + stages.questions[0]
     assert stages.preamble == (0, *tokenizer.encode("DOCUMENT:\n"))
 
 
 def test_filters_on_one_alias_share_their_longest_common_tail_prefix_as_frame():
     tokenizer = CharTokenizer()
-    stages = bind_filters([predicate("Is {0} positive?", BODY), predicate("Is {0} long?", BODY, position=1)],
-                          tokenizer)
+    both = [predicate("Is {0} positive?", BODY), predicate("Is {0} long?", BODY, position=1)]
+    stages = bind_filters(both, tokenizer)
     assert tokenizer.decode(stages.frame) == "\n\nQUESTION: Is the document "
     assert [tokenizer.decode(q)[:4] for q in stages.questions] == ["posi", "long"]
+    together = filter_node(both, tokenizer)
     for stage, template in enumerate(["Is {0} positive?", "Is {0} long?"]):
-        alone = bind_filters([predicate(template, BODY)], tokenizer)
-        assert stages.full_prompt((5,), stage) == alone.full_prompt((5,), 0)
+        alone = filter_node([predicate(template, BODY)], tokenizer)
+        assert together.prompt((5,), stage) == alone.prompt((5,), 0)
 
 
 def test_every_question_keeps_at_least_one_token():
-    assert common_prefix([(1, 2, 3), (1, 2, 3)]) == (1, 2)
-    assert common_prefix([(1, 2), (1, 2, 3)]) == (1,)
-    assert common_prefix([(4,), (4, 5)]) == ()
+    assert shared_frame([(1, 2, 3), (1, 2, 3)]) == (1, 2)
+    assert shared_frame([(1, 2), (1, 2, 3)]) == (1,)
+    assert shared_frame([(4,), (4, 5)]) == ()
 
 
 def test_filters_over_different_columns_are_refused():
@@ -112,13 +128,13 @@ def test_filters_over_different_columns_are_refused():
 
 def test_join_prompt_is_anchor_prefix_then_partner_suffix():
     tokenizer = CharTokenizer()
-    join = bind_join(predicate("Does {0} discuss {1}?", BODY, ASPECT), "r", tokenizer)
+    join = join_node(predicate("Does {0} discuss {1}?", BODY, ASPECT), "r", tokenizer)
     review, aspect = tuple(tokenizer.encode("fine acting")), tuple(tokenizer.encode("acting"))
-    text = tokenizer.decode(join.full_prompt(review, [aspect]))
+    text = tokenizer.decode(join.prompt(review, [aspect]))
     assert text.startswith("DOCUMENT:\nfine acting\n\nThe document above is DOCUMENT 0.")
     assert "TASK: Does DOCUMENT 0 discuss DOCUMENT 1?" in text
     assert text.endswith("\n\nDOCUMENT 1:\nacting" + BASE_STYLE.cue)
-    assert join.full_prompt(review, [aspect])[: len(join.anchor_prefix(review))] == join.anchor_prefix(review)
+    assert join.prompt(review, [aspect])[: len(join.anchor_prefix(review))] == join.anchor_prefix(review)
 
 
 def test_the_anchor_choice_renames_the_documents():
@@ -131,19 +147,19 @@ def test_the_anchor_choice_renames_the_documents():
 def test_multi_way_join_labels_each_partner():
     tokenizer = CharTokenizer()
     third = ColumnRef("c", "text")
-    join = bind_join(predicate("Do {0}, {1} and {2} agree?", BODY, ASPECT, third), "a", tokenizer)
+    join = join_node(predicate("Do {0}, {1} and {2} agree?", BODY, ASPECT, third), "a", tokenizer)
     suffix = tokenizer.decode(join.suffix([(ord("x"),), (ord("y"),)]))
     assert suffix == "\n\nDOCUMENT 1:\nx\n\nDOCUMENT 2:\ny" + BASE_STYLE.cue
-    with pytest.raises(ValueError, match="expected 2 partner documents"):
+    with pytest.raises(ValueError, match="1 partner documents for 2 partner slots"):
         join.suffix([(1,)])
 
 
 def test_filter_and_join_share_the_document_prefix_so_its_kv_can_be_reused():
     tokenizer = WordTokenizer()
     document = (11, 12)
-    stages = bind_filters([predicate("Is {0} positive?", BODY)], tokenizer)
-    join = bind_join(predicate("Does {0} discuss {1}?", BODY, ASPECT), "r", tokenizer)
-    assert stages.full_prompt(document, 0)[: len(stages.preamble) + 2] == join.anchor_prefix(document)[
+    stages = filter_node([predicate("Is {0} positive?", BODY)], tokenizer)
+    join = join_node(predicate("Does {0} discuss {1}?", BODY, ASPECT), "r", tokenizer)
+    assert stages.prompt(document, 0)[: len(stages.preamble) + 2] == join.anchor_prefix(document)[
         : len(join.preamble) + 2]
 
 
@@ -158,8 +174,8 @@ def test_classify_lists_labels_and_scores_their_continuations():
 
 def test_chat_models_wrap_the_layout_with_the_document_first_in_the_user_turn():
     tokenizer = CharTokenizer()
-    stages = bind_filters([predicate("Is {0} positive?", BODY)], tokenizer, QWEN3_CHAT_STYLE)
-    text = tokenizer.decode(stages.full_prompt(tuple(tokenizer.encode("doc")), 0))
+    node = filter_node([predicate("Is {0} positive?", BODY)], tokenizer, QWEN3_CHAT_STYLE)
+    text = tokenizer.decode(node.prompt(tuple(tokenizer.encode("doc")), 0))
     assert text.startswith("<|im_start|>user\nDOCUMENT:\ndoc\n\nQUESTION:")
     assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert style_for(True, "qwen3") is QWEN3_CHAT_STYLE and style_for(False, "gemma3") is BASE_STYLE

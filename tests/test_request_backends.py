@@ -14,19 +14,20 @@ import pytest
 pytest.importorskip("vllm", reason="the fake speaks vLLM's own output types: install quail-vllm[cpu]")
 
 import pyarrow as pa
-from e2e_data import TABLES
 from fake_vllm import FakeLLM
-from request_helpers import LABELS, TOKENIZER, assert_keyword_rows, classifies, column_texts, join_case
+from request_helpers import LABELS, TOKENIZER, assert_keyword_rows, classifies, join_case
 from request_helpers import request_session as session_on
 from request_helpers import teach as teach_margins
 from test_end_to_end import CASES, assert_matches_oracle, keyword_session, result_rows
 
 import quail
-from quail.backends.base import BackendExecutionContext
+from quail.backends.base import BackendExecutionContext, PhysicalRequest, TableInput
+from quail.data.tokens import TokenStore
 from quail.errors import RefusalError
 from quail.physical import codecs
 from quail.physical import nodes as ph
-from quail.requests import RequestExecution, RequestStrategy
+from quail.requests import RequestStrategy
+from quail.runtime.execution import model_outputs
 from quail_vllm.backend import PIPELINED, STOCK, VLLMBackend
 from quail_vllm.engine import VLLMEngine
 
@@ -57,7 +58,7 @@ def request_session(fake: Fake, strategy: RequestStrategy, backend: str = "fake_
     return session_on(VLLMBackend("fake_vllm", strategy, boot=fake.boot), backend, calibration)
 
 
-def teach(fake: Fake, query: quail.Query) -> RequestExecution:
+def teach(fake: Fake, query: quail.Query) -> list[ph.PhysicalNode]:
     return teach_margins(fake.margins, query)
 
 
@@ -102,10 +103,10 @@ def test_filter_answers_stop_at_the_first_false_and_join_answers_come_anchor_maj
     fake = Fake(1 << 20)
     with request_session(fake, PIPELINED) as session:
         query = join_case().query(session)
-        node = teach(fake, query)
+        model_nodes = teach(fake, query)
         result = query.run()
-    for step in node.model_steps:
-        table = result.answer_tables[f"requests.{step.id}"]
+    for step in model_nodes:
+        table = result.answer_tables[step.id]
         if isinstance(step, ph.AiFilter):
             rows = table.column(step.alias).to_pylist()
             answers = table.column("answer").to_pylist()
@@ -128,18 +129,17 @@ def test_calibrated_requests_decide_like_the_calibrated_keyword_backend(strategy
     with request_session(fake, STRATEGIES[strategy], calibration="on") as session, \
             request_session(fake, STRATEGIES[strategy], "keyword", calibration="on") as reference:
         query = join_case().query(session)
-        node = teach(fake, query)
+        model_nodes = teach(fake, query)
         result = query.run()
         expected = join_case().query(reference).run()
-    assert all(len(s.calibration) == 3 for s in node.model_steps if isinstance(s, ph.AiFilter | ph.AiJoin))
+    assert all(len(s.calibration) == 3 for s in model_nodes if isinstance(s, ph.AiFilter | ph.AiJoin))
     assert result.report["calibration"] == pytest.approx(expected.report["calibration"])
     assert len(result.report["calibration"]) == 3
     got, want = result.collect(), expected.collect()
     assert sorted(result_rows(got, got.column_names)) == sorted(result_rows(want, want.column_names))
-    for step in node.model_steps:
-        mine = result.answer_tables[f"requests.{step.id}"].sort_by([(c, "ascending") for c in
-                                                                    result.answer_tables[f"requests.{step.id}"]
-                                                                    .column_names if c not in ("margin",)])
+    for step in model_nodes:
+        mine = result.answer_tables[step.id].sort_by([(c, "ascending") for c in
+                                                      result.answer_tables[step.id].column_names if c != "margin"])
         theirs = expected.answer_tables[step.id]
         assert mine.column("answer").to_pylist() == theirs.sort_by(
             [(c, "ascending") for c in theirs.column_names if c not in ("margin",)]).column("answer").to_pylist()
@@ -157,14 +157,17 @@ def test_report_counts_fresh_and_cached_tokens_from_the_engine():
     assert report["boot_kind"] == "cold" and report["boot_s"] is not None
 
 
-def test_the_engine_boots_once_per_session_and_shuts_down_on_close():
+def test_the_engine_boots_once_serves_later_sessions_and_shuts_down_when_released():
+    quail.release_engines()
     fake = Fake(1 << 20)
-    with request_session(fake, PIPELINED) as session:
-        for _ in range(2):
-            query = join_case().query(session)
-            teach(fake, query)
-            query.run()
-        assert fake.boots == 1 and not fake.llm.closed
+    for _ in range(2):
+        with request_session(fake, PIPELINED) as session:
+            for _ in range(2):
+                query = join_case().query(session)
+                teach(fake, query)
+                query.run()
+    assert fake.boots == 1 and not fake.llm.closed
+    quail.release_engines()
     assert fake.llm.closed
 
 
@@ -174,19 +177,18 @@ def test_the_request_plan_round_trips_through_the_codecs():
         graph = join_case().query(session).plan().graph
     decoded = codecs.decode_graph(codecs.encode_graph(graph))
     assert decoded == graph
-    [node] = [n for n in decoded.nodes if isinstance(n, RequestExecution)]
-    assert node.strategy == STOCK and node.labels == LABELS
+    model_nodes = [n for n in decoded.nodes if n.is_model_node]
+    assert model_nodes and all(n.answers == LABELS for n in model_nodes)
 
 
-def test_the_request_plan_keeps_the_native_planners_filter_order_and_anchors():
+def test_the_request_plan_is_the_native_planners_plan():
     fake = Fake(1 << 20)
     with request_session(fake, PIPELINED) as session, request_session(fake, PIPELINED, "keyword") as native_like:
         case = join_case()
         requests = case.query(session).plan()
         reference = case.query(native_like).plan()
-    [node] = [n for n in requests.graph.nodes if isinstance(n, RequestExecution)]
-    planned = [s for s in reference.graph.nodes if s.is_model_node]
-    assert [s.describe() for s in node.model_steps] == [s.describe() for s in planned]
+    assert [n.describe() for n in requests.graph.nodes] == [n.describe() for n in reference.graph.nodes]
+    assert requests.graph.edges == reference.graph.edges
     assert requests.estimated_seconds == reference.estimated_seconds
 
 
@@ -204,39 +206,39 @@ def test_report_stages_and_minimum_tokens_match_the_keyword_backend_on_the_same_
     assert len(mine["stages"]) == 3
 
 
-def test_execute_request_runs_the_graph_on_an_engine_kept_in_runtime_state():
+def test_execute_request_runs_the_graph_on_an_engine_kept_in_runtime_state(tmp_path):
     fake = Fake(1 << 20)
     backend = VLLMBackend("fake_vllm", PIPELINED, boot=fake.boot)
-    with request_session(fake, PIPELINED) as session:
+    with request_session(fake, PIPELINED) as session, TokenStore(tmp_path) as store:
         query = join_case().query(session)
-        node = teach(fake, query)
+        model_nodes = teach(fake, query)
         expected = query.run().answer_tables
-        inputs = {}
-        for alias, table in query.aliases.items():
-            columns, _ = TABLES[table]
-            rows = list(range(len(next(iter(columns.values())))))
-            inputs[f"scan_{alias}"] = pa.table({alias: pa.array(rows, pa.int32())})
-        for alias in node.document_aliases:
-            step = next(s for s in node.model_steps if getattr(s, "alias", None) == alias)
-            texts = column_texts(query.aliases, step.column)
-            inputs[f"documents:{alias}"] = pa.table({alias: pa.array(range(len(texts)), pa.int32()),
-                                                     "tokens": [TOKENIZER.encode(t) for t in texts]})
-        state: dict[str, object] = {}
-        context = BackendExecutionContext(query.plan().graph, inputs, session.registry, state, session.config,
-                                          session.model, session.device)
+        tables = {}
+        for alias, provider in query.views().items():
+            reads = [n.column for n in model_nodes if isinstance(n, ph.AiFilter) and n.alias == alias]
+            tokens = store.tokens(provider, reads[0].column, TOKENIZER) if reads else None
+            tables[alias] = TableInput(alias, provider.num_rows, tokens, pa.table({}))
+        graph = query.plan().graph
+        state: dict[object, object] = {}
+        request = PhysicalRequest("fake_vllm", graph, model_outputs(graph), tables, session.config, session.model,
+                                  session.device)
+        context = BackendExecutionContext(request, session.registry, state)
         boots = fake.boots
         for _ in range(2):
             response = backend.execute_request(context)
         assert fake.boots == boots + 1 and len(state) == 1
-        for step in node.model_steps:
-            assert response.tables[("requests", step.id)].equals(expected[f"requests.{step.id}"])
+        for step in model_nodes:
+            assert response.tables[(step.id, "answers")].equals(expected[step.id])
         assert response.metrics.fresh_tokens > 0
+        assert set(response.metrics.nodes) >= {n.id for n in model_nodes}
+        quail.backends.serving.release_all(state)
+    assert fake.llm.closed
 
 
-def test_explain_shows_the_request_node_with_its_strategy_and_steps():
+def test_explain_shows_the_native_model_nodes():
     with request_session(Fake(1 << 20), STOCK) as session:
         text = join_case().query(session).explain()
-    assert "RequestExecution [operator filters, anchor_major joins]" in text
+    assert "backend fake_vllm" in text
     assert "AiFilter r stages" in text and "AiJoin full" in text
 
 

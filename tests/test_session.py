@@ -13,6 +13,7 @@ from quail import (
 )
 from quail.catalog.devices import BUILT_IN_DEVICES
 from quail.catalog.models import BUILT_IN_MODELS
+from quail.plugins.registry import built_in_computes
 from quail_example.backend import ExampleBackend
 
 
@@ -22,6 +23,8 @@ def catalog_only_registry() -> ExtensionRegistry:
         registry.register_model(model)
     for device in BUILT_IN_DEVICES:
         registry.register_device(device)
+    for compute in built_in_computes():
+        registry.register_compute(compute)
     return registry
 
 

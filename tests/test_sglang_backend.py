@@ -142,14 +142,17 @@ def test_report_counts_fresh_and_cached_tokens_from_meta_info():
     assert report["backend"] == "fake_sglang" and report["boot_kind"] == "cold" and report["boot_s"] is not None
 
 
-def test_the_engine_boots_once_per_session_and_shuts_down_on_close():
+def test_the_engine_boots_once_serves_later_sessions_and_shuts_down_when_released():
+    quail.release_engines()
     fake = Fake(1 << 20)
-    with session_on(fake, PIPELINED) as session:
-        for _ in range(2):
-            query = join_case().query(session)
-            teach(fake.margins, query)
-            query.run()
-        assert fake.boots == 1 and fake.engine is not None and not fake.engine.closed
+    for _ in range(2):
+        with session_on(fake, PIPELINED) as session:
+            for _ in range(2):
+                query = join_case().query(session)
+                teach(fake.margins, query)
+                query.run()
+    assert fake.boots == 1 and fake.engine is not None and not fake.engine.closed
+    quail.release_engines()
     assert fake.engine.closed
 
 

@@ -606,3 +606,17 @@ def test_the_readme_examples_run_and_give_the_columns_it_shows():
             result = s.sql(sql, dialect=dialect).run()
             assert result.collect().column_names == header.split()
             assert 0 < result.count() <= 5
+
+
+@pytest.mark.parametrize("compute", ["local", "process"])
+def test_the_relational_part_stays_with_the_caller_on_every_compute_provider(compute):
+    """Scan views, NULL skipping and AI output columns work whichever side of the compute boundary runs
+    the model part: only rows, tokens and key columns cross it; the tail runs where the query was asked."""
+    sql = (f"SELECT r.id, {R_POSITIVE} AS s, r.title FROM reviews r WHERE r.stars >= 2 AND "
+           f"({R_PLOT} OR r.body IS NULL) ORDER BY r.id")
+    with quail.Session(quail.EngineConfig(backend="example-keyword", compute=compute)) as s:
+        for name, table in TABLES.items():
+            s.register(name, table)
+        result = s.sql(sql).run()
+    assert same_rows(result.collect(), oracle_rows(sql, SF), ordered=True) is None
+    assert result.report["null_inputs"] == {"score_s": 1, "filter_ai_if_1": 1}

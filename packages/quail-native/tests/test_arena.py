@@ -46,14 +46,37 @@ def test_a_view_shares_pages_until_the_last_reader_frees_them():
     assert kv.used_pages == 0 and kv.free_pages == 8
 
 
-def test_views_cover_whole_pages_and_concat_only_continues_a_whole_page_block():
+def test_a_view_ending_inside_a_page_is_continued_by_copying_its_part_page_and_the_tail():
+    kv = arena()
+    keys, values = span(10, 3)
+    lender = kv.add(0, keys, values)  # pages of 4: [0..3] [4..7] [8, 9]
+    view = kv.view(lender, 6)  # two pages, the second read only up to position 5
+    assert kv.used_pages == 3 and kv.exclusive_pages(view) == 0
+    tail_keys, tail_values = span(5, 4)
+    tail = kv.add(6, tail_keys, tail_values)
+    assert kv.continuation_pages(6, 5) == 1 and kv.continuation_pages(8, 5) == 0
+    free_before = kv.free_pages
+    joined = kv.concat(view, tail)
+    assert kv.free_pages == free_before, "the part-page and the tail go to 2 fresh pages; the tail frees its 2"
+    assert kv.get(joined).length == 11 and kv.get(joined).start == 0
+    [(k0, v0), _] = kv.gather([joined])
+    assert torch.equal(k0, torch.cat((keys[0][:, :6], tail_keys[0]), dim=1))
+    assert torch.equal(v0, torch.cat((values[0][:, :6], tail_values[0]), dim=1))
+    [(lender_keys, _), _] = kv.gather([lender])
+    assert torch.equal(lender_keys, keys[0]), "the lender's shared part-page is never written"
+    kv.free(lender)
+    kv.free(joined)
+    assert kv.used_pages == 0
+
+
+def test_views_and_continuations_are_checked():
     kv = arena()
     block = kv.add(0, *span(10, 3))
-    with pytest.raises(ValueError, match="whole pages"):
-        kv.view(block, 6)
+    with pytest.raises(ValueError, match="1 to 10 tokens"):
+        kv.view(block, 11)
     odd = kv.add(20, *span(3, 4))
-    with pytest.raises(ValueError, match="whole-page"):
-        kv.concat(odd, kv.add(23, *span(2, 5)))
+    with pytest.raises(ValueError, match="right after it"):
+        kv.concat(odd, kv.add(24, *span(2, 5)))
 
 
 def test_asking_for_more_pages_than_are_free_fails_loudly():

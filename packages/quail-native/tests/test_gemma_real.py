@@ -20,7 +20,7 @@ WHERE AI_FILTER(PROMPT('Is this movie review positive? {0}', r.body))
 
 @pytest.fixture(scope="module")
 def run():
-    with quail.Session(quail.EngineConfig(chunk_tokens=256)) as session:
+    with quail.Session(quail.EngineConfig(chunk_tokens=256, precision="fp32")) as session:
         session.register("reviews", quail.DocumentProvider.from_table(datasets.reviews().slice(0, 5), "id"))
         session.register("aspects", quail.DocumentProvider.from_table(datasets.aspects().slice(0, 3), "id"))
         query = session.sql(SQL)
@@ -82,7 +82,7 @@ TRACES = "SELECT t.id FROM traces t WHERE AI_FILTER(PROMPT('Did the agent hit an
 
 
 def traces_run(sharing: str) -> quail.QueryResult:
-    with quail.Session(quail.EngineConfig(chunk_tokens=1024, prefix_sharing=sharing)) as session:
+    with quail.Session(quail.EngineConfig(chunk_tokens=1024, prefix_sharing=sharing, precision="fp32")) as session:
         session.register("traces", quail.DocumentProvider.from_table(datasets.traces().slice(0, 16), "id"))
         return session.sql(TRACES).run()
 

@@ -7,13 +7,18 @@ from quail.backends.base import (
     ModelBackend,
     ModelExecution,
     ModelRegion,
+    NodeInputs,
     PhysicalCandidate,
+    PhysicalRequest,
     PhysicalResponse,
     PlanningContext,
     SupportResult,
+    TableInput,
 )
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
+from quail.compute.base import Caller, ComputeProvider
+from quail.compute.lifetime import release_engines
 from quail.config import EngineConfig
 from quail.data.providers import DocumentProvider
 from quail.errors import CompileError, PlanEditError, QuailError, Refusal, RefusalError
@@ -24,7 +29,9 @@ from quail.session import Query, Session
 
 __all__ = [
     "BackendExecutionContext",
+    "Caller",
     "CompileError",
+    "ComputeProvider",
     "DeviceSpec",
     "DocumentProvider",
     "EngineConfig",
@@ -35,7 +42,9 @@ __all__ = [
     "ModelExecution",
     "ModelRegion",
     "ModelSpec",
+    "NodeInputs",
     "PhysicalCandidate",
+    "PhysicalRequest",
     "PhysicalResponse",
     "PlanEditError",
     "PlanningContext",
@@ -45,8 +54,10 @@ __all__ = [
     "RefusalError",
     "Session",
     "SupportResult",
+    "TableInput",
     "col",
     "hookimpl",
     "prompt",
+    "release_engines",
     "score",
 ]

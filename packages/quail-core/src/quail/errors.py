@@ -57,3 +57,15 @@ class RefusalError(QuailError):
 
 class PlanEditError(QuailError):
     """An edit of a physical plan that would make it invalid."""
+
+
+class ComputeError(QuailError):
+    """Model work failed on the far side of a compute provider: the worker's error, with its traceback."""
+
+    def __init__(self, message: str, remote_traceback: str | None = None) -> None:
+        self.remote_traceback = remote_traceback
+        super().__init__(message)
+
+
+class WorkerLostError(ComputeError):
+    """A compute worker died while it held a query (a crash, a signal, out of memory)."""

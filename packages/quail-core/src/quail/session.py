@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import os
-import time
 from types import TracebackType
 
 import pyarrow as pa
 
-from quail.backends.base import GpuContext, ModelBackend, ModelExecution, OrderRule, PhysicalCandidate
+from quail.backends.base import ModelBackend, OrderRule, PhysicalCandidate, TokenizerSource
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
+from quail.compute.base import ComputeProvider
 from quail.config import EngineConfig
 from quail.data.database import Database
 from quail.data.providers import TableSchema
@@ -36,21 +36,25 @@ ORDER_RULES: tuple[OrderRule, ...] = ("by_cost", "as_written")
 
 
 class Session:
-    """Validates the configuration at once: a session that exists can run its backend."""
+    """Validates the configuration at once: a session that exists can run its backend.
+
+    A session holds tables and token files; the engines its queries boot belong to the compute
+    provider (`EngineConfig.compute`) and outlive it — the next session on the same model finds its
+    engine warm. `quail.release_engines()` closes them.
+    """
 
     def __init__(self, config: EngineConfig | None = None, *, registry: ExtensionRegistry | None = None,
                  tokenizer: Tokenizer | None = None) -> None:
         self.config = config or EngineConfig()
-        self.tokenizer = tokenizer
+        self._tokenizer = tokenizer
         self.registry = registry if registry is not None else ExtensionRegistry.with_built_ins()
         self.model: ModelSpec = self.registry.model(self.config.model)
         self.device: DeviceSpec = self.registry.device(self.config.device)
         self.backend: ModelBackend = self.registry.backend(self.config.backend)
         self._check_support()
-        self.runtime_state: dict[str, object] = {}
+        self.compute: ComputeProvider = self.registry.compute(self.config.compute)
         self.database = Database()
         self.token_store = TokenStore()
-        self._execution: ModelExecution | None = None
         self._closed = False
 
     def _check_support(self) -> None:
@@ -82,6 +86,18 @@ class Session:
         self.database.register(name, as_source(data, id_column, table))
 
     @property
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer queries are planned with: the one given, else the backend's for this model."""
+        if self._tokenizer is None:
+            if not isinstance(self.backend, TokenizerSource):
+                raise RefusalError(Refusal(
+                    f"no tokenizer for model {self.model.name!r}",
+                    (f"backend {self.backend.name!r} offers none; pass Session(..., tokenizer=...)",),
+                ))
+            self._tokenizer = self.backend.tokenizer(self.model)
+        return self._tokenizer
+
+    @property
     def catalog(self) -> dict[str, TableSchema]:
         return self.database.catalog
 
@@ -105,31 +121,15 @@ class Session:
     def closed(self) -> bool:
         return self._closed
 
-    def execution(self) -> tuple[ModelExecution, float | None, str]:
-        """The backend's started execution, (boot seconds, "cold") on first use, then "warm"."""
-        if self._execution is not None:
-            return self._execution, None, "warm"
-        started = time.perf_counter()
-        context = GpuContext(self.model, self.device, 0, self.config.gpus, self.config)
-        self._execution = self.backend.start(context)
-        return self._execution, time.perf_counter() - started, "cold"
 
     def close(self) -> None:
-        """Release what the session holds (started backend, engines, token files); safe to call twice."""
+        """Remove the session's token files; safe to call twice. Engines stay with the compute provider."""
         if self._closed:
             return
         self._closed = True
         try:
-            if self._execution is not None:
-                self._execution.close()
-            for value in self.runtime_state.values():
-                closer = getattr(value, "close", None)
-                if callable(closer):
-                    closer()
-        finally:
-            self._execution = None
-            self.runtime_state.clear()
             self.token_store.close()
+        finally:
             self.database.close()
 
     def __enter__(self) -> Session:
@@ -181,7 +181,8 @@ class Query:
             candidate, refusal = self.plan(), None
         except (RefusalError, CompileError) as error:
             candidate, refusal = None, str(error)
-        return explain_text(self.logical_plan, candidate, self.order, rules, refusal)
+        shown = candidate.plan if candidate is not None else self.logical_plan
+        return explain_text(shown, candidate, self.order, rules, refusal)
 
     def run(self, plan: PhysicalCandidate | PhysicalGraph | None = None) -> QueryResult:
         """Execute; `plan` may be an edited physical graph of this query."""

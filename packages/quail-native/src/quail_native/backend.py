@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from quail import (
     BackendExecutionContext,
@@ -16,9 +17,9 @@ from quail import (
     PhysicalResponse,
     PlanningContext,
     Refusal,
-    RefusalError,
     SupportResult,
 )
+from quail.backends import serving
 from quail.data.tokenizer import Tokenizer
 from quail.frontend.prompts import answer_tokens, style_for
 from quail.planner.calibration import calibrates
@@ -28,8 +29,11 @@ ARCHITECTURES = ("qwen3", "gemma3")
 DEFAULT_KV_CHUNKS = 32
 
 
+@dataclass(frozen=True)
 class NativeBackend:
-    name = "native"
+    """Quail's executor. Stateless, so every instance is equal: sessions share the engine it boots."""
+
+    name: str = "native"
 
     def supports(self, model: ModelSpec, device: DeviceSpec, gpu_count: int) -> SupportResult:
         if model.architecture not in ARCHITECTURES:
@@ -52,25 +56,26 @@ class NativeBackend:
     def plan(self, region: ModelRegion, context: PlanningContext) -> Sequence[PhysicalCandidate] | Refusal:
         if context.tokenizer is None:
             return Refusal("the native backend plans with the model's tokenizer, and none was given")
-        answer_tokens(context.tokenizer)  # refuses a tokenizer that cannot tell TRUE from FALSE
+        answers = answer_tokens(context.tokenizer)  # refuses a tokenizer that cannot tell TRUE from FALSE
         style = style_for(context.model.chat_template, context.model.architecture)
-        return [plan_query(self.name, region, context, style, calibrate=calibrates(context))]
+        return [plan_query(self.name, region, context, style, calibrate=calibrates(context), answers=answers)]
 
     def start(self, context: GpuContext) -> ModelExecution:
         import torch
 
         from quail_native.execution import NativeExecution
         from quail_native.executor.arena import KVArena, KVShape
-        from quail_native.executor.loop import Budget
         from quail_native.executor.readout import AnswerColumns
+        from quail_native.executor.state import Budget
         from quail_native.models.loading import load_model
         from quail_native.models.locate import model_directory
+        from quail_native.precision import choose_precision
 
         device = torch.device("cuda", context.device_index) if context.device.kind == "cuda" else torch.device("cpu")
-        precision = context.config.precision
-        dtype = torch.bfloat16 if precision == "bf16" or (precision == "auto" and device.type == "cuda") \
-            else torch.float32
-        loaded = load_model(model_directory(context.model), dtype, device)
+        model = context.model
+        precision = choose_precision(context.config.precision, device, model.hidden, model.ffn)
+        dtype = precision.dtype
+        loaded = load_model(model_directory(model), dtype, device)
         tokens = answer_tokens(loaded.tokenizer)
         config = context.config
         shape = KVShape(loaded.arch.layers, loaded.arch.kv_heads, loaded.arch.head_dim, dtype)
@@ -79,10 +84,10 @@ class NativeBackend:
             budget = config.chunk_tokens * DEFAULT_KV_CHUNKS * shape.bytes_per_token()
         arena = KVArena.from_budget(shape, budget, config.kv_page_tokens, device)
         return NativeExecution(loaded, AnswerColumns(tokens.true_ids, tokens.false_ids), arena,
-                               Budget(config.chunk_tokens))
+                               Budget(config.chunk_tokens), (f"native engine computes in {precision.reason}",))
 
     def execute_request(self, context: BackendExecutionContext) -> PhysicalResponse:
-        raise RefusalError(Refusal("the native backend runs plans node by node through start()"))
+        return serving.execute_request(self, context)
 
 
 def _cuda_support(gpu_count: int) -> SupportResult:

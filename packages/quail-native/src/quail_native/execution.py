@@ -10,40 +10,29 @@ import pyarrow as pa
 import torch
 
 from quail.backends import shapes
-from quail.backends.base import NodeMetrics, NodeOutput
+from quail.backends.base import NodeInputs, NodeMetrics, NodeOutput
 from quail.errors import Refusal, RefusalError
 from quail.physical import nodes as ph
-from quail.runtime.relational import equality_pairs
+from quail.runtime.relational import candidate_tuples
 from quail_native.executor.arena import KVArena
-from quail_native.executor.loop import (
-    Anchor,
-    Budget,
-    FilterLayout,
-    JoinLayout,
-    LabelLayout,
-    SharedState,
-    run_filter,
-    run_join,
-    run_labels,
-)
+from quail_native.executor.filters import FilterLayout, run_filter
+from quail_native.executor.joins import Anchor, JoinLayout, run_join
+from quail_native.executor.labels import LabelLayout, run_labels
 from quail_native.executor.memory import Memory, RecomputeCost
 from quail_native.executor.packing import Item, ItemResult, Packer
 from quail_native.executor.readout import AnswerColumns, log_probabilities, margins
+from quail_native.executor.state import Budget, SharedState
 from quail_native.models.loading import LoadedModel
 
 Tokens = tuple[int, ...]
 
 
-def documents(inputs: Mapping[str, pa.Table], alias: str) -> dict[int, Tokens]:
-    table = inputs[f"documents:{alias}"]
-    rows = table.column(alias).to_pylist()
-    return {r: tuple(t) for r, t in zip(rows, table.column("tokens").to_pylist(), strict=True)}
-
-
 class NativeExecution:
-    def __init__(self, loaded: LoadedModel, answers: AnswerColumns, arena: KVArena, budget: Budget) -> None:
+    def __init__(self, loaded: LoadedModel, answers: AnswerColumns, arena: KVArena, budget: Budget,
+                 notes: tuple[str, ...] = ()) -> None:
         self.loaded = loaded
         self.answers = answers
+        self.notes = notes
         memory = Memory(arena, RecomputeCost.of(loaded.arch))
         self.state = SharedState(Packer(loaded.model, arena, loaded.device), memory, budget)
 
@@ -56,7 +45,7 @@ class NativeExecution:
     def margin(self, result: ItemResult) -> float:
         return margins(self.loaded.model, result.hidden, self.answers)[0]
 
-    def execute(self, node: ph.PhysicalNode, inputs: Mapping[str, pa.Table]) -> NodeOutput:
+    def execute(self, node: ph.PhysicalNode, inputs: NodeInputs) -> NodeOutput:
         started = time.perf_counter()
         before = self.state.packer.counters.snapshot()
         kv_before = self.state.counters.snapshot()
@@ -75,7 +64,7 @@ class NativeExecution:
             raise RefusalError(Refusal(f"the native backend has no runtime for {node.kind}"))
         passes, fresh, cached, flops = (a - b for a, b in zip(self.state.packer.counters.snapshot(), before,
                                                                 strict=True))
-        rows_in = sum(t.num_rows for k, t in inputs.items() if not k.startswith("documents:"))
+        rows_in = inputs.rows_in
         hits, misses, evictions, recomputed = (a - b for a, b in zip(self.state.counters.snapshot(), kv_before,
                                                                    strict=True))
         metrics = NodeMetrics(time.perf_counter() - started, rows_in=rows_in, rows_out=table.num_rows,
@@ -87,8 +76,8 @@ class NativeExecution:
 
     # -- filters ------------------------------------------------------------------------------
 
-    def filter(self, node: ph.AiFilter, inputs: Mapping[str, pa.Table], offsets: Mapping[int, float]) -> pa.Table:
-        rows = sorted(set(inputs["rows"].column(node.alias).to_pylist()))
+    def filter(self, node: ph.AiFilter, inputs: NodeInputs, offsets: Mapping[int, float]) -> pa.Table:
+        rows = inputs.rows(node.alias)
         stages = node.stages
         layout = FilterLayout(node.preamble, node.frame, tuple(s.question for s in stages))
 
@@ -96,71 +85,56 @@ class NativeExecution:
             predicate = stages[stage].predicate
             return shapes.predicate_holds(predicate, margin, offsets.get(predicate.position, 0.0))
 
-        found = run_filter(self.state, node.alias, rows, documents(inputs, node.alias), layout, holds, self.margin,
+        found = run_filter(self.state, node.alias, rows, inputs.tokens(node.alias), layout, holds, self.margin,
                            node.retain_kv, share=node.share_prefixes)
-        return shapes.filter_answers(node.alias, [f[0] for f in found],
-                                     [stages[f[1]].predicate.position for f in found],
-                                     [f[2] for f in found], [f[3] for f in found])
+        return shapes.filter_answers(node.alias, [f.row for f in found],
+                                     [stages[f.stage].predicate.position for f in found],
+                                     [f.answer for f in found], [f.margin for f in found])
 
     # -- calibration: mean margins on content-free documents ----------------------------------
 
     def filter_offsets(self, node: ph.AiFilter) -> tuple[tuple[int, float], ...]:
-        prompts = {s.predicate.position: [d + node.frame + s.question for d in node.calibration] for s in node.stages}
-        return self.mean_margins(node.preamble, prompts)
+        return self.mean_margins(node.preamble, node.calibration_prompts())
 
     def join_offsets(self, node: ph.AiJoin) -> tuple[tuple[int, float], ...]:
-        def prompt(document: Tokens) -> Tokens:
-            return document + node.frame + sum((label + document for label in node.labels), ()) + node.cue
-
-        return self.mean_margins(node.preamble, {node.predicate.position: [prompt(d) for d in node.calibration]})
+        return self.mean_margins(node.preamble, node.calibration_prompts())
 
     def mean_margins(self, preamble: Tokens, prompts: Mapping[int, list[Tokens]]) -> tuple[tuple[int, float], ...]:
-        """(position, mean margin of its prompts after the preamble); nothing when there are no prompts."""
+        """(position, mean margin of its prompts); the shared preamble is computed once for all of them."""
         if not any(prompts.values()):
             return ()
         pre = self.state.preamble(preamble)
-        items = [Item(p, len(preamble), (pre,), (len(p) - 1,)) for group in prompts.values() for p in group]
+        start = len(preamble)
+        items = [Item(p[start:], start, (pre,), (len(p) - start - 1,)) for group in prompts.values() for p in group]
         found = iter(self.margin(result) for result in self.state.run(items))
         return tuple((position, sum(next(found) for _ in group) / len(group)) for position, group in prompts.items())
 
     # -- joins --------------------------------------------------------------------------------
 
-    def join(self, node: ph.AiJoin, inputs: Mapping[str, pa.Table], offsets: Mapping[int, float]) -> pa.Table:
+    def join(self, node: ph.AiJoin, inputs: NodeInputs, offsets: Mapping[int, float]) -> pa.Table:
         aliases = [c.alias for c in node.predicate.prompt.columns]
-        texts = {alias: documents(inputs, alias) for alias in aliases}
+        texts = {alias: inputs.tokens(alias) for alias in aliases}
         anchor_alias = node.anchor.alias
         partner_aliases = [p.alias for p in node.partners]
         anchors: dict[int, Anchor] = {}
-        for item in self.candidates(node, inputs, aliases):
+        for item in candidate_tuples(inputs.ports, aliases):
             row = item[aliases.index(anchor_alias)]
-            suffix: Tokens = ()
-            for label, partner in zip(node.labels, partner_aliases, strict=True):
-                suffix += label + texts[partner][item[aliases.index(partner)]]
-            suffix += node.cue
+            suffix = node.suffix([texts[partner][item[aliases.index(partner)]] for partner in partner_aliases])
             anchor = anchors.setdefault(row, Anchor(anchor_alias, row, texts[anchor_alias][row], deque()))
             anchor.pending.append((item, suffix))
         found = run_join(self.state, [anchors[r] for r in sorted(anchors)],
                          JoinLayout(node.preamble, node.frame, node.semantics), self.margin,
                          lambda m: shapes.predicate_holds(node.predicate, m, offsets.get(node.predicate.position, 0.0)),
                          retain=node.retain_anchor_kv)
-        columns = {alias: [f[0][i] for f in found] for i, alias in enumerate(aliases)}
-        return shapes.join_answers(columns, [f[1] for f in found], [f[2] for f in found], anchor=anchor_alias,
+        columns = {alias: [f.rows[i] for f in found] for i, alias in enumerate(aliases)}
+        return shapes.join_answers(columns, [f.answer for f in found], [f.margin for f in found], anchor=anchor_alias,
                                    partners=partner_aliases, semantics=node.semantics,
                                    position=node.predicate.position)
 
-    @staticmethod
-    def candidates(node: ph.AiJoin, inputs: Mapping[str, pa.Table], aliases: list[str]) -> list[tuple[int, ...]]:
-        table = inputs.get("candidates")
-        if table is None:
-            left = inputs["left"].select([a for a in aliases if a in inputs["left"].column_names])
-            right = inputs["right"].select([a for a in aliases if a in inputs["right"].column_names])
-            table = equality_pairs(_distinct(left), _distinct(right), (), {})
-        return sorted({tuple(r[a] for a in aliases) for r in table.select(aliases).to_pylist()})
-
     # -- classify and score -------------------------------------------------------------------
 
-    def classify(self, node: ph.AiClassify, inputs: Mapping[str, pa.Table]) -> pa.Table:
-        rows = sorted(set(inputs["rows"].column(node.alias).to_pylist()))
+    def classify(self, node: ph.AiClassify, inputs: NodeInputs) -> pa.Table:
+        rows = inputs.rows(node.alias)
         first = torch.tensor([label[0] for label in node.label_tokens])
         model = self.loaded.model
 
@@ -173,18 +147,14 @@ class NativeExecution:
             return sum(log_probabilities(model, result.hidden, torch.tensor(label[1:])))
 
         layout = LabelLayout(node.preamble, node.tail, tuple(node.label_tokens))
-        scores = run_labels(self.state, rows, documents(inputs, node.alias), layout, first_tokens, continuation)
+        scores = run_labels(self.state, rows, inputs.tokens(node.alias), layout, first_tokens, continuation)
         names = [label.name for label in node.labels]
         chosen = [names[shapes.choose_label(scores[r])] for r in rows]
         return shapes.label_answers(node.alias, node.output, rows, chosen, [scores[r] for r in rows])
 
-    def score(self, node: ph.AiScore, inputs: Mapping[str, pa.Table]) -> pa.Table:
-        rows = sorted(set(inputs["rows"].column(node.alias).to_pylist()))
-        texts = documents(inputs, node.alias)
+    def score(self, node: ph.AiScore, inputs: NodeInputs) -> pa.Table:
+        rows = inputs.rows(node.alias)
+        texts = inputs.tokens(node.alias)
         found = run_filter(self.state, node.alias, rows, texts, FilterLayout(node.preamble, (), (node.question,)),
                            lambda _k, _m: True, self.margin, retain=False)
-        return shapes.score_answers(node.alias, node.output, [f[0] for f in found], [f[3] for f in found])
-
-
-def _distinct(table: pa.Table) -> pa.Table:
-    return table.group_by(table.column_names).aggregate([]) if table.num_columns else table
+        return shapes.score_answers(node.alias, node.output, [f.row for f in found], [f.margin for f in found])

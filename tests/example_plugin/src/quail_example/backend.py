@@ -1,47 +1,22 @@
-"""A backend that accepts CPU devices and refuses to plan: enough to prove discovery."""
+"""This plugin's backends: the keyword rule of quail.testing, published under names of its own.
+
+A third-party distribution adds a backend with nothing but an entry point and one hook
+(`plugin.py`); these two prove it end to end — discovered, selected by name, answering queries
+through the same `execute_request` path as every backend.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from quail import (
-    BackendExecutionContext,
-    DeviceSpec,
-    GpuContext,
-    ModelExecution,
-    ModelRegion,
-    ModelSpec,
-    PhysicalCandidate,
-    PhysicalResponse,
-    PlanningContext,
-    Refusal,
-    RefusalError,
-    SupportResult,
-)
 from quail.testing import KeywordBackend
 
-NO_PLANS = Refusal("the example backend runs no queries", ("it exists to test plugin discovery",))
 
+class ExampleBackend(KeywordBackend):
+    """The deterministic keyword backend as a third party would ship one (CPU only)."""
 
-class ExampleBackend:
     name = "example"
-
-    def supports(self, model: ModelSpec, device: DeviceSpec, gpu_count: int) -> SupportResult:
-        if device.kind != "cpu":
-            return SupportResult.reject("the example backend only runs on the CPU")
-        return SupportResult.accept()
-
-    def plan(self, region: ModelRegion, context: PlanningContext) -> Sequence[PhysicalCandidate] | Refusal:
-        return NO_PLANS
-
-    def start(self, context: GpuContext) -> ModelExecution:
-        raise RefusalError(NO_PLANS)
-
-    def execute_request(self, context: BackendExecutionContext) -> PhysicalResponse:
-        raise RefusalError(NO_PLANS)
 
 
 class ExampleKeywordBackend(KeywordBackend):
-    """quail.testing's deterministic keyword backend, under a name of this plugin's own."""
+    """The same rule under a second name: the CLI tests drive `quail query --backend example-keyword`."""
 
     name = "example-keyword"

@@ -1,14 +1,17 @@
 """The backend contract: what every inference backend implements, and the values it exchanges.
 
 A backend is found by name in the ExtensionRegistry. The session asks `supports` when it is
-created, the planner asks `plan` for candidates, and the runner either `start`s a
-`ModelExecution` per device worker and runs model nodes one by one, or hands the whole graph to
-`execute_request`.
+created and the planner asks `plan` for candidates. The model part of the chosen plan then
+crosses a compute provider's boundary as data (a `PhysicalRequest`), and on the far side the
+provider calls the backend's `execute_request`, which boots the backend with `start` once per
+worker (the engine is kept in `runtime_state`, so it outlives sessions) and runs the model nodes
+through the generic runner. `quail.backends.serving.execute_request` is that shared
+implementation; a backend may override it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Hashable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
@@ -17,18 +20,23 @@ import pyarrow as pa
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
 from quail.config import EngineConfig, Switch
+from quail.data.providers import Columns, Rows
 from quail.data.tokenizer import Tokenizer
+from quail.data.tokens import TokenColumn
 from quail.errors import Refusal
 from quail.logical.nodes import LogicalNode
 from quail.physical.graph import PhysicalGraph
 from quail.physical.nodes import PhysicalNode
+from quail.runtime.progress import ProgressListener
 
 if TYPE_CHECKING:
     from quail.plugins.registry import ExtensionRegistry
 
 OrderRule = Literal["by_cost", "as_written"]
+BootKind = Literal["cold", "warm"]
 PortRef = tuple[str, str]
 """(node id, port name) of a physical node's output."""
+TokenIds = tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -129,17 +137,87 @@ class NodeOutput:
     metrics: NodeMetrics
 
 
-@runtime_checkable
-class ModelExecution(Protocol):
-    """A started backend on one device worker; runs model nodes one at a time.
+@dataclass(frozen=True)
+class NodeInputs:
+    """What one model node reads: its input ports' row tables, and the documents they mention.
 
-    `inputs` holds the node's input ports by name, plus `documents:<alias>` for every alias whose
-    documents the node reads: a table of `<alias>` (int32 row) and `tokens` (list<int32>).
+    `documents[alias]` is a table of `<alias>` (int32 row, ascending, distinct) and `tokens`
+    (list<int32>) for every row of that alias that appears in the node's inputs.
     """
 
-    def execute(self, node: PhysicalNode, inputs: Mapping[str, pa.Table]) -> NodeOutput: ...
+    ports: Mapping[str, pa.Table]
+    documents: Mapping[str, pa.Table]
+
+    def rows(self, alias: str, port: str = "rows") -> list[int]:
+        """The distinct rows of `alias` in an input port, ascending."""
+        return sorted(set(self.ports[port].column(alias).to_pylist()))
+
+    def tokens(self, alias: str) -> dict[int, TokenIds]:
+        """row → token ids of every document of `alias` the node reads."""
+        table = self.documents[alias]
+        rows = table.column(alias).to_pylist()
+        return {r: tuple(t) for r, t in zip(rows, table.column("tokens").to_pylist(), strict=True)}
+
+    @property
+    def rows_in(self) -> int:
+        return sum(table.num_rows for table in self.ports.values())
+
+
+@runtime_checkable
+class ModelExecution(Protocol):
+    """A started backend on one device worker; runs model nodes one at a time."""
+
+    def execute(self, node: PhysicalNode, inputs: NodeInputs) -> NodeOutput: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class DescribesEngine(Protocol):
+    """Optional for a ModelExecution: what it decided when it booted (a precision chosen, a cache size),
+    in words; every query it serves lists these among its report's remarks."""
+
+    @property
+    def notes(self) -> tuple[str, ...]: ...
+
+
+@dataclass(frozen=True)
+class TableInput:
+    """One alias on the far side of the compute boundary: data only, never a live provider.
+
+    `tokens` holds the token ids of the column its prompts read (None when no prompt reads it);
+    `keys` the columns its hash joins compare, one row per table row (no columns when none do).
+    """
+
+    alias: str
+    num_rows: int
+    tokens: TokenColumn | None
+    keys: pa.Table
+
+    def take(self, rows: Rows, columns: Columns = None) -> pa.Table:
+        """The key columns of `rows` (positions), as a DocumentProvider would return them."""
+        names = self.keys.column_names if columns is None else [columns] if isinstance(columns, str) else list(columns)
+        missing = [c for c in names if c not in self.keys.column_names]
+        if missing:
+            raise KeyError(f"alias {self.alias!r} was sent without the column(s) {missing} that the plan reads")
+        indices = rows if isinstance(rows, pa.Array | pa.ChunkedArray) else pa.array(rows, pa.int32())
+        return self.keys.select(names).take(indices)
+
+
+@dataclass(frozen=True)
+class PhysicalRequest:
+    """The model part of a query as it crosses a compute provider's boundary: data only.
+
+    The far side runs every node that `outputs` depend on and returns those ports' tables.
+    """
+
+    backend: str
+    graph: PhysicalGraph
+    outputs: tuple[PortRef, ...]
+    tables: Mapping[str, TableInput]
+    config: EngineConfig
+    model: ModelSpec
+    device: DeviceSpec
 
 
 @dataclass(frozen=True)
@@ -147,34 +225,68 @@ class ExecutionMetrics:
     """What a backend measured. Unknown values are None, never 0."""
 
     wall_s: float
-    fresh_tokens: int
+    fresh_tokens: int | None
     cached_tokens: int | None = None
     boot_s: float | None = None
+    boot_kind: BootKind | None = None
+    nodes: Mapping[str, NodeMetrics] = field(default_factory=dict)
+    """Per node id run on the far side, in the order they ran."""
+    notes: tuple[str, ...] = ()
+    """What the engine says of itself (`DescribesEngine`), for the report's remarks."""
     extra: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class PhysicalResponse:
-    """Arrow answer tables keyed by (node id, port), plus metrics."""
+    """Arrow tables keyed by (node id, port) — every requested output — plus metrics."""
 
     tables: Mapping[PortRef, pa.Table]
     metrics: ExecutionMetrics
 
 
+RuntimeState = MutableMapping[Hashable, object]
+"""Survives across queries (and sessions) in one worker process: booted engines live there."""
+
+
 @dataclass(frozen=True)
 class BackendExecutionContext:
-    """The whole decoded graph with its inputs, for backends that run a graph at once.
+    """A decoded request with what the worker process adds: the registry, its runtime state, progress.
 
-    `runtime_state` survives across queries in one process: a booted engine lives there.
+    `runtime_state` survives across queries (and sessions) in one process: a booted engine lives there.
     """
 
-    graph: PhysicalGraph
-    inputs: Mapping[str, pa.Table]
+    request: PhysicalRequest
     registry: ExtensionRegistry
-    runtime_state: MutableMapping[str, object]
-    config: EngineConfig
-    model: ModelSpec
-    device: DeviceSpec
+    runtime_state: RuntimeState
+    progress: ProgressListener | None = None
+
+    @property
+    def graph(self) -> PhysicalGraph:
+        return self.request.graph
+
+    @property
+    def outputs(self) -> tuple[PortRef, ...]:
+        return self.request.outputs
+
+    @property
+    def tables(self) -> Mapping[str, TableInput]:
+        """Per alias: row count, token ids and key columns — the tokenized inputs."""
+        return self.request.tables
+
+    @property
+    def config(self) -> EngineConfig:
+        return self.request.config
+
+    @property
+    def model(self) -> ModelSpec:
+        return self.request.model
+
+    @property
+    def device(self) -> DeviceSpec:
+        return self.request.device
+
+    def gpu_context(self, device_index: int = 0) -> GpuContext:
+        return GpuContext(self.model, self.device, device_index, self.config.gpus, self.config)
 
 
 @runtime_checkable

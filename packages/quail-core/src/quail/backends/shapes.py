@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 import pyarrow as pa
 
 from quail.logical.expressions import AiPredicate, Semantics
-from quail.physical.nodes import AiClassify, AiFilter, AiJoin, AiScore, PhysicalNode
+from quail.physical import nodes as ph
 
 KIND = b"kind"
 
@@ -101,18 +101,18 @@ def score_answers(alias: str, output: str, rows: Sequence[int], margins: Sequenc
     return _with_kind(table, "scores", {"alias": alias, "output": output})
 
 
-def empty_answers(node: PhysicalNode) -> pa.Table | None:
+def empty_answers(node: ph.PhysicalNode) -> pa.Table | None:
     """The answers of a standard model node that has no row to read (None for any other node)."""
-    if isinstance(node, AiFilter):
+    if isinstance(node, ph.AiFilter):
         return filter_answers(node.alias, [], [], [], [])
-    if isinstance(node, AiJoin):
+    if isinstance(node, ph.AiJoin):
         aliases = [c.alias for c in node.predicate.prompt.columns]
         return join_answers({a: [] for a in aliases}, [], [], anchor=node.anchor.alias,
                             partners=[p.alias for p in node.partners], semantics=node.semantics,
                             position=node.predicate.position)
-    if isinstance(node, AiClassify):
+    if isinstance(node, ph.AiClassify):
         return label_answers(node.alias, node.output, [], [], [])
-    if isinstance(node, AiScore):
+    if isinstance(node, ph.AiScore):
         return score_answers(node.alias, node.output, [], [])
     return None
 
@@ -124,3 +124,33 @@ def choose_label(margins: Sequence[float]) -> int:
         if value > margins[best]:
             best = index
     return best
+
+
+def shape_problem(node: ph.PhysicalNode, table: pa.Table) -> str | None:
+    """What is wrong with a model node's answer table, or None: the runtime reads these columns blindly."""
+    expected = _expected_columns(node)
+    if expected is None:
+        return None
+    kind, columns = expected
+    if kind_of(table) != kind:
+        return f"expected the {kind!r} shape (schema metadata kind={kind!r}), got kind={kind_of(table)!r}"
+    for name, wanted in columns.items():
+        if name not in table.column_names:
+            return f"expected a {name!r} column of {wanted}, got columns {table.column_names}"
+        if table.schema.field(name).type != wanted:
+            return f"expected column {name!r} of {wanted}, got {table.schema.field(name).type}"
+    return None
+
+
+def _expected_columns(node: ph.PhysicalNode) -> tuple[str, dict[str, pa.DataType]] | None:
+    row = pa.int32()
+    if isinstance(node, ph.AiFilter):
+        return "filter_answers", {node.alias: row, "predicate": row, "answer": pa.bool_(), "margin": pa.float64()}
+    if isinstance(node, ph.AiJoin):
+        columns: dict[str, pa.DataType] = {alias: row for alias in node.document_aliases}
+        return "join_answers", {**columns, "answer": pa.bool_(), "margin": pa.float64()}
+    if isinstance(node, ph.AiClassify):
+        return "labels", {node.alias: row, node.output: pa.string(), "margins": pa.list_(pa.float64())}
+    if isinstance(node, ph.AiScore):
+        return "scores", {node.alias: row, node.output: pa.float64(), "margin": pa.float64()}
+    return None

@@ -23,8 +23,8 @@ from quail.errors import CompileError
 
 
 @runtime_checkable
-class RowSource(Protocol):
-    """Rows addressed by int32 position: what the runtime reads of an alias (a ScanView or a provider)."""
+class DocumentSource(Protocol):
+    """A table the token store reads documents from (a ScanView, or a DocumentProvider)."""
 
     @property
     def num_rows(self) -> int: ...

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from quail.data.providers import Rows
-from quail.data.scan import RowSource
+from quail.data.scan import DocumentSource
 from quail.data.tokenizer import Tokenizer
 from quail.errors import CompileError, QuailError
 
@@ -146,7 +146,7 @@ class TokenStore:
     def closed(self) -> bool:
         return not self._finalizer.alive
 
-    def tokens(self, provider: RowSource, column: str, tokenizer: Tokenizer) -> TokenColumn:
+    def tokens(self, provider: DocumentSource, column: str, tokenizer: Tokenizer) -> TokenColumn:
         """The column's tokens, tokenizing it only the first time this content meets this tokenizer."""
         if self.closed:
             raise QuailError("the token store is closed")
@@ -157,7 +157,7 @@ class TokenStore:
             cached = self._columns[key] = TokenColumn.open(self._file(key, provider, column, tokenizer))
         return cached
 
-    def _file(self, key: tuple[str, str, str], provider: RowSource, column: str,
+    def _file(self, key: tuple[str, str, str], provider: DocumentSource, column: str,
               tokenizer: Tokenizer) -> Path:
         path = self._ensure_directory() / _file_name(key)
         if not path.exists():  # an existing file was written whole by an earlier store (atomic rename)
@@ -211,7 +211,7 @@ def _write(path: Path, batches: Iterator[pa.RecordBatch]) -> None:
         partial.unlink(missing_ok=True)
 
 
-def _check_text(provider: RowSource, column: str) -> None:
+def _check_text(provider: DocumentSource, column: str) -> None:
     if column not in provider.columns:
         raise CompileError(f"unknown column {column!r}; columns are {list(provider.columns)}")
     kind = provider.arrow_schema.field(column).type
@@ -219,7 +219,7 @@ def _check_text(provider: RowSource, column: str) -> None:
         raise CompileError(f"column {column!r} holds {kind}, not text; AI functions read text columns")
 
 
-def _encoded(provider: RowSource, column: str, tokenizer: Tokenizer, batch_rows: int,
+def _encoded(provider: DocumentSource, column: str, tokenizer: Tokenizer, batch_rows: int,
              batch_bytes: int) -> Iterator[pa.RecordBatch]:
     """Token lists gathered into record batches of about `FILE_BATCH_TOKENS` tokens."""
     pending: list[pa.Array] = []
@@ -234,7 +234,7 @@ def _encoded(provider: RowSource, column: str, tokenizer: Tokenizer, batch_rows:
         yield pa.record_batch([pa.concat_arrays(pending)], schema=TOKENS_SCHEMA)
 
 
-def _token_lists(provider: RowSource, column: str, tokenizer: Tokenizer, batch_rows: int,
+def _token_lists(provider: DocumentSource, column: str, tokenizer: Tokenizer, batch_rows: int,
                  batch_bytes: int) -> Iterator[pa.ListArray]:
     for batch in provider.scan([column], batch_rows=batch_rows):
         for piece in _pieces(batch.column(0), batch_bytes):

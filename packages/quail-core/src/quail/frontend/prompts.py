@@ -155,8 +155,9 @@ def preamble_ids(tokenizer: Tokenizer, style: PromptStyle) -> TokenIds:
     return bos + tuple(tokenizer.encode(style.preamble))
 
 
-def common_prefix(sequences: Sequence[TokenIds]) -> TokenIds:
-    """The longest common prefix, shortened so every sequence keeps at least one token of its own."""
+def shared_frame(sequences: Sequence[TokenIds]) -> TokenIds:
+    """The frame of several question tails: their longest common prefix, shortened so every tail keeps at
+    least one token of its own (its question)."""
     if not sequences:
         return ()
     length = min(len(s) for s in sequences) - 1
@@ -169,16 +170,13 @@ def common_prefix(sequences: Sequence[TokenIds]) -> TokenIds:
 
 @dataclass(frozen=True)
 class FilterPrompts:
-    """Every stage of one alias's filters: prompt k is preamble + document + frame + questions[k]."""
+    """The parts of every stage of one alias's filters (the AiFilter node lays them out)."""
 
     alias: str
     column: ColumnRef
     preamble: TokenIds
     frame: TokenIds
     questions: tuple[TokenIds, ...]
-
-    def full_prompt(self, document: TokenIds, stage: int) -> TokenIds:
-        return self.preamble + document + self.frame + self.questions[stage]
 
 
 def bind_filters(predicates: Sequence[AiPredicate], tokenizer: Tokenizer,
@@ -190,7 +188,7 @@ def bind_filters(predicates: Sequence[AiPredicate], tokenizer: Tokenizer,
     if len(columns) != 1 or any(len(p.prompt.columns) != 1 for p in predicates):
         raise ValueError(f"filter stages must read one document column, got {sorted(map(str, columns))}")
     tails = [tuple(tokenizer.encode(filter_tail(p.prompt, style))) for p in predicates]
-    frame = common_prefix(tails)
+    frame = shared_frame(tails)
     column = next(iter(columns))
     return FilterPrompts(column.alias, column, preamble_ids(tokenizer, style), frame,
                          tuple(t[len(frame):] for t in tails))
@@ -198,7 +196,7 @@ def bind_filters(predicates: Sequence[AiPredicate], tokenizer: Tokenizer,
 
 @dataclass(frozen=True)
 class JoinPrompt:
-    """prompt = preamble + anchor doc + frame + Σ_j (labels[j] + partner doc j) + cue."""
+    """The parts of a join prompt (the AiJoin node lays them out): preamble, frame, partner labels, cue."""
 
     anchor: ColumnRef
     partners: tuple[ColumnRef, ...]
@@ -206,20 +204,6 @@ class JoinPrompt:
     frame: TokenIds
     labels: tuple[TokenIds, ...]
     cue: TokenIds
-
-    def anchor_prefix(self, anchor_document: TokenIds) -> TokenIds:
-        return self.preamble + anchor_document + self.frame
-
-    def suffix(self, partner_documents: Sequence[TokenIds]) -> TokenIds:
-        if len(partner_documents) != len(self.partners):
-            raise ValueError(f"expected {len(self.partners)} partner documents, got {len(partner_documents)}")
-        out: TokenIds = ()
-        for label, document in zip(self.labels, partner_documents, strict=True):
-            out += label + document
-        return out + self.cue
-
-    def full_prompt(self, anchor_document: TokenIds, partner_documents: Sequence[TokenIds]) -> TokenIds:
-        return self.anchor_prefix(anchor_document) + self.suffix(partner_documents)
 
 
 def bind_join(predicate: AiPredicate, anchor: str, tokenizer: Tokenizer,
@@ -237,15 +221,12 @@ def bind_join(predicate: AiPredicate, anchor: str, tokenizer: Tokenizer,
 
 @dataclass(frozen=True)
 class ClassifyPrompt:
-    """prompt = preamble + document + tail; label k scores the continuation labels[k]."""
+    """The parts of a classification prompt (the AiClassify node lays them out); label k scores labels[k]."""
 
     column: ColumnRef
     preamble: TokenIds
     tail: TokenIds
     labels: tuple[TokenIds, ...]
-
-    def full_prompt(self, document: TokenIds) -> TokenIds:
-        return self.preamble + document + self.tail
 
 
 def bind_classify(prompt: Prompt, labels: Sequence[Label], instructions: str | None, tokenizer: Tokenizer,

@@ -11,6 +11,7 @@ import dataclasses
 import json
 from typing import TypeAlias
 
+from quail.frontend.prompts import AnswerTokens
 from quail.logical.expressions import (
     AiPredicate,
     ColumnRef,
@@ -40,8 +41,8 @@ def register_codec_type(cls: type) -> type:
     return cls
 
 
-for _cls in (*CORE_NODE_TYPES, AiPredicate, ColumnRef, Equality, Label, OutputColumn, Prompt, ScoreThreshold,
-             FilterStage, NodeEstimate, Edge, PhysicalGraph):
+for _cls in (*CORE_NODE_TYPES, AnswerTokens, AiPredicate, ColumnRef, Equality, Label, OutputColumn, Prompt,
+             ScoreThreshold, FilterStage, NodeEstimate, Edge, PhysicalGraph):
     register_codec_type(_cls)
 
 

@@ -4,16 +4,22 @@ Rows flow between nodes as Arrow tables of int32 row positions (within each alia
 column per alias, plus AI output columns; model nodes emit answer tables in the standard shapes of
 `quail.backends.shapes`; the root `Project` runs the relational tail on DuckDB over the rows, the
 AI outputs and the scan views (late materialisation).
+
+The model nodes also own the prompt layout: each builds its own token sequences (document prefix,
+question tails, join suffixes, calibration prompts) from the parts the planner bound, and every
+backend — native, request engines, the keyword test backend — calls these methods rather than
+concatenating parts itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
 from typing import ClassVar
 
+from quail.frontend.prompts import AnswerTokens
 from quail.logical.expressions import AiPredicate, ColumnRef, Equality, Label, OutputColumn, Prompt, Semantics
 
 
@@ -62,6 +68,11 @@ class PhysicalNode:
         """Model nodes run on a backend; the rest run in the generic Arrow runtime."""
         return False
 
+    @property
+    def document_aliases(self) -> tuple[str, ...]:
+        """Aliases whose documents (token ids) a model node reads; the runner attaches them."""
+        return ()
+
     def describe(self) -> str:
         return self.kind
 
@@ -69,12 +80,12 @@ class PhysicalNode:
 TokenIds = tuple[int, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Scan(PhysicalNode):
     """Every row position of a table's scan view under an alias (after the conditions in `where`)."""
 
-    table: str = ""
-    alias: str = ""
+    table: str
+    alias: str
     where: str = ""
 
     OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
@@ -94,19 +105,21 @@ class FilterStage:
     assumed_selectivity: bool
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AiFilter(PhysicalNode):
     """Stages over one alias's documents, in order: [preamble][doc][frame][question_k]."""
 
-    alias: str = ""
-    column: ColumnRef = ColumnRef("", "")
-    preamble: TokenIds = ()
-    frame: TokenIds = ()
-    stages: tuple[FilterStage, ...] = ()
+    alias: str
+    column: ColumnRef
+    preamble: TokenIds
+    frame: TokenIds
+    stages: tuple[FilterStage, ...]
     retain_kv: bool = False
     share_prefixes: bool = False
     calibration: tuple[TokenIds, ...] = ()
     """Content-free documents: when given, a stage holds iff the margin beats their mean margin."""
+    answers: AnswerTokens | None = None
+    """The TRUE-like and FALSE-like first tokens the margin is read from (for engines that take ids)."""
 
     INPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
     OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(answers=PortType.FILTER_ANSWERS)
@@ -115,8 +128,24 @@ class AiFilter(PhysicalNode):
     def is_model_node(self) -> bool:
         return True
 
+    @property
+    def document_aliases(self) -> tuple[str, ...]:
+        return (self.alias,)
+
+    def prefix(self, document: TokenIds) -> TokenIds:
+        """[preamble][document][frame]: what every stage of a document shares."""
+        return self.preamble + document + self.frame
+
+    def prompt(self, document: TokenIds, stage: int) -> TokenIds:
+        """The whole prompt of stage `stage` (an index into `stages`) for one document."""
+        return self.prefix(document) + self.stages[stage].question
+
+    def calibration_prompts(self) -> dict[int, list[TokenIds]]:
+        """Per predicate position: its prompt over every content-free document (none when uncalibrated)."""
+        return {s.predicate.position: [self.prompt(d, k) for d in self.calibration] for k, s in enumerate(self.stages)}
+
     def describe(self) -> str:
-        order = " → ".join(f"#{s.predicate.position}" for s in self.stages)
+        order = " → ".join(f"#{s.predicate.position} {s.predicate.prompt.template!r}" for s in self.stages)
         kept = ", keep survivors' KV" if self.retain_kv else ""
         shared = ", borrow shared document prefixes" if self.share_prefixes else ""
         return f"AiFilter {self.alias} stages {order}{kept}{shared}{_calibrated(self.calibration)}"
@@ -126,7 +155,7 @@ def _calibrated(documents: tuple[TokenIds, ...]) -> str:
     return f", calibrated on {len(documents)} content-free documents" if documents else ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AiJoin(PhysicalNode):
     """Anchored evaluation of candidate tuples: anchor prefix once, one suffix per tuple.
 
@@ -135,19 +164,20 @@ class AiJoin(PhysicalNode):
     otherwise every pair of left and right rows is a candidate.
     """
 
-    predicate: AiPredicate = AiPredicate(Prompt("", ()), 0)
-    anchor: ColumnRef = ColumnRef("", "")
-    partners: tuple[ColumnRef, ...] = ()
+    predicate: AiPredicate
+    anchor: ColumnRef
+    partners: tuple[ColumnRef, ...]
     semantics: Semantics = "full"
-    preamble: TokenIds = ()
-    frame: TokenIds = ()
-    labels: tuple[TokenIds, ...] = ()
-    cue: TokenIds = ()
+    preamble: TokenIds
+    frame: TokenIds
+    labels: tuple[TokenIds, ...]
+    cue: TokenIds
     selectivity: float = 0.2
     assumed_selectivity: bool = True
     retain_anchor_kv: bool = False
     calibration: tuple[TokenIds, ...] = ()
     """Content-free documents for every slot: a tuple holds iff its margin beats their mean margin."""
+    answers: AnswerTokens | None = None
 
     INPUTS: ClassVar[Mapping[str, PortType]] = _ports(left=PortType.ROWS, right=PortType.ROWS,
                                                       candidates=PortType.ROWS)
@@ -158,6 +188,28 @@ class AiJoin(PhysicalNode):
     def is_model_node(self) -> bool:
         return True
 
+    @property
+    def document_aliases(self) -> tuple[str, ...]:
+        return (self.anchor.alias, *(p.alias for p in self.partners))
+
+    def anchor_prefix(self, document: TokenIds) -> TokenIds:
+        """[preamble][anchor document][frame]: computed once per anchor, shared by its partners."""
+        return self.preamble + document + self.frame
+
+    def suffix(self, partners: Sequence[TokenIds]) -> TokenIds:
+        """[label 1][partner 1]…[cue]: what is new per candidate tuple (partners in `partners` order)."""
+        if len(partners) != len(self.labels):
+            raise ValueError(f"{self.id}: {len(partners)} partner documents for {len(self.labels)} partner slots")
+        return sum((label + document for label, document in zip(self.labels, partners, strict=True)), ()) + self.cue
+
+    def prompt(self, anchor: TokenIds, partners: Sequence[TokenIds]) -> TokenIds:
+        return self.anchor_prefix(anchor) + self.suffix(partners)
+
+    def calibration_prompts(self) -> dict[int, list[TokenIds]]:
+        """The predicate's prompt with one content-free document in every slot, per content-free document."""
+        slots = len(self.labels)
+        return {self.predicate.position: [self.prompt(d, [d] * slots) for d in self.calibration]}
+
     def describe(self) -> str:
         partners = ", ".join(p.alias for p in self.partners)
         kept = ", keep anchor KV for the next join" if self.retain_anchor_kv else ""
@@ -165,18 +217,18 @@ class AiJoin(PhysicalNode):
         return f"{head} partners {partners}{kept}{_calibrated(self.calibration)}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AiClassify(PhysicalNode):
     """One label per row: the label whose continuation has the highest summed log-probability."""
 
-    alias: str = ""
-    column: ColumnRef = ColumnRef("", "")
-    output: str = ""
-    position: int = 0
-    labels: tuple[Label, ...] = ()
-    preamble: TokenIds = ()
-    tail: TokenIds = ()
-    label_tokens: tuple[TokenIds, ...] = ()
+    alias: str
+    column: ColumnRef
+    output: str
+    position: int
+    labels: tuple[Label, ...]
+    preamble: TokenIds
+    tail: TokenIds
+    label_tokens: tuple[TokenIds, ...]
 
     INPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
     OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(answers=PortType.LABELS)
@@ -185,21 +237,30 @@ class AiClassify(PhysicalNode):
     def is_model_node(self) -> bool:
         return True
 
+    @property
+    def document_aliases(self) -> tuple[str, ...]:
+        return (self.alias,)
+
+    def document_prompt(self, document: TokenIds) -> TokenIds:
+        """[preamble][document][tail]: the first token of every label is read after it."""
+        return self.preamble + document + self.tail
+
     def describe(self) -> str:
         return f"AiClassify #{self.position} {self.alias} AS {self.output} [{', '.join(x.name for x in self.labels)}]"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AiScore(PhysicalNode):
     """Sigmoid of the TRUE−FALSE margin per row; one alias's document in the filter layout."""
 
-    alias: str = ""
-    column: ColumnRef = ColumnRef("", "")
-    output: str = ""
-    position: int = 0
-    prompt: Prompt = Prompt("", ())
-    preamble: TokenIds = ()
-    question: TokenIds = ()
+    alias: str
+    column: ColumnRef
+    output: str
+    position: int
+    prompt: Prompt
+    preamble: TokenIds
+    question: TokenIds
+    answers: AnswerTokens | None = None
 
     INPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
     OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(answers=PortType.SCORES)
@@ -208,15 +269,23 @@ class AiScore(PhysicalNode):
     def is_model_node(self) -> bool:
         return True
 
+    @property
+    def document_aliases(self) -> tuple[str, ...]:
+        return (self.alias,)
+
+    def document_prompt(self, document: TokenIds) -> TokenIds:
+        """[preamble][document][question]: the score is read at its last token."""
+        return self.preamble + document + self.question
+
     def describe(self) -> str:
         return f"AiScore #{self.position} {self.alias} AS {self.output}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class HashJoin(PhysicalNode):
     """Rows of left and right whose columns are equal (Acero hash join on the equalities)."""
 
-    equalities: tuple[Equality, ...] = ()
+    equalities: tuple[Equality, ...]
 
     INPUTS: ClassVar[Mapping[str, PortType]] = _ports(left=PortType.ROWS, right=PortType.ROWS)
     OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
@@ -226,11 +295,11 @@ class HashJoin(PhysicalNode):
         return f"HashJoin {on}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RecombineFilter(PhysicalNode):
     """Rows whose every filter answer is TRUE."""
 
-    alias: str = ""
+    alias: str
 
     INPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS, answers=PortType.FILTER_ANSWERS)
     OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
@@ -239,12 +308,12 @@ class RecombineFilter(PhysicalNode):
         return f"Recombine filter {self.alias}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RecombineJoin(PhysicalNode):
     """Left ⋈ right through the TRUE join answers (full), left rows with / without one (exists / anti),
     or every left row with its TRUE partners and NULLs where it has none (left)."""
 
-    semantics: Semantics = "full"
+    semantics: Semantics
 
     INPUTS: ClassVar[Mapping[str, PortType]] = _ports(left=PortType.ROWS, right=PortType.ROWS,
                                                       answers=PortType.JOIN_ANSWERS)
@@ -254,12 +323,12 @@ class RecombineJoin(PhysicalNode):
         return f"Recombine join ({self.semantics})"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RecombineLabels(PhysicalNode):
     """Adds a classification's label column (NULL where unanswered); keeps only `allowed` labels when given."""
 
-    alias: str = ""
-    output: str = ""
+    alias: str
+    output: str
     allowed: tuple[str, ...] | None = None
 
     INPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS, answers=PortType.LABELS)
@@ -270,12 +339,12 @@ class RecombineLabels(PhysicalNode):
         return f"Recombine labels {self.output}{keep}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RecombineScores(PhysicalNode):
     """Adds a score column (NULL where unanswered)."""
 
-    alias: str = ""
-    output: str = ""
+    alias: str
+    output: str
 
     INPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS, answers=PortType.SCORES)
     OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
@@ -284,12 +353,12 @@ class RecombineScores(PhysicalNode):
         return f"Recombine scores {self.output}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RecombineVerdicts(PhysicalNode):
     """Adds a one-stage filter's answers as a BOOLEAN column (NULL where it did not answer); drops no row."""
 
-    alias: str = ""
-    output: str = ""
+    alias: str
+    output: str
 
     INPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS, answers=PortType.FILTER_ANSWERS)
     OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
@@ -298,13 +367,13 @@ class RecombineVerdicts(PhysicalNode):
         return f"Recombine verdicts {self.output}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DropNullDocuments(PhysicalNode):
     """A model node's input: without the rows whose document is NULL for one of `aliases` (or whose row
     is NULL, outside a LEFT JOIN's matches) — an AI function of NULL is NULL, so the model never sees
     them. `distinct` keeps each document of the one alias once (an AI output is computed once per document)."""
 
-    aliases: tuple[str, ...] = ()
+    aliases: tuple[str, ...]
     distinct: bool = False
 
     INPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
@@ -315,14 +384,14 @@ class DropNullDocuments(PhysicalNode):
         return f"{what} {', '.join(self.aliases)}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Project(PhysicalNode):
     """The relational tail: `statement` on DuckDB, reading alias `relations[i]` as `__quail_rows_<i>`
     (its scan view's rows at the positions of the input) and the AI outputs as columns of `__quail`."""
 
-    columns: tuple[OutputColumn, ...] = ()
-    statement: str = ""
-    relations: tuple[str, ...] = ()
+    columns: tuple[OutputColumn, ...]
+    statement: str
+    relations: tuple[str, ...]
 
     INPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
     OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(table=PortType.TABLE)
@@ -331,9 +400,9 @@ class Project(PhysicalNode):
         return f"Project [{', '.join(c.name for c in self.columns)}] on DuckDB: {self.statement}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Limit(PhysicalNode):
-    count: int = 0
+    count: int
 
     INPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
     OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
@@ -342,7 +411,7 @@ class Limit(PhysicalNode):
         return f"Limit {self.count}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Barrier(PhysicalNode):
     """Materialises its input before anything downstream starts (a pipeline breaker)."""
 

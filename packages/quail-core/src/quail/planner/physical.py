@@ -6,7 +6,14 @@ from dataclasses import dataclass, field
 
 from quail.backends.base import ModelRegion, PhysicalCandidate, PlanningContext
 from quail.data.tokenizer import Tokenizer
-from quail.frontend.prompts import PromptStyle, bind_classify, bind_filters, bind_join, content_free_documents
+from quail.frontend.prompts import (
+    AnswerTokens,
+    PromptStyle,
+    bind_classify,
+    bind_filters,
+    bind_join,
+    content_free_documents,
+)
 from quail.logical.expressions import AiPredicate
 from quail.logical.nodes import (
     Classify,
@@ -30,15 +37,16 @@ Port = tuple[str, str]
 
 
 def plan_query(backend: str, region: ModelRegion, context: PlanningContext, style: PromptStyle,
-               calibrate: bool = False) -> PhysicalCandidate:
+               calibrate: bool = False, answers: AnswerTokens | None = None) -> PhysicalCandidate:
     """Optimize the region's plan and lay it out as model nodes the backend runs one by one.
 
-    `calibrate` gives every filter and join the content-free documents its decisions are measured against.
+    `calibrate` gives every filter and join the content-free documents its decisions are measured against;
+    `answers` the TRUE/FALSE token ids their margins are read from (for backends that need them in the plan).
     """
     optimized = optimize(region.root, context, style)
     assert context.tokenizer is not None
     calibration = content_free_documents(context.tokenizer) if calibrate else ()
-    builder = _GraphBuilder(context.tokenizer, style, optimized.decisions, calibration,
+    builder = _GraphBuilder(context.tokenizer, style, optimized.decisions, calibration, answers,
                             frozenset(a for a, n in context.null_documents.items() if n))
     graph = builder.build(optimized.logical)
     graph.validate()
@@ -54,6 +62,7 @@ class _GraphBuilder:
     style: PromptStyle
     decisions: Decisions
     calibration: tuple[ph.TokenIds, ...] = ()
+    answers: AnswerTokens | None = None
     null_documents: frozenset[str] = frozenset()
     """Aliases with a NULL document somewhere: the model's inputs skip those rows."""
     nodes: list[ph.PhysicalNode] = field(default_factory=list)
@@ -125,7 +134,8 @@ class _GraphBuilder:
                                      preamble=bound.preamble, frame=bound.frame, stages=stages,
                                      retain_kv=node.alias in self.decisions.retained,
                                      share_prefixes=node.alias in self.decisions.shared_prefixes,
-                                     calibration=self.calibration), rows=self.documents(rows, (node.alias,)))
+                                     calibration=self.calibration, answers=self.answers),
+                         rows=self.documents(rows, (node.alias,)))
         return self.add(ph.RecombineFilter(f"survivors_{node.alias}", alias=node.alias),
                         rows=rows, answers=(model, "answers")), "rows"
 
@@ -150,7 +160,7 @@ class _GraphBuilder:
                                    labels=bound.labels, cue=bound.cue, selectivity=selectivity,
                                    assumed_selectivity=assumed,
                                    retain_anchor_kv=self.anchored_again(predicate.position, anchor),
-                                   calibration=self.calibration), **inputs)
+                                   calibration=self.calibration, answers=self.answers), **inputs)
         if node.semantics == "left":
             self.nullable.update(node.right.aliases)
         return self.add(ph.RecombineJoin(f"joined_{predicate.position}", semantics=node.semantics),
@@ -180,7 +190,7 @@ class _GraphBuilder:
         bound = bind_filters([AiPredicate(node.prompt, node.position)], self.tokenizer, self.style)
         model = self.add(ph.AiScore(f"score_{node.output}", alias=alias, column=bound.column, output=node.output,
                                     position=node.position, prompt=node.prompt, preamble=bound.preamble,
-                                    question=bound.frame + bound.questions[0]),
+                                    question=bound.frame + bound.questions[0], answers=self.answers),
                          rows=self.documents(rows, (alias,), len(node.child.aliases) > 1))
         return self.add(ph.RecombineScores(f"scores_{node.output}", alias=alias, output=node.output),
                         rows=rows, answers=(model, "answers")), "rows"
@@ -194,7 +204,7 @@ class _GraphBuilder:
         stage = ph.FilterStage(predicate, bound.questions[0], *selectivity_of(node.selectivity))
         model = self.add(ph.AiFilter(f"filter_{node.output}", alias=alias, column=bound.column,
                                      preamble=bound.preamble, frame=bound.frame, stages=(stage,),
-                                     calibration=self.calibration),
+                                     calibration=self.calibration, answers=self.answers),
                          rows=self.documents(rows, (alias,), len(node.child.aliases) > 1))
         return self.add(ph.RecombineVerdicts(f"verdicts_{node.output}", alias=alias, output=node.output),
                         rows=rows, answers=(model, "answers")), "rows"

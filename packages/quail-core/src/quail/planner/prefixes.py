@@ -2,8 +2,11 @@
 
 Documents that start with the same tokens (cumulative agent traces, templated records) have the
 same KV over that prefix. Sorted by tokens, documents with long common prefixes are neighbours, so
-a document can borrow the whole pages of its common prefix from a neighbour computed before it and
-compute only its tail — always at least one token, where its frame and question attach.
+a document can borrow its common prefix from a neighbour computed before it and compute only its
+tail — always at least one token, where its frame and question attach. Borrowing is token-granular
+(the arena shares the lender's whole pages and copies the part-page), but only a prefix of at
+least one page is worth it: shorter ones would cost a wait and an attention segment of their own
+to save a few tokens.
 
 Lenders are computed before borrowers: documents go longest first, so a cumulative trace's last
 step lends to every earlier step (one level deep instead of a chain), and among equally good
@@ -39,15 +42,17 @@ def common_prefix(a: Tokens, b: Tokens) -> int:
     return n
 
 
-def whole_pages(common: int, length: int, page_tokens: int) -> int:
-    """Tokens of a common prefix a document can borrow: whole pages, leaving one token to compute."""
-    return (min(common, length - 1) // page_tokens) * page_tokens if length > 0 else 0
+def borrowable(common: int, length: int, page_tokens: int) -> int:
+    """Tokens of a common prefix a document borrows: all of it but one token of its own, when that is
+    at least a page (0 otherwise)."""
+    tokens = min(common, length - 1)
+    return tokens if tokens >= page_tokens else 0
 
 
 def shareable_tokens(documents: Sequence[Tokens], page_tokens: int) -> int:
-    """Σ over sorted documents of the whole pages each shares with its predecessor: the work saved."""
+    """Σ over sorted documents of the prefix each can borrow from its predecessor: the work saved."""
     ordered = sorted(tuple(d) for d in documents)
-    return sum(whole_pages(common_prefix(previous, current), len(current), page_tokens)
+    return sum(borrowable(common_prefix(previous, current), len(current), page_tokens)
                for previous, current in itertools.pairwise(ordered))
 
 
@@ -80,7 +85,7 @@ def _best_lender(row: int, ordered: list[int], adjacent: list[int], at: int, ran
             if not 0 <= j < len(ordered):
                 break
             common = min(common, adjacent[min(j, j - step)])
-            tokens = whole_pages(common, length, page_tokens)
+            tokens = borrowable(common, length, page_tokens)
             if tokens == 0:
                 break
             other = ordered[j]

@@ -19,6 +19,7 @@ import pluggy
 from quail.backends.base import ModelBackend
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
+from quail.compute.base import ComputeProvider
 from quail.logical.rules import LogicalRule
 
 PROJECT = "quail"
@@ -37,10 +38,12 @@ class Registrar(Protocol):
 
     def register_logical_rule(self, rule: LogicalRule) -> None: ...
 
+    def register_compute(self, provider: ComputeProvider) -> None: ...
+
 
 @hookspec
 def quail_register(registry: Registrar) -> None:
-    """Register this plugin's backends, models, devices and logical rules.
+    """Register this plugin's backends, models, devices, logical rules and compute providers.
 
     Called once per plugin when a registry loads the installed plugins. Keep it cheap: import
     heavy engines (torch, vllm) lazily, inside the backend's methods, so that listing backends

@@ -12,6 +12,7 @@ import pluggy
 from quail.backends.base import ModelBackend
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
+from quail.compute.base import ComputeProvider
 from quail.logical.rules import LogicalRule
 from quail.plugins import hookspecs
 from quail.plugins.registry import (
@@ -46,6 +47,9 @@ class _StagedRegistrar:
 
     def register_logical_rule(self, rule: LogicalRule) -> None:
         self.items.append(("logical_rule", rule))
+
+    def register_compute(self, provider: ComputeProvider) -> None:
+        self.items.append(("compute", provider))
 
     def claimed_names(self) -> tuple[str, ...]:
         return tuple(str(getattr(item, "name", "?")) for kind, item in self.items if kind == "backend")

@@ -11,14 +11,15 @@ from typing import Literal
 from quail.backends.base import ModelBackend, NodeMetrics
 from quail.catalog.devices import BUILT_IN_DEVICES, DeviceSpec
 from quail.catalog.models import BUILT_IN_MODELS, ModelSpec
+from quail.compute.base import ComputeProvider
 from quail.errors import Refusal, RefusalError
 from quail.logical.rules import BUILT_IN_RULES, LogicalRule
 from quail.physical.nodes import PhysicalNode
 from quail.runtime.progress import ProgressListener
 
 Observer = Callable[[PhysicalNode, NodeMetrics], None]
-Kind = Literal["backend", "model", "device", "logical_rule"]
-Extension = ModelBackend | ModelSpec | DeviceSpec | LogicalRule
+Kind = Literal["backend", "model", "device", "logical_rule", "compute"]
+Extension = ModelBackend | ModelSpec | DeviceSpec | LogicalRule | ComputeProvider
 
 # First-party backends and the distribution that provides each: named in "not installed" errors.
 FIRST_PARTY_BACKENDS: Mapping[str, str] = MappingProxyType({
@@ -75,6 +76,7 @@ class ExtensionRegistry:
         self._models: dict[str, ModelSpec] = {}
         self._devices: dict[str, DeviceSpec] = {}
         self._rules: dict[str, LogicalRule] = {}
+        self._computes: dict[str, ComputeProvider] = {}
         self._observers: list[Observer] = []
         self._progress: list[ProgressListener] = []
         self._origins: dict[tuple[Kind, str], Origin] = {}
@@ -92,6 +94,8 @@ class ExtensionRegistry:
             registry.register_device(device, origin=CORE)
         for rule in BUILT_IN_RULES:
             registry.register_logical_rule(rule, origin=CORE)
+        for compute in built_in_computes():
+            registry.register_compute(compute, origin=CORE)
         load_plugins(registry)
         return registry
 
@@ -109,6 +113,10 @@ class ExtensionRegistry:
     def register_logical_rule(self, rule: LogicalRule, *, origin: Origin = USER_CODE) -> None:
         """Add a rewrite run after the ones registered before it, to a fixpoint."""
         self.register_all([("logical_rule", rule)], origin)
+
+    def register_compute(self, provider: ComputeProvider, *, origin: Origin = USER_CODE) -> None:
+        """Add a compute provider, selectable by `EngineConfig(compute=name)`."""
+        self.register_all([("compute", provider)], origin)
 
     def register_all(self, items: list[tuple[Kind, Extension]], origin: Origin) -> None:
         """Validate every item first, then add them all: a batch lands whole or not at all."""
@@ -133,6 +141,8 @@ class ExtensionRegistry:
             self._devices[item.name] = item
         elif kind == "logical_rule":
             self._rules[item.name] = item
+        elif kind == "compute":
+            self._computes[item.name] = item
         else:
             self._backends[item.name] = item
 
@@ -152,6 +162,10 @@ class ExtensionRegistry:
     @property
     def devices(self) -> Mapping[str, DeviceSpec]:
         return MappingProxyType(self._devices)
+
+    @property
+    def computes(self) -> Mapping[str, ComputeProvider]:
+        return MappingProxyType(self._computes)
 
     def register_observer(self, observer: Observer) -> None:
         """Called once per node run, with its metrics: progress bars, tracing, tests."""
@@ -201,6 +215,13 @@ class ExtensionRegistry:
             hints = (f"install it: pip install {FIRST_PARTY_BACKENDS[name]}",)
         raise RefusalError(Refusal(f"unknown backend {name!r}", tuple(reasons), hints=hints))
 
+    def compute(self, name: str) -> ComputeProvider:
+        found = self.computes.get(name)
+        if found is None:
+            raise RefusalError(Refusal(f"unknown compute provider {name!r}",
+                                       (f"installed compute providers: {_listing(self.computes)}",)))
+        return found
+
     def model(self, name: str) -> ModelSpec:
         found = self.models.get(name)
         if found is None:
@@ -214,12 +235,20 @@ class ExtensionRegistry:
         return found
 
 
+def built_in_computes() -> tuple[ComputeProvider, ...]:
+    from quail.compute.local import LocalProvider
+    from quail.compute.process import ProcessProvider
+
+    return (LocalProvider(), ProcessProvider())
+
+
 def _listing(names: Mapping[str, object]) -> str:
     return ", ".join(sorted(names)) or "none"
 
 
 def _validated_name(kind: Kind, item: object, origin: Origin) -> str:
-    expected = {"backend": ModelBackend, "model": ModelSpec, "device": DeviceSpec, "logical_rule": LogicalRule}[kind]
+    expected = {"backend": ModelBackend, "model": ModelSpec, "device": DeviceSpec, "logical_rule": LogicalRule,
+                "compute": ComputeProvider}[kind]
     if not isinstance(item, expected):
         raise ValueError(
             f"{origin.describe()} registered {item!r} as a {kind}, but it is not a "
@@ -239,4 +268,6 @@ def _required_members(kind: Kind) -> str:
         return "name, supports(), plan(), start(), execute_request()"
     if kind == "logical_rule":
         return "name, rewrite(plan)"
+    if kind == "compute":
+        return "name, execute(request, caller), close()"
     return "a frozen spec dataclass"

@@ -1,9 +1,10 @@
 """What every request backend does the same way, whichever engine it drives.
 
 A request backend (vLLM, SGLang) differs from another only in how it boots its engine and what it
-asks of the machine; planning (the native planner's decisions folded into one RequestExecution),
-the checkpoint's tokenizer, the engine kept in `runtime_state` and the metrics of a response are
-shared here, so an adapter package is a `supports` check, a boot function and an engine adapter.
+asks of the machine; planning (the native planner's decisions, so comparisons between backends
+compare execution), the checkpoint's tokenizer, the engine booted in `start()` and kept by the
+shared `execute_request`, and the node-by-node execution are shared here, so an adapter package is
+a `supports` check, a boot function and an engine adapter.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import json
 from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 
+from quail.backends import serving
 from quail.backends.base import (
     BackendExecutionContext,
-    ExecutionMetrics,
     GpuContext,
     ModelExecution,
     ModelRegion,
@@ -28,11 +29,14 @@ from quail.catalog.locations import local_model_directory
 from quail.catalog.models import ModelSpec
 from quail.data.tokenizer import HuggingFaceTokenizer, Tokenizer
 from quail.errors import Refusal
-from quail.frontend.prompts import style_for
+from quail.frontend.prompts import answer_tokens, style_for
+from quail.physical import nodes as ph
+from quail.physical.graph import PhysicalGraph
+from quail.planner.calibration import calibrates
+from quail.planner.physical import plan_query
 from quail.requests.engine import RequestEngine
-from quail.requests.execution import RequestModelExecution, execute_requests
-from quail.requests.node import RequestExecution, RequestStrategy
-from quail.requests.planning import plan_requests
+from quail.requests.execution import REQUEST_NODES, RequestModelExecution
+from quail.requests.strategies import RequestStrategy
 
 EngineFactory = Callable[[GpuContext], RequestEngine]
 
@@ -57,16 +61,21 @@ def checkpoint_tokenizer(model: ModelSpec) -> Tokenizer:
 class RequestBackend:
     """The backend contract for an engine behind `RequestEngine`; a subclass says what it supports.
 
-    `boot` makes the engine (a fake one in tests); the engine lives in `runtime_state` under
-    `engine_key`, so every query of a process reuses it.
+    `boot` makes the engine (a fake one in tests). Two request backends with the same name,
+    strategy and boot function are equal, so they share a booted engine across sessions.
     """
-
-    engine_key = "quail.requests.engine"
 
     def __init__(self, name: str, strategy: RequestStrategy, boot: EngineFactory) -> None:
         self.name = name
         self.strategy = strategy
         self.boot = boot
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and isinstance(other, RequestBackend) and \
+            (other.name, other.strategy, other.boot) == (self.name, self.strategy, self.boot)
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.name, self.strategy, self.boot))
 
     def supports(self, model: ModelSpec, device: DeviceSpec, gpu_count: int) -> SupportResult:
         raise NotImplementedError
@@ -75,27 +84,32 @@ class RequestBackend:
         return checkpoint_tokenizer(model)
 
     def plan(self, region: ModelRegion, context: PlanningContext) -> Sequence[PhysicalCandidate] | Refusal:
+        """The native planner's plan, with the TRUE/FALSE ids every request asks for in its model nodes."""
+        if context.tokenizer is None:
+            return Refusal("request planning needs the model's tokenizer, and none was given")
+        labels = answer_tokens(context.tokenizer)  # refuses a tokenizer that cannot tell TRUE from FALSE
         style = style_for(context.model.chat_template, context.model.architecture)
-        planned = plan_requests(self.name, region, context, style, self.strategy)
-        return planned if isinstance(planned, Refusal) else [planned]
+        planned = plan_query(self.name, region, context, style, calibrate=calibrates(context), answers=labels)
+        refusal = _refusal(planned.graph)
+        return refusal if refusal is not None else [planned]
 
     def start(self, context: GpuContext) -> ModelExecution:
-        """Boot the engine now (the session times this as the query's boot); it lives until the session closes."""
-        return RequestModelExecution(self.boot(context))
+        """Boot the engine (timed as the query's boot); it lives as long as the worker keeps it."""
+        return RequestModelExecution(self.boot(context), self.strategy)
 
     def execute_request(self, context: BackendExecutionContext) -> PhysicalResponse:
-        """Every RequestExecution of the graph, on the engine kept in `runtime_state` (booted on first use)."""
-        engine = context.runtime_state.get(self.engine_key)
-        if not isinstance(engine, RequestEngine):
-            engine = self.boot(GpuContext(context.model, context.device, 0, context.config.gpus, context.config))
-            context.runtime_state[self.engine_key] = engine
-        tables = {}
-        wall, fresh, cached = 0.0, 0, 0
-        for node in context.graph.nodes:
-            if isinstance(node, RequestExecution):
-                output = execute_requests(engine, node, context.inputs)
-                tables.update({(node.id, port): table for port, table in output.tables.items()})
-                wall += output.metrics.wall_s
-                fresh += output.metrics.fresh_tokens or 0
-                cached += output.metrics.cached_tokens or 0
-        return PhysicalResponse(tables, ExecutionMetrics(wall, fresh, cached))
+        return serving.execute_request(self, context)
+
+
+def _refusal(graph: PhysicalGraph) -> Refusal | None:
+    for node in graph.nodes:
+        if isinstance(node, ph.AiClassify):
+            return Refusal(
+                "the request backends do not run AI.CLASSIFY",
+                (f"{node.describe()}: a label's score is the summed log-probability of its whole continuation, "
+                 "which one TRUE/FALSE request per document cannot read",),
+                hints=("run classification on the native backend",),
+            )
+        if node.is_model_node and not isinstance(node, REQUEST_NODES):
+            return Refusal(f"the request backends cannot run {node.kind} {node.id!r}")
+    return None

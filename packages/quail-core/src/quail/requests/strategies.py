@@ -14,10 +14,32 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import count
+from typing import Literal
 
 from quail.frontend.prompts import AnswerTokens
 from quail.requests.engine import EngineAnswer, EngineRequest, RequestEngine, TokenIds
-from quail.requests.node import FilterStrategy, JoinStrategy
+
+FilterStrategy = Literal["operator", "pipelined"]
+"""operator: one batch per stage over every live document; pipelined: a document's next stage is
+submitted as soon as it answers TRUE, with live documents capped by the engine's KV capacity."""
+
+JoinStrategy = Literal["anchor_major", "suffix_major", "fit"]
+"""anchor_major: every partner of an anchor, then the next anchor; suffix_major: one partner of
+every anchor per wave; fit: suffix_major when every anchor prefix fits the KV cache at once."""
+
+
+@dataclass(frozen=True)
+class RequestStrategy:
+    """How the engine is fed: the filter and join schedules."""
+
+    filters: FilterStrategy = "pipelined"
+    joins: JoinStrategy = "fit"
+
+    def __post_init__(self) -> None:
+        if self.filters not in ("operator", "pipelined"):
+            raise ValueError(f"filter strategy must be 'operator' or 'pipelined', got {self.filters!r}")
+        if self.joins not in ("anchor_major", "suffix_major", "fit"):
+            raise ValueError(f"join strategy must be 'anchor_major', 'suffix_major' or 'fit', got {self.joins!r}")
 
 Rows = tuple[int, ...]
 """The rows an answer is about: (row,) for a filter, one row per alias for a join."""

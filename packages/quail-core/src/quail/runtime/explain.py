@@ -67,8 +67,10 @@ def render_physical(graph: PhysicalGraph, measured: Mapping[str, NodeMetrics] | 
 
 
 def explain_text(logical: LogicalNode, candidate: PhysicalCandidate | None, order_rule: str, rules: str,
-                 refusal: str | None = None, measured: Mapping[str, NodeMetrics] | None = None) -> str:
-    sections = [f"== Logical plan (rules: {rules}) ==", render(logical)]
+                 refusal: str | None = None, measured: Mapping[str, NodeMetrics] | None = None,
+                 engine: tuple[str, ...] = ()) -> str:
+    optimized = "optimized, " if candidate is not None else ""
+    sections = [f"== Logical plan ({optimized}rules: {rules}) ==", render(logical)]
     if candidate is None:
         sections += ["== Physical plan ==", f"not planned: {refusal}"]
         return "\n".join(sections)
@@ -80,4 +82,6 @@ def explain_text(logical: LogicalNode, candidate: PhysicalCandidate | None, orde
         "== Planner decisions ==",
         *(f"- {remark}" for remark in candidate.remarks),
     ]
+    if engine:
+        sections += ["== Engine ==", *(f"- {note}" for note in engine)]
     return "\n".join(sections)

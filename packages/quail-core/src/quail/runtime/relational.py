@@ -4,15 +4,28 @@ needs between its model nodes (the relational tail runs on DuckDB). No backend c
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from quail.data.scan import RowSource
+from quail.data.providers import Columns, Rows
 from quail.data.tokens import TokenColumn
 from quail.logical.expressions import Equality, Semantics
 
 ROW = pa.int32()
+
+
+class RowSource(Protocol):
+    """What generic nodes read of an alias: its row count and columns by row position.
+
+    The alias's scan view at the caller; the `TableInput` sent as data on the far side.
+    """
+
+    @property
+    def num_rows(self) -> int: ...
+
+    def take(self, rows: Rows, columns: Columns = None) -> pa.Table: ...
 
 
 def scan_rows(alias: str, count: int) -> pa.Table:
@@ -65,6 +78,20 @@ def _cross(left: pa.Table, right: pa.Table) -> pa.Table:
     joined = left.append_column(key, pa.array([0] * left.num_rows, pa.int8())).join(
         right.append_column(key, pa.array([0] * right.num_rows, pa.int8())), key, join_type="inner")
     return joined.select([*left.column_names, *right.column_names])
+
+
+def candidate_tuples(ports: Mapping[str, pa.Table], aliases: Sequence[str]) -> list[tuple[int, ...]]:
+    """The tuples a join evaluates, in `aliases` order: its `candidates` input, else every left × right pair."""
+    table = ports.get("candidates")
+    if table is None:
+        left = _distinct(ports["left"].select([a for a in aliases if a in ports["left"].column_names]))
+        right = _distinct(ports["right"].select([a for a in aliases if a in ports["right"].column_names]))
+        table = _cross(left, right)
+    return sorted({tuple(row[a] for a in aliases) for row in table.select(list(aliases)).to_pylist()})
+
+
+def _distinct(table: pa.Table) -> pa.Table:
+    return table.group_by(table.column_names).aggregate([]) if table.num_columns else table
 
 
 def recombine_join(left: pa.Table, right: pa.Table, answers: pa.Table, semantics: Semantics) -> pa.Table:

@@ -160,6 +160,8 @@ class QueryReport:
     stages: tuple[StageReport, ...]
     node_metrics: Mapping[str, NodeMetrics]
     remarks: tuple[str, ...]
+    engine: tuple[str, ...] = ()
+    """What the engine said of itself when it booted (precision chosen, …)."""
     null_inputs: Mapping[str, int] | None = None
     """Per model node: input rows skipped because their document is NULL (no model work; the answer is NULL)."""
 
@@ -196,6 +198,7 @@ class QueryReport:
             "kv": dict(self.kv()),
             "calibration": self.calibration(),
             "remarks": list(self.remarks),
+            "engine": list(self.engine),
             "order_rule": self.order_rule,
             "null_inputs": dict(self.null_inputs or {}),
         }

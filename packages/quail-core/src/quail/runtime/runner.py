@@ -1,14 +1,17 @@
-"""The runner: walks a physical graph in topological order; model nodes go to the backend.
+"""The runner: the one interpreter of physical plans, on both sides of the compute boundary.
 
-Generic nodes (Scan, HashJoin, Recombine*, DropNullDocuments, Limit, Barrier) run here with pyarrow, the
-root Project on DuckDB; model nodes run on the backend's ModelExecution, with the documents they read
-attached as tokens.
+It runs the nodes that the requested output ports depend on, in topological order. Generic nodes
+(Scan, HashJoin, Recombine*, DropNullDocuments, Limit, Barrier) run here with pyarrow,
+the root Project (the relational tail) on DuckDB; model nodes run on a
+started `ModelExecution`, with the documents they read attached as tokens. Far from the caller
+(inside a backend's `execute_request`) its row sources are `TableInput`s sent as data; at the
+caller they are the registered providers, and the tables the far side returned are `known`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -16,23 +19,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from quail.backends import shapes
-from quail.backends.base import ModelExecution, NodeMetrics, NodeOutput
-from quail.data.scan import RowSource
+from quail.backends.base import ModelExecution, NodeInputs, NodeMetrics, NodeOutput, PortRef
 from quail.data.tokens import TokenColumn
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
 from quail.runtime import relational
 from quail.runtime.progress import ProgressAware, ProgressListener
+from quail.runtime.relational import RowSource
 
 Observer = Callable[[ph.PhysicalNode, NodeMetrics], None]
-
-
-@runtime_checkable
-class ReadsDocuments(Protocol):
-    """A backend-owned model node (a RequestExecution, say) that names the aliases whose tokens it reads."""
-
-    @property
-    def document_aliases(self) -> tuple[str, ...]: ...
 
 
 @runtime_checkable
@@ -44,106 +39,138 @@ class Tail(Protocol):
 
 @dataclass(frozen=True)
 class RunInputs:
-    """Where rows and tokens come from, per alias (its scan view), and what runs the relational tail."""
+    """Where rows and tokens come from, per alias, and what runs the relational tail (at the caller only)."""
 
-    providers: Mapping[str, RowSource]
+    tables: Mapping[str, RowSource]
     tokens: Mapping[str, TokenColumn]
-    tail: Tail
+    tail: Tail | None = None
 
 
 @dataclass
 class RunOutput:
-    table: pa.Table
-    answer_tables: dict[str, pa.Table] = field(default_factory=dict)
+    tables: dict[PortRef, pa.Table] = field(default_factory=dict)
     node_metrics: dict[str, NodeMetrics] = field(default_factory=dict)
     wall_s: float = 0.0
 
 
 class Runner:
-    def __init__(self, graph: PhysicalGraph, inputs: RunInputs, execution: ModelExecution,
-                 observers: Iterable[Observer] = (), progress: Iterable[ProgressListener] = ()) -> None:
+    """Runs what the requested ports need; `start` boots the model execution when a model node first runs."""
+
+    def __init__(self, graph: PhysicalGraph, inputs: RunInputs,
+                 start: Callable[[], ModelExecution] | None = None, *, backend: str = "?",
+                 progress: ProgressListener | None = None, observers: Iterable[Observer] = ()) -> None:
         graph.validate()
         self.graph = graph
         self.inputs = inputs
-        self.execution = execution
+        self.start = start
+        self.backend = backend
+        self.progress = progress
         self.observers = tuple(observers)
-        self.progress = tuple(progress)
-        self.values: dict[tuple[str, str], pa.Table] = {}
+        self.values: dict[PortRef, pa.Table] = {}
+        self._execution: ModelExecution | None = None
 
-    def run(self) -> RunOutput:
+    def run(self, outputs: Sequence[PortRef], known: Mapping[PortRef, pa.Table] | None = None) -> RunOutput:
+        """The tables of `outputs`; ports in `known` are taken as given and their producers never run."""
         started = time.perf_counter()
-        output = RunOutput(pa.table({}))
+        self.values.update(known or {})
+        output = RunOutput()
+        needed = self.needed(outputs)
         for node in self.graph.topological_order():
-            metrics = self._run_node(node, output)
-            output.node_metrics[node.id] = metrics
-            for observer in self.observers:
-                observer(node, metrics)
-        output.table = self.values[(self.graph.root, "table")]
+            if node.id in needed:
+                metrics = self._run_node(node)
+                output.node_metrics[node.id] = metrics
+                for observer in self.observers:
+                    observer(node, metrics)
+        output.tables = {port: self.values[port] for port in outputs}
         output.wall_s = time.perf_counter() - started
         return output
+
+    def needed(self, outputs: Sequence[PortRef]) -> set[str]:
+        """Ids of the nodes to run: producers of the outputs and, transitively, of their unknown inputs."""
+        needed: set[str] = set()
+        pending = [node for node, port in outputs if (node, port) not in self.values]
+        while pending:
+            node_id = pending.pop()
+            if node_id in needed:
+                continue
+            needed.add(node_id)
+            for edge in self.graph.inputs_of(node_id).values():
+                if (edge.source, edge.source_port) not in self.values:
+                    pending.append(edge.source)
+        return needed
 
     def port_inputs(self, node: ph.PhysicalNode) -> dict[str, pa.Table]:
         return {port: self.values[(edge.source, edge.source_port)]
                 for port, edge in self.graph.inputs_of(node.id).items()}
 
-    def _run_node(self, node: ph.PhysicalNode, output: RunOutput) -> NodeMetrics:
+    def _run_node(self, node: ph.PhysicalNode) -> NodeMetrics:
         inputs = self.port_inputs(node)
         started = time.perf_counter()
         if node.is_model_node:
-            result = self._execute_model_node(node, inputs)
+            result = self._execute_model_node(node, NodeInputs(inputs, self.documents(node, inputs)))
             self._store(node, result)
-            for port, table in result.tables.items():
-                output.answer_tables[f"{node.id}.{port}" if port != "answers" else node.id] = table
             return result.metrics
         table = self.generic(node, inputs)
-        port = next(iter(node.OUTPUTS))
-        self.values[(node.id, port)] = table
+        self.values[(node.id, next(iter(node.OUTPUTS)))] = table
         rows_in = sum(t.num_rows for t in inputs.values()) if inputs else None
         return NodeMetrics(time.perf_counter() - started, rows_in=rows_in, rows_out=table.num_rows)
 
-    def _execute_model_node(self, node: ph.PhysicalNode, inputs: dict[str, pa.Table]) -> NodeOutput:
-        nothing = shapes.empty_answers(node) if any(t.num_rows == 0 for t in inputs.values()) else None
+    def execution(self) -> ModelExecution:
+        if self._execution is None:
+            if self.start is None:
+                raise RuntimeError("this runner has no model execution: model nodes run behind a compute provider")
+            self._execution = self.start()
+        return self._execution
+
+    def _execute_model_node(self, node: ph.PhysicalNode, inputs: NodeInputs) -> NodeOutput:
+        nothing = shapes.empty_answers(node) if any(t.num_rows == 0 for t in inputs.ports.values()) else None
         if nothing is not None:  # no row to read: no model work at all (not even calibration)
             return NodeOutput({"answers": nothing}, NodeMetrics(0.0, rows_in=0, rows_out=0, fresh_tokens=0,
                                                                 cached_tokens=0))
-        execution = self.execution
-        aware = isinstance(execution, ProgressAware) and bool(self.progress)
+        execution = self.execution()
+        aware = isinstance(execution, ProgressAware) and self.progress is not None
         if aware:
             execution.set_progress(self._forward_progress(node))
         try:
-            return execution.execute(node, {**inputs, **self.documents(node, inputs)})
+            return execution.execute(node, inputs)
         finally:
             if aware:
                 execution.set_progress(None)
 
     def _forward_progress(self, node: ph.PhysicalNode) -> Callable[[int, int], None]:
+        listener = self.progress
+        assert listener is not None
+
         def forward(done: int, total: int) -> None:
-            for listener in self.progress:
-                listener(node, done, total)
+            listener(node, done, total)
 
         return forward
 
     def _store(self, node: ph.PhysicalNode, result: NodeOutput) -> None:
         for port in node.OUTPUTS:
-            if port not in result.tables:
-                raise RuntimeError(f"backend returned no {port!r} table for {node.kind} {node.id!r}")
-            self.values[(node.id, port)] = result.tables[port]
+            table = result.tables.get(port)
+            if not isinstance(table, pa.Table):
+                raise RuntimeError(f"backend {self.backend!r} returned no {port!r} table for {node.kind} {node.id!r}")
+            problem = shapes.shape_problem(node, table)
+            if problem is not None:
+                raise RuntimeError(f"backend {self.backend!r} answered {node.kind} {node.id!r} with a table of the "
+                                   f"wrong shape: {problem}")
+            self.values[(node.id, port)] = table
 
     def documents(self, node: ph.PhysicalNode, inputs: Mapping[str, pa.Table]) -> dict[str, pa.Table]:
-        """`documents:<alias>`: the tokens of every row of that alias the node's inputs mention."""
+        """Per alias the node reads: the tokens of every row of that alias its inputs mention."""
         attached = {}
-        for alias in _document_aliases(node):
+        for alias in node.document_aliases:
             rows = _distinct_rows(alias, inputs.values())
-            tokens = self.inputs.tokens[alias].take(rows)
-            attached[f"documents:{alias}"] = pa.table({alias: rows, "tokens": tokens})
+            attached[alias] = pa.table({alias: rows, "tokens": self.inputs.tokens[alias].take(rows)})
         return attached
 
     def generic(self, node: ph.PhysicalNode, inputs: Mapping[str, pa.Table]) -> pa.Table:
-        providers = self.inputs.providers
+        tables = self.inputs.tables
         if isinstance(node, ph.Scan):
-            return relational.scan_rows(node.alias, providers[node.alias].num_rows)
+            return relational.scan_rows(node.alias, tables[node.alias].num_rows)
         if isinstance(node, ph.HashJoin):
-            return relational.equality_pairs(inputs["left"], inputs["right"], node.equalities, providers)
+            return relational.equality_pairs(inputs["left"], inputs["right"], node.equalities, tables)
         if isinstance(node, ph.RecombineFilter):
             return relational.survivors(inputs["rows"], inputs["answers"], node.alias)
         if isinstance(node, ph.RecombineJoin):
@@ -162,18 +189,10 @@ class Runner:
         if isinstance(node, ph.Barrier):
             return inputs["rows"].combine_chunks()
         if isinstance(node, ph.Project):
-            return self.inputs.tail.run(node, inputs["rows"], providers)
+            if self.inputs.tail is None:
+                raise RuntimeError("this runner has no relational tail: the root runs where the query was asked")
+            return self.inputs.tail.run(node, inputs["rows"], tables)
         raise TypeError(f"no runtime for {node.kind} {node.id!r}: is it a backend's node on the wrong backend?")
-
-
-def _document_aliases(node: ph.PhysicalNode) -> list[str]:
-    if isinstance(node, ph.AiJoin):
-        return [node.anchor.alias, *(p.alias for p in node.partners)]
-    if isinstance(node, ph.AiFilter | ph.AiClassify | ph.AiScore):
-        return [node.alias]
-    if isinstance(node, ReadsDocuments):
-        return list(node.document_aliases)
-    return []
 
 
 def _distinct_rows(alias: str, tables: Iterable[pa.Table]) -> pa.Array:

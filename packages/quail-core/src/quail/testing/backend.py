@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 
-from quail.backends import shapes
+from quail.backends import serving, shapes
 from quail.backends.base import (
     BackendExecutionContext,
     GpuContext,
     ModelExecution,
     ModelRegion,
+    NodeInputs,
     NodeMetrics,
     NodeOutput,
     PhysicalCandidate,
@@ -27,19 +28,29 @@ from quail.errors import Refusal, RefusalError
 from quail.frontend.prompts import BASE_STYLE
 from quail.physical import nodes as ph
 from quail.planner.physical import plan_query
-from quail.runtime.relational import equality_pairs
+from quail.runtime.relational import candidate_tuples
 from quail.testing.rules import classify_margins, predicate_margin
 from quail.testing.tokenizer import ByteTokenizer
 
 
 class KeywordBackend:
-    """A CPU backend for tests: plans like every backend, answers by rule instead of a model."""
+    """A CPU backend for tests: plans like every backend, answers by rule instead of a model.
+
+    Keyword backends of one class and tokenizer are equal: sessions share the execution one boots.
+    """
 
     name = "keyword"
 
     def __init__(self, tokenizer: Tokenizer | None = None) -> None:
         self._tokenizer = tokenizer or ByteTokenizer()
         self.started = 0
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and isinstance(other, KeywordBackend) and \
+            (other.name, other._tokenizer.identity) == (self.name, self._tokenizer.identity)
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.name, self._tokenizer.identity))
 
     def supports(self, model: ModelSpec, device: DeviceSpec, gpu_count: int) -> SupportResult:
         if device.kind != "cpu":
@@ -59,7 +70,7 @@ class KeywordBackend:
         return KeywordExecution(self._tokenizer)
 
     def execute_request(self, context: BackendExecutionContext) -> PhysicalResponse:
-        raise RefusalError(Refusal("the keyword backend runs plans node by node", ("use start()",)))
+        return serving.execute_request(self, context)
 
 
 class KeywordExecution:
@@ -75,12 +86,10 @@ class KeywordExecution:
     def close(self) -> None:
         self.closed = True
 
-    def text(self, inputs: Mapping[str, pa.Table], alias: str) -> dict[int, str]:
-        table = inputs[f"documents:{alias}"]
-        rows = table.column(alias).to_pylist()
-        return {r: self.tokenizer.decode(t) for r, t in zip(rows, table.column("tokens").to_pylist(), strict=True)}
+    def text(self, inputs: NodeInputs, alias: str) -> dict[int, str]:
+        return {row: self.tokenizer.decode(tokens) for row, tokens in inputs.tokens(alias).items()}
 
-    def execute(self, node: ph.PhysicalNode, inputs: Mapping[str, pa.Table]) -> NodeOutput:
+    def execute(self, node: ph.PhysicalNode, inputs: NodeInputs) -> NodeOutput:
         started = time.perf_counter()
         self.offsets = {}
         if isinstance(node, ph.AiFilter):
@@ -95,43 +104,39 @@ class KeywordExecution:
             raise RefusalError(Refusal(f"the keyword backend cannot run {node.kind}"))
         if self.progress is not None:
             self.progress(table.num_rows, table.num_rows)
-        rows_in = sum(t.num_rows for k, t in inputs.items() if not k.startswith("documents:"))
-        metrics = NodeMetrics(time.perf_counter() - started, rows_in=rows_in, rows_out=table.num_rows,
+        metrics = NodeMetrics(time.perf_counter() - started, rows_in=inputs.rows_in, rows_out=table.num_rows,
                               fresh_tokens=tokens, cached_tokens=0,
                               calibration_offsets=tuple(self.offsets.items()) or None)
         return NodeOutput({"answers": table}, metrics)
 
-    def filter(self, node: ph.AiFilter, inputs: Mapping[str, pa.Table]) -> tuple[pa.Table, int]:
-        texts = self.text(inputs, node.alias)
-        lengths = {r: len(t) for r, t in zip(inputs[f"documents:{node.alias}"].column(node.alias).to_pylist(),
-                                             inputs[f"documents:{node.alias}"].column("tokens").to_pylist(),
-                                             strict=True)}
+    def filter(self, node: ph.AiFilter, inputs: NodeInputs) -> tuple[pa.Table, int]:
+        documents = inputs.tokens(node.alias)
+        texts = {row: self.tokenizer.decode(tokens) for row, tokens in documents.items()}
         rows, predicates, answers, margins = [], [], [], []
         tokens = 0
         offsets = {s.predicate.position: self.offset(s.predicate.prompt.template, 1, node.calibration)
                    for s in node.stages}
         if node.calibration:
             self.offsets.update(offsets)
-        for row in inputs["rows"].column(node.alias).to_pylist():
-            for stage in node.stages:
+        for row in inputs.ports["rows"].column(node.alias).to_pylist():
+            for k, stage in enumerate(node.stages):
                 margin = predicate_margin(stage.predicate.prompt.template, [texts[row]])
                 answer = shapes.predicate_holds(stage.predicate, margin, offsets[stage.predicate.position])
                 rows.append(row)
                 predicates.append(stage.predicate.position)
                 answers.append(answer)
                 margins.append(margin)
-                tokens += len(node.preamble) + lengths[row] + len(node.frame) + len(stage.question)
+                tokens += len(node.prompt(documents[row], k))
                 if not answer:
                     break
         return shapes.filter_answers(node.alias, rows, predicates, answers, margins), tokens
 
-    def join(self, node: ph.AiJoin, inputs: Mapping[str, pa.Table]) -> tuple[pa.Table, int]:
+    def join(self, node: ph.AiJoin, inputs: NodeInputs) -> tuple[pa.Table, int]:
         aliases = [c.alias for c in node.predicate.prompt.columns]
-        texts = {alias: self.text(inputs, alias) for alias in aliases}
-        candidates = inputs.get("candidates")
-        if candidates is None:
-            candidates = equality_pairs(inputs["left"], inputs["right"], (), {})
-        tuples = sorted({tuple(row[a] for a in aliases) for row in candidates.select(aliases).to_pylist()})
+        documents = {alias: inputs.tokens(alias) for alias in aliases}
+        texts = {alias: {row: self.tokenizer.decode(d) for row, d in documents[alias].items()} for alias in aliases}
+        partners = [aliases.index(p.alias) for p in node.partners]
+        tuples = candidate_tuples(inputs.ports, aliases)
         anchor_index = aliases.index(node.anchor.alias)
         answered: dict[int, bool] = {}
         columns: dict[str, list[int]] = {a: [] for a in aliases}
@@ -152,7 +157,8 @@ class KeywordExecution:
                 columns[alias].append(row)
             answers.append(answer)
             margins.append(margin)
-            tokens += len(self.tokenizer.encode(" ".join(texts[a][r] for a, r in zip(aliases, item, strict=True))))
+            tokens += len(node.prompt(documents[aliases[anchor_index]][anchor_row],
+                                      [documents[aliases[p]][item[p]] for p in partners]))
         table = shapes.join_answers(columns, answers, margins, anchor=node.anchor.alias,
                                     partners=[p.alias for p in node.partners], semantics=node.semantics,
                                     position=node.predicate.position)
@@ -165,19 +171,21 @@ class KeywordExecution:
         margins = [predicate_margin(template, [self.tokenizer.decode(d)] * slots) for d in calibration]
         return sum(margins) / len(margins)
 
-    def classify(self, node: ph.AiClassify, inputs: Mapping[str, pa.Table]) -> tuple[pa.Table, int]:
+    def classify(self, node: ph.AiClassify, inputs: NodeInputs) -> tuple[pa.Table, int]:
+        documents = inputs.tokens(node.alias)
         texts = self.text(inputs, node.alias)
-        rows = sorted(set(inputs["rows"].column(node.alias).to_pylist()))
+        rows = inputs.rows(node.alias)
         names = [label.name for label in node.labels]
         all_margins = [classify_margins(names, texts[r]) for r in rows]
         chosen = [names[shapes.choose_label(m)] for m in all_margins]
-        tokens = sum(len(node.preamble) + len(self.tokenizer.encode(texts[r])) + len(node.tail) for r in rows)
+        tokens = sum(len(node.document_prompt(documents[r])) for r in rows)
         return shapes.label_answers(node.alias, node.output, rows, chosen, all_margins), tokens
 
-    def score(self, node: ph.AiScore, inputs: Mapping[str, pa.Table]) -> tuple[pa.Table, int]:
+    def score(self, node: ph.AiScore, inputs: NodeInputs) -> tuple[pa.Table, int]:
+        documents = inputs.tokens(node.alias)
         texts = self.text(inputs, node.alias)
-        rows = sorted(set(inputs["rows"].column(node.alias).to_pylist()))
+        rows = inputs.rows(node.alias)
         margins = [predicate_margin(node.prompt.template, [texts[r]]) for r in rows]
-        tokens = sum(len(node.preamble) + len(self.tokenizer.encode(texts[r])) + len(node.question) for r in rows)
+        tokens = sum(len(node.document_prompt(documents[r])) for r in rows)
         return shapes.score_answers(node.alias, node.output, rows, margins), tokens
 

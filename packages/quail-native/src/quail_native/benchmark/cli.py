@@ -14,6 +14,11 @@ def add_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     parser.add_argument("--backends", default="native", help="comma-separated backends to try")
     parser.add_argument("--chunk-tokens", type=int, default=1024)
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                        help="the engines' precision (default auto: the faster on this machine); naive runs fp32 on a "
+                             "CPU, so bf16 agreement shows its rounding")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="timed runs of each (workload, backend), interleaved, after one warm-up (default 3)")
     parser.add_argument("--workloads", help="comma-separated parts of workload names to run (default: all)")
     parser.add_argument("--device", default="cpu", help="device name from the catalog (cpu, h100-sxm, h200, …)")
     parser.add_argument("--model-dir", type=Path,

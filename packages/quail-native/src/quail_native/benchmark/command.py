@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -12,18 +13,25 @@ import torch
 
 import quail
 from quail.frontend.prompts import answer_tokens
-from quail.runtime.execution import document_columns
+from quail.planner.statistics import document_columns
 from quail.runtime.report import ReportValue
+from quail.runtime.results import QueryResult
 from quail_native.backend import NativeBackend
 from quail_native.benchmark.naive import NaiveModel
-from quail_native.benchmark.workloads import selected, tables
+from quail_native.benchmark.workloads import Workload, selected, tables
 
 
 @dataclass(frozen=True)
 class Row:
+    """One (workload, backend): the median of its timed repeats, and what every repeat agreed on."""
+
     workload: str
     backend: str
     wall_s: float
+    """Median wall over the repeats, boot excluded."""
+    spread: float
+    """(slowest − fastest) ÷ median over the repeats: how much the machine moved under the measurement."""
+    repeats: int
     naive_s: float | None
     fresh_tokens: int | None
     minimum_tokens: int | None
@@ -32,6 +40,14 @@ class Row:
     agreement: float | None
     efficiency: float | None
     rows: int
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One timed run of a (workload, backend)."""
+
+    wall_s: float
+    result: QueryResult
 
 
 def gemm_peak(device: torch.device, dtype: torch.dtype, sizes: tuple[int, ...] = (1024, 2048),
@@ -74,55 +90,112 @@ def run(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cpu" if args.device == "cpu" else "cuda")
     first_peak, precision = device_peak(device)
-    peak = first_peak
     registry = quail.ExtensionRegistry.with_built_ins()
     model = registry.model("gemma-3-270m")
     model_dir = args.model_dir or embedded_model_dir()
     if args.model_dir is not None:
         model = replace(model, name="gemma-3-270m-shaped", source=str(args.model_dir))
         registry.register_model(model)
-    rows: list[Row] = []
     notes: list[str] = []
-    naive: NaiveModel | None = None
-    for backend in args.backends.split(","):
-        try:
-            session = quail.Session(quail.EngineConfig(model=model.name, backend=backend, device=args.device,
-                                                       chunk_tokens=args.chunk_tokens), registry=registry)
-        except quail.QuailError as error:
-            notes.append(f"{backend}: skipped — {error}")
-            continue
-        with session:
-            for name, load in tables(args.scale).items():
-                session.register(name, quail.DocumentProvider.from_table(load(), "id"))
-            if naive is None:
-                tokenizer = session.tokenizer or NativeBackend().tokenizer(session.model)
-                naive = NaiveModel(model_dir, tokenizer, answer_tokens(tokenizer), device)
-            for workload in workloads:
-                rows.append(measure(session, workload.name, workload.sql, naive, peak, model.non_embedding_params))
-                print(f"  {workload.name} [{backend}]: {rows[-1].wall_s:.2f} s (naive {rows[-1].naive_s:.2f} s)")
-    peak = max(peak, device_peak(device)[0])  # measured again after the run: the better of the two is the ceiling
+    sessions = open_sessions(args, registry, model.name, notes)
+    try:
+        rows = measure_all(sessions, workloads, args.repeats, model_dir, device, first_peak,
+                           model.non_embedding_params, notes)
+    finally:
+        for session in sessions.values():
+            session.close()
+        quail.release_engines()
+    peak = max(first_peak, device_peak(device)[0])  # measured again after the run: the better is the ceiling
     rows = [replace(r, efficiency=None if r.efficiency is None else r.efficiency * first_peak / peak) for r in rows]
     notes.append(f"GEMM peak: torch {precision} on {device.type}, {peak / 1e9:.1f} GFLOP/s (the better of bf16 and "
                  f"fp32, measured before and after the run)")
+    notes.append(f"each (workload, backend) warmed up once, then timed {args.repeats}× interleaved with the others; "
+                 "walls are medians, spread = (slowest − fastest) ÷ median")
     write_outputs(args.out, rows, notes, peak)
     print_summary(rows, notes)
     return 0
 
 
-def measure(session: quail.Session, name: str, sql: str, naive: NaiveModel, peak: float, params: int) -> Row:
+def open_sessions(args: argparse.Namespace, registry: quail.ExtensionRegistry, model: str,
+                  notes: list[str]) -> dict[str, quail.Session]:
+    """A session per backend that can run here, all open at once: their engines stay booted side by side."""
+    backends = [b for b in args.backends.split(",") if b]
+    sessions: dict[str, quail.Session] = {}
+    for backend in backends:
+        config = quail.EngineConfig(model=model, backend=backend, device=args.device, chunk_tokens=args.chunk_tokens,
+                                    precision=args.precision, engines_per_device=len(backends))
+        try:
+            session = quail.Session(config, registry=registry)
+        except quail.QuailError as error:
+            notes.append(f"{backend}: skipped — {error}")
+            continue
+        for name, load in tables(args.scale).items():
+            session.register(name, quail.DocumentProvider.from_table(load(), "id"))
+        sessions[backend] = session
+    return sessions
+
+
+def measure_all(sessions: dict[str, quail.Session], workloads: tuple[Workload, ...], repeats: int, model_dir: Path,
+                device: torch.device, peak: float, params: int, notes: list[str]) -> list[Row]:
+    """Warm every (workload, backend) up once, then time `repeats` rounds, each over every workload and backend
+    in turn, so a slow stretch of the machine falls on all of them alike; a refused pair is reported, not fatal."""
+    naive: NaiveModel | None = None
+    samples: dict[tuple[str, str], list[Sample]] = {}
+    refused: set[tuple[str, str]] = set()
+    for round_ in range(repeats + 1):
+        for workload in workloads:
+            for backend, session in sessions.items():
+                key = (workload.name, backend)
+                if key in refused:
+                    continue
+                try:
+                    sample = timed_run(session, workload.sql)
+                except quail.RefusalError as error:
+                    refused.add(key)
+                    notes.append(f"{workload.name} [{backend}]: refused — {error}")
+                    continue
+                if round_ > 0:  # round 0 warms up: boots, first-call kernel selection, caches
+                    samples.setdefault(key, []).append(sample)
+                    print(f"  {workload.name} [{backend}] run {round_}/{repeats}: {sample.wall_s:.2f} s")
+    for taken in samples.values():
+        for note in taken[0].result.report["engine"] or ():  # type: ignore[union-attr]
+            if f"engine: {note}" not in notes:
+                notes.append(f"engine: {note}")
+    rows = []
+    for (name, backend), taken in samples.items():
+        session = sessions[backend]
+        if naive is None:
+            tokenizer = session.tokenizer or NativeBackend().tokenizer(session.model)
+            naive = NaiveModel(model_dir, tokenizer, answer_tokens(tokenizer), device)
+        workload = next(w for w in workloads if w.name == name)
+        rows.append(row_of(session, workload, taken, naive, peak, params))
+    return rows
+
+
+def timed_run(session: quail.Session, sql: str) -> Sample:
     query = session.sql(sql)
-    query.plan()
+    query.plan()  # planning (and tokenizing) is not what the run times
     result = query.run()
     report = result.report
-    wall = float(report["wall_s"]) - float(report["boot_s"] or 0.0)  # type: ignore[arg-type]
+    return Sample(float(report["wall_s"]) - float(report["boot_s"] or 0.0), result)  # type: ignore[arg-type]
+
+
+def row_of(session: quail.Session, workload: Workload, samples: list[Sample], naive: NaiveModel, peak: float,
+           params: int) -> Row:
+    walls = sorted(s.wall_s for s in samples)
+    wall = statistics.median(walls)
+    result = samples[0].result
+    report = result.report
+    query = session.sql(workload.sql)
     views = query.views()  # rows are addressed by position in each alias's scan view
     texts = {alias: views[alias].to_table([column]).column(column).to_pylist()
-             for alias, column in document_columns(query).items()}
+             for alias, column in document_columns(query.logical_plan).items()}
     baseline = naive.run(query.plan().graph, dict(result.answer_tables), texts)
     fresh = report["fresh_tokens"]
     flops = model_flops(report, params)
     efficiency = flops / wall / peak if flops is not None and wall > 0 else None
-    return Row(name, session.backend.name, wall, baseline.seconds, fresh if isinstance(fresh, int) else None,
+    return Row(workload.name, session.backend.name, wall, (walls[-1] - walls[0]) / wall if wall else 0.0, len(walls),
+               baseline.seconds, fresh if isinstance(fresh, int) else None,
                report["minimum_tokens"] if isinstance(report["minimum_tokens"], int) else None,
                _float(report["sol_seconds"]), _float(report["estimated_seconds"]), baseline.agreement, efficiency,
                result.count())
@@ -147,10 +220,11 @@ def write_outputs(out: Path, rows: list[Row], notes: list[str], peak: float) -> 
     (out / "results.json").write_text(json.dumps({"gemm_peak_flops": peak, "rows": [asdict(r) for r in rows],
                                                   "notes": notes}, indent=1))
     lines = ["# Quail benchmark", "", f"torch fp32 GEMM peak measured in this run: {peak / 1e9:.1f} GFLOP/s", "",
-             "| workload | backend | wall s | naive s | native/naive | fresh | minimum | fresh/min | SoL s | "
-             "agreement | % GEMM peak |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| workload | backend | wall s (median) | spread | naive s | native/naive | fresh | minimum | fresh/min | "
+             "SoL s | agreement | % GEMM peak |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r.workload} | {r.backend} | {r.wall_s:.2f} | {r.naive_s or 0:.2f} | "
+        lines.append(f"| {r.workload} | {r.backend} | {r.wall_s:.2f} | {r.spread:.0%} of {r.repeats} | "
+                     f"{r.naive_s or 0:.2f} | "
                      f"{r.wall_s / r.naive_s if r.naive_s else float('nan'):.3f} | {r.fresh_tokens} | "
                      f"{r.minimum_tokens} | {_ratio(r.fresh_tokens, r.minimum_tokens)} | {r.sol_s or 0:.2f} | "
                      f"{(r.agreement or 0):.1%} | {(r.efficiency or 0):.0%} |")
@@ -185,9 +259,28 @@ def chart(path: Path, rows: list[Row]) -> None:
     plt.close(figure)
 
 
-def summary_lines(rows: list[Row]) -> list[str]:
-    """Other backends' wall ratios first (vs naive and vs native on the same workloads), native's lines last."""
+def workload_lines(rows: list[Row]) -> list[str]:
+    """Per workload, native's distance to its limits and its speed beside every other backend and naive."""
     lines = []
+    others = [r for r in rows if r.backend != "native"]
+    for r in (r for r in rows if r.backend == "native"):
+        parts = [f"native {r.wall_s:.2f} s (spread {r.spread:.0%})"]
+        if r.sol_s:
+            parts.append(f"SoL/measured {r.sol_s / r.wall_s:.0%}")
+        if r.efficiency is not None:
+            parts.append(f"{r.efficiency:.0%} of GEMM peak")
+        if r.naive_s:
+            parts.append(f"{r.naive_s / r.wall_s:.1f}× naive")
+        parts.append(f"fresh/minimum {_ratio(r.fresh_tokens, r.minimum_tokens)}")
+        parts += [f"{o.wall_s / r.wall_s:.2f}× {o.backend}" for o in others if o.workload == r.workload]
+        lines.append(f"{r.workload}: " + "; ".join(parts))
+    return lines
+
+
+def summary_lines(rows: list[Row]) -> list[str]:
+    """Per-workload lines, other backends' wall ratios (vs naive and vs native on the same workloads), native's
+    lines last."""
+    lines = workload_lines(rows)
     native = {r.workload: r for r in rows if r.backend == "native"}
     for backend in dict.fromkeys(r.backend for r in rows if r.backend != "native"):
         mine = [r for r in rows if r.backend == backend and r.naive_s]

@@ -19,7 +19,6 @@ from quail.data.tokenizer import Tokenizer
 from quail.frontend.prompts import AnswerTokens
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
-from quail.runtime.unfold import report_view
 
 Texts = dict[str, list[str]]
 
@@ -85,18 +84,10 @@ class NaiveModel:
         """Mean margin of the content-free prompts (calibration), 0 when there are none."""
         return sum(self.margin(p) for p in prompts) / len(prompts) if prompts else 0.0
 
-    @staticmethod
-    def join_prompt(node: ph.AiJoin, anchor: tuple[int, ...], partners: list[tuple[int, ...]]) -> tuple[int, ...]:
-        ids = node.preamble + anchor + node.frame
-        for label, partner in zip(node.labels, partners, strict=True):
-            ids += label + partner
-        return ids + node.cue
-
     def encode(self, text: str) -> tuple[int, ...]:
         return tuple(self.tokenizer.encode(text))
 
     def run(self, graph: PhysicalGraph, answers: dict[str, pa.Table], texts: Texts) -> NaiveRun:
-        graph, answers = report_view(graph, answers)  # model steps inside a request node, too
         self.seconds = 0.0
         tokens = items = agreeing = 0
         for node in graph.nodes:
@@ -112,33 +103,32 @@ class NaiveModel:
     def items(self, node: ph.PhysicalNode, table: pa.Table, texts: Texts):  # noqa: ANN201 - a local generator
         rows = table.to_pylist()
         if isinstance(node, ph.AiFilter):
-            stages = {s.predicate.position: s for s in node.stages}
-            offsets = {p: self.offset([node.preamble + d + node.frame + s.question for d in node.calibration])
-                       for p, s in stages.items()}
+            stages = {s.predicate.position: k for k, s in enumerate(node.stages)}
+            offsets = {p: self.offset(prompts) for p, prompts in node.calibration_prompts().items()}
             for row in rows:
-                ids = node.preamble + self.encode(texts[node.alias][row[node.alias]]) + node.frame + \
-                    stages[row["predicate"]].question
+                stage = stages[row["predicate"]]
+                ids = node.prompt(self.encode(texts[node.alias][row[node.alias]]), stage)
                 margin = self.margin(ids)
-                predicate, offset = stages[row["predicate"]].predicate, offsets[row["predicate"]]
+                predicate, offset = node.stages[stage].predicate, offsets[row["predicate"]]
                 yield ids, row["answer"], lambda answer, m=margin, p=predicate, o=offset: \
                     predicate_holds(p, m, o) == answer
         elif isinstance(node, ph.AiJoin):
-            offset = self.offset([self.join_prompt(node, d, [d] * len(node.partners)) for d in node.calibration])
+            offset = self.offset(node.calibration_prompts()[node.predicate.position])
             for row in rows:
-                ids = self.join_prompt(node, self.encode(texts[node.anchor.alias][row[node.anchor.alias]]),
-                                       [self.encode(texts[p.alias][row[p.alias]]) for p in node.partners])
+                ids = node.prompt(self.encode(texts[node.anchor.alias][row[node.anchor.alias]]),
+                                  [self.encode(texts[p.alias][row[p.alias]]) for p in node.partners])
                 margin = self.margin(ids)
                 yield ids, row["answer"], lambda answer, m=margin: predicate_holds(node.predicate, m, offset) == answer
         elif isinstance(node, ph.AiClassify):
             names = [label.name for label in node.labels]
             for row in rows:
-                prompt = node.preamble + self.encode(texts[node.alias][row[node.alias]]) + node.tail
+                prompt = node.document_prompt(self.encode(texts[node.alias][row[node.alias]]))
                 scores = [self.label_score(prompt, label) for label in node.label_tokens]
                 best = names[max(range(len(scores)), key=lambda k: (scores[k], -k))]
                 yield prompt, row[node.output], lambda label, b=best: label == b
         elif isinstance(node, ph.AiScore):
             for row in rows:
-                ids = node.preamble + self.encode(texts[node.alias][row[node.alias]]) + node.question
+                ids = node.document_prompt(self.encode(texts[node.alias][row[node.alias]]))
                 margin = self.margin(ids)
                 yield ids, row["margin"], lambda value, m=margin: abs(value - m) < 1e-3
 

@@ -1,9 +1,11 @@
 """The paged KV arena: keys and values in fixed-size pages, allocated once from a budget.
 
 A block is the KV of one span of positions (a shared preamble, a document, a frame), stored in
-whole pages. Blocks may share leading pages — a document borrowing the common prefix of another
-document holds references to that document's first pages — so pages are reference-counted and
-return to the free list the moment no block reads them. Nothing is allocated after start-up.
+pages. Blocks may share leading pages — a document borrowing the common prefix of another document
+holds references to that document's first pages, its part-page included (read only up to the
+block's length) — so pages are reference-counted and return to the free list the moment no block
+reads them. Continuing a block that ends inside a page copies that part-page and the continuation
+into fresh pages; pages written once are never written again. Nothing is allocated after start-up.
 """
 
 from __future__ import annotations
@@ -92,23 +94,42 @@ class KVArena:
         return self._register(start, length, pages)
 
     def view(self, block_id: int, tokens: int) -> int:
-        """A new block over the first `tokens` of a block (whole pages), sharing its pages."""
+        """A new block over the first `tokens` of a block, sharing its pages (a part-page too)."""
         block = self._blocks[block_id]
-        if tokens % self.page_tokens or not 0 < tokens <= block.length:
-            raise ValueError(f"a view covers whole pages of its block: {tokens} of {block.length} tokens")
-        pages = block.pages[: tokens // self.page_tokens]
+        if not 0 < tokens <= block.length:
+            raise ValueError(f"a view covers 1 to {block.length} tokens of its block, not {tokens}")
+        pages = block.pages[: self.pages_for(tokens)]
         for page in pages:
             self._references[page] += 1
         return self._register(block.start, tokens, pages)
 
+    def continuation_pages(self, first_length: int, second_length: int) -> int:
+        """Pages `concat` allocates beyond those its second block frees: 1 when the first ends in a part-page."""
+        return 1 if first_length % self.page_tokens and second_length else 0
+
     def concat(self, first: int, second: int) -> int:
-        """One block of `first` followed by `second`; both ids are consumed."""
+        """One block of `first` followed by `second` (which starts right after it); both ids are consumed.
+
+        A first block ending on a page boundary is continued by reference; one ending inside a page
+        gets its part-page and the second block copied into fresh pages after its whole pages.
+        """
         a, b = self._blocks[first], self._blocks[second]
-        if a.length % self.page_tokens or b.start != a.start + a.length:
-            raise ValueError("only a whole-page block can be continued, at the position right after it")
-        for page in a.pages + b.pages:
+        if b.start != a.start + a.length:
+            raise ValueError("a block is continued only at the position right after it")
+        whole, partial = divmod(a.length, self.page_tokens)
+        reused = a.pages[:whole] if partial else a.pages + b.pages
+        for page in reused:
             self._references[page] += 1
-        joined = self._register(a.start, a.length + b.length, a.pages + b.pages)
+        fresh = self._allocate(self.pages_for(a.length + b.length) - whole) if partial else ()
+        pages = reused + fresh
+        if fresh:
+            start = whole * self.page_tokens
+            source = torch.cat((self._rows(a.pages, a.length)[start:], self._rows(b.pages, b.length)))
+            target = self._rows(pages, a.length + b.length)[start:]
+            for keys, values in zip(self.keys, self.values, strict=True):
+                keys.index_copy_(1, target, keys.index_select(1, source))
+                values.index_copy_(1, target, values.index_select(1, source))
+        joined = self._register(a.start, a.length + b.length, pages)
         self.free(first)
         self.free(second)
         return joined

@@ -1,0 +1,134 @@
+"""The join scheduler: each anchor's [document][frame] once, every candidate's suffix as a sibling.
+
+An anchor's prefix is computed once (or its document KV is taken from its filter); then every
+candidate tuple's [labels + partner documents + cue] is packed as a sibling that attends to the
+anchor but not to other siblings. An anchor's KV is freed once its partners are answered (exists /
+anti stop at the first TRUE), or kept for the next join anchored on the same alias.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from quail_native.executor.packing import Item, ItemResult
+from quail_native.executor.state import SharedState, Tokens, drop, run_passes
+
+
+class JoinAnswer(NamedTuple):
+    """One evaluated candidate tuple (rows in the predicate's alias order)."""
+
+    rows: tuple[int, ...]
+    answer: bool
+    margin: float
+
+
+@dataclass
+class Anchor:
+    alias: str
+    row: int
+    tokens: Tokens
+    pending: deque[tuple[tuple[int, ...], Tokens]]
+    doc_block: int | None = None
+    frame_block: int | None = None
+    answered_true: bool = False
+    outstanding: int = 0
+    looked_up: bool = False
+
+
+JoinTag = tuple[Anchor, tuple[int, ...] | None]
+"""An anchor's prefix item (rows None) or one candidate tuple's suffix item."""
+
+
+@dataclass(frozen=True)
+class JoinLayout:
+    preamble: Tokens
+    frame: Tokens
+    semantics: str  # "full", "exists" or "anti"
+
+
+def run_join(state: SharedState, anchors: list[Anchor], layout: JoinLayout,
+             margin_of: Callable[[ItemResult], float], answer: Callable[[float], bool], retain: bool = False
+             ) -> list[JoinAnswer]:
+    """Every evaluated candidate, anchor by anchor.
+
+    `retain` keeps the document KV of each anchor that reaches the next join anchored on the same
+    alias (one with a TRUE answer, or none under anti semantics).
+    """
+    preamble, frame = layout.preamble, layout.frame
+    stop_at_true = layout.semantics != "full"
+    pre = state.preamble(preamble)
+    start = len(preamble)
+    waiting = deque(anchors)
+    active: list[Anchor] = []
+    out: list[JoinAnswer] = []
+
+    def prefix_item(anchor: Anchor) -> Item:
+        if anchor.doc_block is not None:
+            return Item(frame, start + len(anchor.tokens), (pre, anchor.doc_block), (), ((0, len(frame)),))
+        return Item(anchor.tokens + frame, start, (pre,), (), ((0, len(anchor.tokens)), (len(anchor.tokens),
+                                                                                        len(frame))))
+
+    def suffix_item(anchor: Anchor, suffix: Tokens) -> Item:
+        parents = (pre, anchor.doc_block, anchor.frame_block)
+        return Item(suffix, start + len(anchor.tokens) + len(frame), tuple(p for p in parents if p is not None),
+                    (len(suffix) - 1,))
+
+    def next_items(budget: int) -> list[tuple[Item, JoinTag]]:
+        batch: list[tuple[Item, JoinTag]] = []
+        used = 0
+        for anchor in active:
+            share = max(1, len(anchor.pending) // 4) if stop_at_true else len(anchor.pending)
+            while anchor.pending and share and used + len(anchor.pending[0][1]) <= budget:
+                rows, suffix = anchor.pending.popleft()
+                batch.append((suffix_item(anchor, suffix), (anchor, rows)))
+                anchor.outstanding += 1
+                used += len(suffix)
+                share -= 1
+        while waiting:
+            anchor = waiting[0]
+            if not anchor.looked_up:
+                anchor.doc_block = state.take((preamble, anchor.tokens))
+                anchor.looked_up = True
+            item = prefix_item(anchor)
+            pages = sum(state.arena.pages_for(length) for _, length in item.keep)
+            if used + len(item.tokens) > budget or \
+                    not state.memory.admit(pages, busy=bool(active) or bool(batch)):
+                break
+            waiting.popleft()
+            batch.append((item, (anchor, None)))
+            used += len(item.tokens)
+        return batch
+
+    def done(tag: JoinTag, result: ItemResult) -> None:
+        anchor, rows = tag
+        if rows is None:
+            if anchor.doc_block is None:
+                anchor.doc_block, anchor.frame_block = result.blocks
+            else:
+                anchor.frame_block = result.blocks[0]
+            active.append(anchor)
+        else:
+            anchor.outstanding -= 1
+            margin = margin_of(result)
+            verdict = answer(margin)
+            out.append(JoinAnswer(rows, verdict, margin))
+            anchor.answered_true = anchor.answered_true or verdict
+            if stop_at_true and verdict:
+                anchor.pending.clear()
+        if not anchor.pending and anchor.outstanding == 0 and anchor in active:
+            active.remove(anchor)
+            drop(state, anchor.frame_block)
+            survives = anchor.answered_true != (layout.semantics == "anti")
+            if retain and survives and anchor.doc_block is not None:
+                state.retain(anchor.alias, (preamble, anchor.tokens), anchor.doc_block)
+            else:
+                drop(state, anchor.doc_block)
+
+    total = sum(len(a.pending) for a in anchors)
+    run_passes(state, next_items, done, lambda: state.report(len(out), total))
+    if anchors and not retain:
+        state.release(anchors[0].alias)
+    return out

@@ -1,0 +1,135 @@
+"""What outlives one model node on a native engine: the arena, preamble blocks, KV kept for later nodes,
+and the loop every scheduler runs — ask for items that fit a pass, run it, hand back the results.
+
+The schedulers (`filters.py`, `joins.py`, `labels.py`) turn each model node's work into packed
+passes over this state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from quail_native.executor.arena import KVArena
+from quail_native.executor.memory import KVCounters, Memory
+from quail_native.executor.packing import Item, ItemResult, Packer
+
+Tag = TypeVar("Tag")
+Tokens = tuple[int, ...]
+DocKey = tuple[Tokens, Tokens]
+"""(preamble, document tokens): the KV of a document prefix depends on nothing else."""
+
+
+@dataclass
+class Budget:
+    """Tokens per chunk — one packed forward pass (`EngineConfig.chunk_tokens`); KV pages are the arena's."""
+
+    chunk_tokens: int
+
+
+@dataclass
+class SharedState:
+    """What outlives one node: the arena, preamble blocks, and documents' KV kept for later nodes."""
+
+    packer: Packer
+    memory: Memory
+    budget: Budget
+    preambles: dict[Tokens, int] = field(default_factory=dict)
+    retained: dict[DocKey, int] = field(default_factory=dict)
+    retained_by: dict[str, set[DocKey]] = field(default_factory=dict)
+    evicted: set[DocKey] = field(default_factory=set)
+    progress: Callable[[int, int], None] | None = None
+
+    def report(self, done: int, total: int) -> None:
+        if self.progress is not None:
+            self.progress(done, total)
+
+    @property
+    def arena(self) -> KVArena:
+        return self.packer.arena
+
+    @property
+    def counters(self) -> KVCounters:
+        return self.memory.counters
+
+    def run(self, items: Sequence[Item]) -> list[ItemResult]:
+        """One pass; the pages reserved for it are now allocated."""
+        results = self.packer.run(items)
+        self.memory.pass_ran()
+        return results
+
+    def preamble(self, tokens: Tokens) -> int:
+        """The block of a preamble, computed once and shared by every document after it."""
+        block = self.preambles.get(tokens)
+        if block is None or block not in self.arena:
+            self.memory.admit(self.arena.pages_for(len(tokens)), busy=False)
+            [result] = self.run([Item(tokens, 0, keep=((0, len(tokens)),))])
+            block = result.blocks[0]
+            self.preambles[tokens] = block
+        return block
+
+    def retain(self, alias: str, key: DocKey, block: int, reuse: float = 1.0) -> None:
+        """Keep a document's KV for the join anchored on `alias` (evictable, recomputed if evicted)."""
+        earlier = self.retained.get(key)
+        if earlier is not None and earlier != block:
+            self.arena.free(block)
+            return
+        self.retained[key] = block
+        self.retained_by.setdefault(alias, set()).add(key)
+        self.memory.keep(block, reuse, lambda: self._lost(alias, key))
+
+    def _lost(self, alias: str, key: DocKey) -> None:
+        self.retained.pop(key, None)
+        self.retained_by.get(alias, set()).discard(key)
+        self.evicted.add(key)
+
+    def take(self, key: DocKey) -> int | None:
+        """A kept document's KV for an anchor (now in flight), or None: a miss, recomputed if it was evicted."""
+        block = self.retained.pop(key, None)
+        if block is None:
+            self.counters.misses += 1
+            if key in self.evicted:
+                self.evicted.discard(key)
+                self.counters.recomputed_tokens += len(key[1])
+            return None
+        self.counters.hits += 1
+        self.memory.unkeep(block)
+        for keys in self.retained_by.values():
+            keys.discard(key)
+        return block
+
+    def release(self, alias: str) -> None:
+        """Free whatever was kept for `alias` and not consumed: its anchoring join has finished."""
+        for key in self.retained_by.pop(alias, set()):
+            block = self.retained.pop(key, None)
+            if block is not None:
+                self.memory.unkeep(block)
+                self.arena.free(block)
+
+    def forget(self) -> None:
+        for block in list(self.preambles.values()) + list(self.retained.values()):
+            self.memory.unkeep(block)
+            self.arena.free(block)
+        self.preambles.clear()
+        self.retained.clear()
+        self.retained_by.clear()
+        self.evicted.clear()
+
+
+def run_passes(state: SharedState, next_items: Callable[[int], list[tuple[Item, Tag]]],
+               done: Callable[[Tag, ItemResult], None], after_pass: Callable[[], None] = lambda: None) -> None:
+    """Keep asking for items that fit a pass and running them until none come."""
+    while True:
+        batch = next_items(state.budget.chunk_tokens)
+        if not batch:
+            return
+        results = state.run([item for item, _ in batch])
+        for (_, tag), result in zip(batch, results, strict=True):
+            done(tag, result)
+        after_pass()
+
+
+def drop(state: SharedState, block: int | None) -> None:
+    if block is not None:
+        state.arena.free(block)

@@ -1,0 +1,61 @@
+"""Which floating-point precision the native engine computes in.
+
+`fp32` and `bf16` are taken as asked. `auto` is bf16 on CUDA; on a CPU it is whichever a GEMM probe
+at boot measures faster on the model's own matrix shapes — CPUs of one machine image differ: with
+bf16 units bf16 runs about twice as fast as fp32, without them hundreds of times slower — and the
+choice, with the measured rates, is said in the query report.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from quail.config import Precision
+
+BF16_MARGIN = 1.15
+"""bf16 must beat fp32 by this factor to be chosen: its rounding is only worth a clear speed-up."""
+PROBE_TOKENS = 256
+PROBE_REPEATS = 3
+
+Rate = Callable[[torch.dtype], float]
+"""FLOP/s of a GEMM in a dtype."""
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    dtype: torch.dtype
+    reason: str
+
+
+def choose_precision(requested: Precision, device: torch.device, hidden: int, width: int,
+                     rate: Rate | None = None) -> PrecisionChoice:
+    """The dtype to compute in and why; `rate` measures a GEMM (the probe below unless a test gives one)."""
+    if requested == "fp32":
+        return PrecisionChoice(torch.float32, "fp32 as configured")
+    if requested == "bf16":
+        return PrecisionChoice(torch.bfloat16, "bf16 as configured")
+    if device.type == "cuda":
+        return PrecisionChoice(torch.bfloat16, "bf16 (auto on CUDA)")
+    measure = rate or (lambda dtype: gemm_rate(dtype, device, hidden, width))
+    fp32, bf16 = measure(torch.float32), measure(torch.bfloat16)
+    chosen = torch.bfloat16 if bf16 >= BF16_MARGIN * fp32 else torch.float32
+    name = "bf16" if chosen == torch.bfloat16 else "fp32"
+    return PrecisionChoice(chosen, f"{name} (auto: a GEMM probe at boot measured bf16 {bf16 / 1e9:.3g} vs fp32 "
+                                   f"{fp32 / 1e9:.3g} GFLOP/s on this CPU)")
+
+
+def gemm_rate(dtype: torch.dtype, device: torch.device, hidden: int, width: int) -> float:
+    """Best FLOP/s of [PROBE_TOKENS × hidden] @ [hidden × width] — the shape of the model's MLP projection."""
+    a = torch.randn(PROBE_TOKENS, hidden, device=device).to(dtype)
+    b = torch.randn(hidden, width, device=device).to(dtype)
+    a @ b  # warm-up: the first call of a dtype pays for kernel selection
+    best = 0.0
+    for _ in range(PROBE_REPEATS):
+        started = time.perf_counter()
+        a @ b
+        best = max(best, 2.0 * PROBE_TOKENS * hidden * width / max(time.perf_counter() - started, 1e-9))
+    return best
