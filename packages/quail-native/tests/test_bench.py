@@ -16,7 +16,7 @@ def test_bench_writes_report_results_and_chart_and_prints_the_ratio_lines_last(t
                  "--precision", "fp32"]
     assert main(arguments) == 0
     out = capsys.readouterr().out.strip().splitlines()
-    assert sum(" run 2/2: " in line for line in out) == 9, "every workload timed twice"
+    assert sum(" run 2/2: " in line for line in out) == 10, "every workload timed twice"
     assert any(line.startswith("reviews: 2 filters → join: native") and "× naive" in line for line in out)
     assert out[-5].startswith("ratio native/naive wall:")
     assert out[-4].startswith("ratio fresh/minimum tokens:")
