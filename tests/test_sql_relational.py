@@ -620,3 +620,13 @@ def test_the_relational_part_stays_with_the_caller_on_every_compute_provider(com
         result = s.sql(sql).run()
     assert same_rows(result.collect(), oracle_rows(sql, SF), ordered=True) is None
     assert result.report["null_inputs"] == {"score_s": 1, "filter_ai_if_1": 1}
+
+
+def test_a_plan_edited_to_show_the_model_a_null_document_is_refused(session):
+    from quail.physical import editing
+
+    query = session.sql(f"SELECT r.id, {R_POSITIVE} AS s FROM reviews r")
+    graph = query.plan().graph
+    [skip] = [n for n in graph.nodes if isinstance(n, ph.DropNullDocuments)]
+    with pytest.raises(quail.PlanEditError, match="would read NULL documents of 'r'"):
+        query.run(editing.remove(graph, skip.id))

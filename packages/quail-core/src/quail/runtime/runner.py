@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from quail.backends import shapes
 from quail.backends.base import ModelExecution, NodeInputs, NodeMetrics, NodeOutput, PortRef
 from quail.data.tokens import TokenColumn
+from quail.errors import PlanEditError
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
 from quail.runtime import relational
@@ -162,7 +163,11 @@ class Runner:
         attached = {}
         for alias in node.document_aliases:
             rows = _distinct_rows(alias, inputs.values())
-            attached[alias] = pa.table({alias: rows, "tokens": self.inputs.tokens[alias].take(rows)})
+            tokens = self.inputs.tokens[alias].take(rows)
+            if tokens.null_count or rows.null_count:
+                raise PlanEditError(f"{node.kind} {node.id!r} would read NULL documents of {alias!r}: a plan "
+                                    "skips them with a DropNullDocuments node before the model node (was it removed?)")
+            attached[alias] = pa.table({alias: rows, "tokens": tokens})
         return attached
 
     def generic(self, node: ph.PhysicalNode, inputs: Mapping[str, pa.Table]) -> pa.Table:
