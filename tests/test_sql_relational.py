@@ -630,3 +630,18 @@ def test_a_plan_edited_to_show_the_model_a_null_document_is_refused(session):
     [skip] = [n for n in graph.nodes if isinstance(n, ph.DropNullDocuments)]
     with pytest.raises(quail.PlanEditError, match="would read NULL documents of 'r'"):
         query.run(editing.remove(graph, skip.id))
+
+
+def test_ctrl_c_during_a_duckdb_call_is_a_keyboard_interrupt_not_a_compile_error():
+    """DuckDB turns Ctrl-C during its query into an interruption of the query: the caller must still see
+    the KeyboardInterrupt (a CompileError would be caught as a user error, and the run go on)."""
+    import duckdb
+
+    from quail.data.database import translated
+
+    with pytest.raises(KeyboardInterrupt), translated("the scan failed: "):
+        raise duckdb.InterruptException("INTERRUPT Error: Interrupted!")
+    with pytest.raises(KeyboardInterrupt), translated():
+        raise RuntimeError("Query interrupted")
+    with pytest.raises(quail.CompileError, match="the scan failed: Binder Error"), translated("the scan failed: "):
+        raise duckdb.BinderException("Binder Error: no such column")

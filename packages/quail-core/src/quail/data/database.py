@@ -14,7 +14,7 @@ import tempfile
 import uuid
 import weakref
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +34,22 @@ def duck_message(error: duckdb.Error) -> str:
     """DuckDB's message without the echo of the (rewritten) SQL text, which is not what the user wrote."""
     text = _CONTEXT.sub("", str(error)).strip()
     return re.sub(r"\s*\n\s*", " ", text)
+
+
+@contextmanager
+def translated(prefix: str = "") -> Iterator[None]:
+    """DuckDB's errors as a CompileError naming the problem; Ctrl-C during a DuckDB call (which DuckDB
+    turns into an interruption of its query) as the KeyboardInterrupt it was."""
+    try:
+        yield
+    except duckdb.InterruptException:
+        raise KeyboardInterrupt from None
+    except duckdb.Error as error:
+        raise CompileError(f"{prefix}{duck_message(error)}") from None
+    except RuntimeError as error:
+        if "interrupted" in str(error).lower():
+            raise KeyboardInterrupt from None
+        raise
 
 
 @dataclass
@@ -87,26 +103,28 @@ class Database:
                 continue
             try:
                 schema = self._bind(name, table.source)
-            except (CompileError, duckdb.Error, OSError) as error:
-                message = duck_message(error) if isinstance(error, duckdb.Error) else str(error)
-                raise CompileError(f"file changed since register: {table.source.origin}: {message}") from None
+            except (CompileError, OSError) as error:
+                raise CompileError(f"file changed since register: {table.source.origin}: {error}") from None
             table.stamp, table.schema = stamp, schema
             self._generation += 1
 
     def _bind(self, name: str, source: Source) -> TableSchema:
-        try:
+        with translated(f"cannot read {source.origin} as table {name!r}: "):
             source.bind(self._connection, name)
             arrow = self._connection.sql(f"SELECT * FROM {quoted(name)} LIMIT 0").to_arrow_table().schema
-        except duckdb.Error as error:
-            raise CompileError(f"cannot read {source.origin} as table {name!r}: {duck_message(error)}") from None
-        if source.id_column is not None and not source.validates_ids:
-            self._check_ids(name, source.id_column, arrow)
+            if source.id_column is not None and not source.validates_ids:
+                self._check_ids(name, source.id_column, arrow)
         return TableSchema(name, tuple(arrow.names), source.id_column, arrow)
 
     def _unbind(self, name: str) -> None:
-        self._connection.execute(f"DROP VIEW IF EXISTS {quoted(name)}")
-        with suppress(duckdb.Error):
+        with translated():
+            self._connection.execute(f"DROP VIEW IF EXISTS {quoted(name)}")
+        try:
             self._connection.unregister(name)
+        except duckdb.InterruptException:
+            raise KeyboardInterrupt from None
+        except duckdb.Error:
+            pass  # a file's view was dropped above; there was no registered object to forget
 
     def _check_ids(self, name: str, id_column: str, arrow: pa.Schema) -> None:
         """Ids are non-null and unique, like a DocumentProvider's."""
@@ -128,10 +146,8 @@ class Database:
     def describe(self, sql: str) -> pa.Schema:
         """The columns a query would return, bound but not run; CompileError with DuckDB's reason."""
         self._check_open()
-        try:
+        with translated():
             return self._connection.sql(f"SELECT * FROM ({sql}) LIMIT 0").to_arrow_table().schema
-        except duckdb.Error as error:
-            raise CompileError(duck_message(error)) from None
 
     def check(self, sql: str, relations: Mapping[str, pa.Schema]) -> pa.Schema:
         """Bind `sql` over empty relations of these schemas: errors of names and types, before any model work."""
@@ -145,32 +161,29 @@ class Database:
         cached = self._views.get(key)
         if cached is not None:
             return cached
-        try:
+        with translated("the scan failed: "):
             reader = self._connection.sql(sql).to_arrow_reader(VIEW_BATCH_ROWS)
             view = ScanView(_mapped(reader, self._directory() / _view_name(sql)), sql)
-        except duckdb.Error as error:
-            raise CompileError(f"the scan failed: {duck_message(error)}") from None
         self._views[key] = view
         return view
 
     def run(self, sql: str, relations: Mapping[str, pa.Table]) -> pa.Table:
         """Run `sql` with these Arrow tables as named relations."""
         self._check_open()
-        with self._relations(relations):
-            try:
-                return self._connection.sql(sql).to_arrow_table()
-            except duckdb.Error as error:
-                raise CompileError(f"the relational part failed: {duck_message(error)}") from None
+        with self._relations(relations), translated("the relational part failed: "):
+            return self._connection.sql(sql).to_arrow_table()
 
     @contextmanager
     def _relations(self, relations: Mapping[str, pa.Table]) -> Iterator[None]:
-        for name, table in relations.items():
-            self._connection.register(name, table)
+        with translated():
+            for name, table in relations.items():
+                self._connection.register(name, table)
         try:
             yield
         finally:
-            for name in relations:
-                self._connection.unregister(name)
+            with translated():
+                for name in relations:
+                    self._connection.unregister(name)
 
     # -- lifetime ------------------------------------------------------------------------------
 
