@@ -6,6 +6,7 @@ import zlib
 from collections.abc import Sequence
 
 import pytest
+from prompt_nodes import filter_node, join_node
 
 from quail import RefusalError
 from quail.frontend.prompts import (
@@ -21,14 +22,20 @@ from quail.frontend.prompts import (
     style_for,
 )
 from quail.logical.expressions import AiPredicate, ColumnRef, Label, Prompt
-from quail.physical import nodes as ph
 
 BODY = ColumnRef("r", "body")
 ASPECT = ColumnRef("a", "aspect")
 
 
+CONTROL_TOKENS = ("<|im_start|>", "<|im_end|>", "<think>", "</think>")
+CONTROL_BASE = 0x110000  # past every character
+
+
 class CharTokenizer:
-    """One token per character: easy to decode, and it shows where each part starts."""
+    """One token per character: easy to decode, and it shows where each part starts.
+
+    Its vocabulary also holds Qwen3's chat markers as control tokens, which `encode` never produces.
+    """
 
     identity = "chars"
     bos_id = 0
@@ -40,9 +47,11 @@ class CharTokenizer:
         return [self.encode(t) for t in texts]
 
     def decode(self, ids: Sequence[int]) -> str:
-        return "".join(chr(i) for i in ids if i)
+        return "".join(CONTROL_TOKENS[i - CONTROL_BASE] if i >= CONTROL_BASE else chr(i) for i in ids if i)
 
     def token_id(self, token: str) -> int | None:
+        if token in CONTROL_TOKENS:
+            return CONTROL_BASE + CONTROL_TOKENS.index(token)
         return ord(token) if len(token) == 1 else None
 
 
@@ -55,20 +64,6 @@ class WordTokenizer(CharTokenizer):
 
 def predicate(template: str, *columns: ColumnRef, position: int = 0) -> AiPredicate:
     return AiPredicate(Prompt(template, columns), position)
-
-
-def filter_node(predicates: Sequence[AiPredicate], tokenizer: CharTokenizer, style=BASE_STYLE) -> ph.AiFilter:
-    """The physical node the planner makes of a binding: it lays the parts out."""
-    bound = bind_filters(predicates, tokenizer, style)
-    stages = tuple(ph.FilterStage(p, q, 0.2, True) for p, q in zip(predicates, bound.questions, strict=True))
-    return ph.AiFilter("filter", alias=bound.alias, column=bound.column, preamble=bound.preamble, frame=bound.frame,
-                       stages=stages)
-
-
-def join_node(join_predicate: AiPredicate, anchor: str, tokenizer: CharTokenizer) -> ph.AiJoin:
-    bound = bind_join(join_predicate, anchor, tokenizer)
-    return ph.AiJoin("join", predicate=join_predicate, anchor=bound.anchor, partners=bound.partners,
-                     preamble=bound.preamble, frame=bound.frame, labels=bound.labels, cue=bound.cue)
 
 
 def test_text_before_the_document_moves_after_it():
@@ -178,6 +173,7 @@ def test_chat_models_wrap_the_layout_with_the_document_first_in_the_user_turn():
     text = tokenizer.decode(node.prompt(tuple(tokenizer.encode("doc")), 0))
     assert text.startswith("<|im_start|>user\nDOCUMENT:\ndoc\n\nQUESTION:")
     assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert node.preamble[1] == tokenizer.token_id("<|im_start|>")  # the marker is the control token itself
     assert style_for(True, "qwen3") is QWEN3_CHAT_STYLE and style_for(False, "gemma3") is BASE_STYLE
 
 

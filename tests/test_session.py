@@ -2,29 +2,28 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 
 from quail import (
+    DocumentProvider,
     EngineConfig,
     ExtensionRegistry,
+    QuailError,
     RefusalError,
     Session,
     SupportResult,
 )
 from quail.catalog.devices import BUILT_IN_DEVICES
 from quail.catalog.models import BUILT_IN_MODELS
-from quail.plugins.registry import built_in_computes
+from quail.plugins import builtin
 from quail_example.backend import ExampleBackend
 
 
 def catalog_only_registry() -> ExtensionRegistry:
+    """Quail's built-ins (catalog, rules, compute providers) and no plugin: no backend at all."""
     registry = ExtensionRegistry()
-    for model in BUILT_IN_MODELS:
-        registry.register_model(model)
-    for device in BUILT_IN_DEVICES:
-        registry.register_device(device)
-    for compute in built_in_computes():
-        registry.register_compute(compute)
+    builtin.quail_register(registry)
     return registry
 
 
@@ -92,3 +91,14 @@ def test_gpu_device_on_a_machine_without_one_is_refused_by_native():
 def test_support_result_needs_a_reason_to_reject():
     with pytest.raises(ValueError):
         SupportResult.reject("")
+
+
+def test_a_closed_session_says_so_instead_of_failing_inside():
+    session = Session(EngineConfig(backend="example-keyword"))
+    session.register("reviews", DocumentProvider.from_table(pa.table({"id": [1], "body": ["fine"]}), "id"))
+    query = session.sql("SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {0} fine?', r.body))")
+    session.close()
+    for attempt in (query.run, lambda: session.sql("SELECT 1"), lambda: session.docs("reviews"),
+                    lambda: session.register("more", DocumentProvider.from_table(pa.table({"id": [1]}), "id"))):
+        with pytest.raises(QuailError, match="this session is closed"):
+            attempt()

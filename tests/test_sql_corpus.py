@@ -443,7 +443,7 @@ INVALID: list[Invalid] = [
             f"WHERE {FILTER_R}", "AI functions in two query blocks"),
     Invalid("except", SF, f"SELECT r.id FROM reviews r WHERE {FILTER_R} EXCEPT SELECT r.id FROM reviews r "
             f"WHERE {FILTER_R}", "AI functions in two query blocks"),
-    Invalid("not_a_select_statement", SF, "INSERT INTO reviews VALUES (1)", "statement INSERT"),
+    Invalid("not_a_select_statement", SF, "INSERT INTO reviews VALUES (1)", "not a SELECT statement"),
     Invalid("two_ai_predicates_in_one_on", SF,
             f"SELECT r.id FROM reviews r JOIN aspects a ON {JOIN_RA} "
             "AND AI_FILTER(PROMPT('Does {1} describe {0}?', r.body, a.aspect))", "two AI predicates in one ON clause"),

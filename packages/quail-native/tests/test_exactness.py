@@ -731,6 +731,40 @@ def test_prefix_sharing_on_cumulative_traces_is_exact_and_skips_every_borrowed_t
         <= shared.report["minimum_tokens"] + len(borrows) + (PAGE - 1) * lenders_only
 
 
+@pytest.mark.parametrize("chunk", (256, 4096))
+@pytest.mark.parametrize("kind", KINDS)
+def test_join_anchors_borrow_shared_prefixes_exactly_and_skip_every_borrowed_token(kind, chunk, open_run):
+    """Cumulative traces as join anchors: each borrows its lender anchor's prefix and computes only its tail."""
+    from quail.planner.prefixes import plan_borrows
+
+    sql = (f"SELECT t.tid, a.aid FROM traces t "
+           f"JOIN aspects a ON AI_FILTER({sql_prompt(DISCUSS, 't.log', 'a.aspect')}, {{'anchor': 't'}})")
+    shared = open_run(kind, chunk, sql, engine={"kv_page_tokens": PAGE, "prefix_sharing": "on"})
+    plain = open_run(kind, chunk, sql, engine={"kv_page_tokens": PAGE, "prefix_sharing": "off"})
+    join = shared.node(ph.AiJoin)
+    assert join.share_prefixes and not plain.node(ph.AiJoin).share_prefixes
+    assert check_join_answers(shared, join) == check_join_answers(plain, plain.node(ph.AiJoin))
+    assert shared.rows() == plain.rows()
+    _, borrows = plan_borrows({r: shared.doc("t", r) for r in range(len(TRACE_LOGS))}, PAGE)
+    borrowed = sum(b.tokens for b in borrows.values())
+    assert borrowed > 0
+    assert plain.report["fresh_tokens"] - shared.report["fresh_tokens"] == borrowed
+    assert any("join anchors on t borrow shared document prefixes" in r for r in shared.report["remarks"])
+
+
+@pytest.mark.parametrize("pages", (50, 80))
+@pytest.mark.parametrize("kind", KINDS)
+def test_join_anchors_borrowing_stay_exact_in_an_arena_barely_larger_than_one_anchor(kind, pages, open_run,
+                                                                                      tiny_checkpoints):
+    sql = (f"SELECT t.tid, a.aid FROM traces t "
+           f"JOIN aspects a ON AI_FILTER({sql_prompt(DISCUSS, 't.log', 'a.aspect')}, {{'anchor': 't'}})")
+    engine = {"kv_page_tokens": PAGE, "prefix_sharing": "on",
+              "kv_budget_bytes": arena_bytes(tiny_checkpoints[kind], pages)}
+    run = open_run(kind, 256, sql, engine=engine)
+    assert run.node(ph.AiJoin).share_prefixes
+    check_join_answers(run, run.node(ph.AiJoin))
+
+
 @pytest.mark.parametrize("pages", (50, 64, 80))
 @pytest.mark.parametrize("kind", KINDS)
 def test_prefix_sharing_survives_a_tiny_arena(kind, pages, open_run, tiny_checkpoints):

@@ -6,29 +6,46 @@ import argparse
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from quail.config import DEFAULT_BACKEND, DEFAULT_DEVICE, DEFAULT_MODEL
-from quail.errors import QuailError
-from quail.plugins.loading import add_plugin_commands
-from quail.plugins.registry import FIRST_PARTY_BACKENDS, ExtensionRegistry
-from quail.query_cli import add_arguments as add_query_arguments
-from quail.query_cli import run_query_command
+from quail.interrupts import Terminated, signals_unwind
+
+if TYPE_CHECKING:
+    from quail.backends.base import ModelBackend
+    from quail.catalog.devices import DeviceSpec
+    from quail.catalog.models import ModelSpec
 
 USER_ERROR = 2
 INTERNAL_ERROR = 1
+INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """0 on success, 2 on a user error (message, no traceback), 1 on an internal error."""
+    """0 on success, 2 on a user error (message, no traceback), 1 on an internal error, 128 + n on signal n.
+
+    Everything heavy is imported inside, so an interrupt while pyarrow or torch load is an
+    interrupt like any other: a one-line message and exit 130.
+    """
+    with signals_unwind():
+        try:
+            return _run(argv)
+        except KeyboardInterrupt:
+            print("quail: interrupted", file=sys.stderr)
+            return INTERRUPTED
+        except Terminated as signal:
+            print("quail: terminated", file=sys.stderr)
+            return 128 + signal.signal_number
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    from quail.errors import QuailError
+
     parser = _parser()
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args))
     except QuailError as exc:
         print(f"quail: {exc}", file=sys.stderr)
-        return USER_ERROR
-    except KeyboardInterrupt:
-        print("quail: interrupted", file=sys.stderr)
         return USER_ERROR
     except Exception:
         print("quail: internal error — please report it with the traceback below", file=sys.stderr)
@@ -37,12 +54,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from quail.config import DEFAULT_BACKEND, DEFAULT_DEVICE, DEFAULT_MODEL
+    from quail.plugins.loading import add_plugin_commands
+    from quail.query_cli import add_arguments as add_query_arguments
+    from quail.query_cli import run_query_command
+
     parser = argparse.ArgumentParser(prog="quail", description="Quail: AI functions in SQL.")
     commands = parser.add_subparsers(dest="command", required=True)
     backends = commands.add_parser("backends", help="list discovered backends and their status")
     backends.add_argument("--model", default=DEFAULT_MODEL)
     backends.add_argument("--device", default=DEFAULT_DEVICE)
-    backends.add_argument("--gpus", type=int, default=1)
+    backends.add_argument("--gpus", type=int, default=1, help="devices per session (default: 1)")
     backends.set_defaults(handler=_backends)
     demo = commands.add_parser("demo", help="run the main demo query on the embedded model")
     demo.add_argument("--model", default=DEFAULT_MODEL)
@@ -64,17 +86,20 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _backends(args: argparse.Namespace) -> int:
+    from quail.arguments import check_device_count
+    from quail.config import EngineConfig
+    from quail.plugins.registry import FIRST_PARTY_BACKENDS, ExtensionRegistry
+
     registry = ExtensionRegistry.with_built_ins()
     model = registry.model(args.model)
     device = registry.device(args.device)
+    check_device_count(EngineConfig(device=device.name, gpus=args.gpus), device)
     print(f"backends for model {model.name} on device {device.name} ({args.gpus} device(s)):")
     rows = []
     for name, backend in sorted(registry.backends.items()):
         origin = registry.origin("backend", name)
-        verdict = backend.supports(model, device, args.gpus)
-        status = "supported" if verdict.accepted else f"not supported: {verdict.reason}"
         dist = f"{origin.distribution or '-'} {origin.version or ''}".strip()
-        rows.append((name, dist, status))
+        rows.append((name, dist, _support_status(backend, model, device, args.gpus)))
     for name, dist in FIRST_PARTY_BACKENDS.items():
         if name not in registry.backends:
             rows.append((name, "-", f"not installed: pip install {dist}"))
@@ -85,6 +110,15 @@ def _backends(args: argparse.Namespace) -> int:
     for failure in registry.plugin_failures:
         print(f"  ! {failure.describe()}")
     return 0
+
+
+def _support_status(backend: ModelBackend, model: ModelSpec, device: DeviceSpec, gpus: int) -> str:
+    """One backend's verdict in words; a plugin whose check itself fails is listed as failed, not fatal."""
+    try:
+        verdict = backend.supports(model, device, gpus)
+    except Exception as exc:  # a plugin's bug must not hide the other backends
+        return f"failed: supports() raised {type(exc).__name__}: {exc}"
+    return "supported" if verdict.accepted else f"not supported: {verdict.reason}"
 
 
 if __name__ == "__main__":

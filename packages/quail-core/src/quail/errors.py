@@ -55,6 +55,14 @@ class RefusalError(QuailError):
         super().__init__(refusal.describe())
 
 
+class ConfigError(QuailError, ValueError):
+    """A configuration value that cannot work (names the field): a ValueError, and a user error to the CLI."""
+
+
+class UsageError(QuailError):
+    """A command-line option, argument or file that cannot be used as given (a bad path, a duplicate name)."""
+
+
 class PlanEditError(QuailError):
     """An edit of a physical plan that would make it invalid."""
 

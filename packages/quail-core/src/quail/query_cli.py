@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,14 +13,20 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from quail.config import EngineConfig
-from quail.data.sources import SUFFIXES
-from quail.demo import format_report, format_rows, progress_bar
-from quail.errors import CompileError
+from quail.config import OVERSIZED_POLICIES, EngineConfig
+from quail.data.providers import DocumentProvider
+from quail.errors import CompileError, UsageError
 from quail.frontend.sql import Dialect
+from quail.outputs import OUTPUT_SUFFIXES, OutputTarget
+from quail.presentation import format_report, format_rows, progress_bar
 from quail.session import Session
 
-OUTPUTS = (".parquet", ".csv", ".json", ".jsonl")
+READERS = {
+    ".parquet": DocumentProvider.from_parquet, ".pq": DocumentProvider.from_parquet,
+    ".csv": DocumentProvider.from_csv,
+    ".jsonl": DocumentProvider.from_jsonl, ".ndjson": DocumentProvider.from_jsonl,
+    ".arrow": DocumentProvider.from_ipc, ".feather": DocumentProvider.from_ipc, ".ipc": DocumentProvider.from_ipc,
+}
 DATABASES = (".duckdb", ".db")
 
 
@@ -34,34 +41,60 @@ class TableArgument:
 
     @classmethod
     def parse(cls, text: str) -> TableArgument:
+        """A path that exists is read whole, colons and all; `database.duckdb:table` names a table of a
+        DuckDB database; otherwise a last `:name` is the id column."""
         name, equals, rest = text.partition("=")
         if not equals or not name or not rest:
             raise CompileError(f"--table {text!r}: write name=path[:id_col] or name=database.duckdb:table")
-        if Path(rest).exists():
+        if ":" not in rest or Path(rest).exists():
             return cls(name, Path(rest), "id")
         for suffix in DATABASES:
             head, found, tail = rest.partition(f"{suffix}:")
             if found:
                 table, _, id_column = tail.partition(":")
                 return cls(name, Path(head + suffix), id_column or None, table)
-        path, _, id_column = rest.rpartition(":") if ":" in rest else (rest, "", "id")
+        path, _, id_column = rest.rpartition(":")
         return cls(name, Path(path), id_column or "id")
 
     def register(self, session: Session) -> None:
-        """Read the table into the session (DuckDB reads the file; ids are checked when named)."""
-        if not self.path.exists():
-            raise CompileError(f"--table {self.name}: no file or directory {self.path}")
-        suffix = self.path.suffix.lower()
-        if self.path.is_file() and suffix not in SUFFIXES:
-            raise CompileError(f"--table {self.name}: cannot read {suffix or 'a file without suffix'}; "
-                               f"use one of {', '.join(sorted(SUFFIXES))}")
-        if suffix in DATABASES and self.table is None:
+        """Register the table: a file through its DocumentProvider, a DuckDB database's table through DuckDB."""
+        if self.path.suffix.lower() not in DATABASES or not self.path.is_file():
+            session.register(self.name, self.provider())
+            return
+        if self.table is None:
             raise CompileError(f"--table {self.name}: {self.path} is a DuckDB database; write "
                                f"{self.name}={self.path}:table")
-        try:
-            session.register(self.name, self.path, id_column=self.id_column, table=self.table)
-        except (ValueError, FileNotFoundError) as error:
-            raise CompileError(f"--table {self.name}: {error}") from None
+        session.register(self.name, self.path, id_column=self.id_column, table=self.table)
+
+    def provider(self) -> DocumentProvider:
+        if not self.path.exists():
+            raise CompileError(f"--table {self.name}: no file or directory {self.path}")
+        if self.path.is_dir():
+            return DocumentProvider.from_parquet(self.path, self.id_column or "id")
+        reader = READERS.get(self.path.suffix.lower())
+        if reader is None:
+            raise CompileError(f"--table {self.name}: cannot read {self.path.suffix or 'a file without suffix'}; "
+                               f"use one of {', '.join(sorted([*READERS, *DATABASES]))}")
+        return reader(self.path, self.id_column or "id")
+
+
+def table_arguments(texts: list[str]) -> list[TableArgument]:
+    """Every `--table`, each name once: a second table under one name would silently replace the first."""
+    tables = [TableArgument.parse(text) for text in texts]
+    seen: dict[str, TableArgument] = {}
+    for table in tables:
+        earlier = seen.setdefault(table.name, table)
+        if earlier is not table:
+            raise UsageError(f"--table {table.name} is given twice ({earlier.path} and {table.path}); "
+                             f"give each table its own name")
+    return tables
+
+
+def output_path(text: str) -> Path:
+    """An --output path; a trailing slash names a directory, which Path() would quietly drop."""
+    if text.endswith(("/", os.sep)):
+        raise argparse.ArgumentTypeError(f"{text!r} names a directory; name the file to write, e.g. {text}rows.parquet")
+    return Path(text)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,8 +108,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend")
     parser.add_argument("--dialect", choices=("snowflake", "bigquery"), default="snowflake")
     parser.add_argument("--order", choices=("by_cost", "as_written"))
+    parser.add_argument("--oversized-documents", choices=OVERSIZED_POLICIES, default="refuse",
+                        help="a document too long for one forward pass with its prompt: refuse the query "
+                             "(default), skip that document, or truncate it to what fits")
     parser.add_argument("--explain", action="store_true", help="print the plan and exit without running")
-    parser.add_argument("-o", "--output", type=Path, help=f"write the rows to {', '.join(OUTPUTS)}")
+    parser.add_argument("-o", "--output", type=output_path,
+                        help=f"write the rows to a {', '.join(OUTPUT_SUFFIXES)} file (checked before the model "
+                             "runs; an existing file is replaced only once the new one is complete)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -86,18 +124,21 @@ def query_text(args: argparse.Namespace) -> str:
     if args.file is None:
         return str(args.sql)
     try:
-        return args.file.read_text()
+        return args.file.read_text(encoding="utf-8")
     except OSError as error:
-        raise CompileError(f"--file {args.file}: {error.strerror or error}") from None
+        raise UsageError(f"--file {args.file}: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        raise UsageError(f"--file {args.file}: not UTF-8 text (byte {error.object[error.start]:#04x} at offset "
+                         f"{error.start}); save the query as UTF-8") from None
 
 
 def config_of(args: argparse.Namespace) -> EngineConfig:
     chosen = {key: getattr(args, key) for key in ("model", "device", "backend") if getattr(args, key)}
-    return EngineConfig(**chosen)
+    return EngineConfig(**chosen, oversized_documents=args.oversized_documents)
 
 
-def write_output(table: pa.Table, path: Path) -> None:
-    suffix = path.suffix.lower()
+def write_output(table: pa.Table, path: Path, suffix: str) -> None:
+    """Write `table` to `path` in the format `suffix` names (`OutputTarget` picks a temporary path)."""
     if suffix == ".parquet":
         pq.write_table(table, path)
     elif suffix == ".csv":
@@ -119,9 +160,8 @@ def _json_line(row: dict[str, object]) -> str:
 def run_query_command(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     out, err = out or sys.stdout, err or sys.stderr
     text = query_text(args)
-    tables = [TableArgument.parse(t) for t in args.table]
-    if args.output is not None and args.output.suffix.lower() not in OUTPUTS:
-        raise CompileError(f"--output {args.output}: write one of {', '.join(OUTPUTS)}")
+    tables = table_arguments(args.table)
+    target = None if args.output is None else OutputTarget.checked(args.output)
     dialect: Dialect = args.dialect
     with Session(config_of(args)) as session:
         for table in tables:
@@ -129,13 +169,14 @@ def run_query_command(args: argparse.Namespace, out: TextIO | None = None, err: 
         query = session.sql(text, dialect=dialect, order=args.order)
         if args.explain:
             print(query.explain(), file=out)
+            query.plan()  # a refused plan is shown above and is still an error: exit 2, not 0
             return 0
         listener = None if args.no_progress else progress_bar(err)
         if listener is not None:
             session.registry.register_progress_listener(listener)
         result = query.run()
-        if args.output is not None:
-            write_output(result.collect(), args.output)
+        if target is not None:
+            target.write(result.collect(), write_output)
             print(f"wrote {result.count()} rows to {args.output}", file=out)
         else:
             print(format_rows(result.collect()), file=out)

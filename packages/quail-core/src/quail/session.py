@@ -7,6 +7,7 @@ from types import TracebackType
 
 import pyarrow as pa
 
+from quail.arguments import check_device_count, plan_argument, session_config, text_argument
 from quail.backends.base import ModelBackend, OrderRule, PhysicalCandidate, TokenizerSource
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
@@ -18,7 +19,7 @@ from quail.data.scan import ScanView
 from quail.data.sources import as_source
 from quail.data.tokenizer import Tokenizer
 from quail.data.tokens import TokenStore
-from quail.errors import CompileError, Refusal, RefusalError
+from quail.errors import CompileError, QuailError, Refusal, RefusalError
 from quail.frontend.builder import Docs
 from quail.frontend.compile import compile_query
 from quail.frontend.spec import QuerySpec, TableSpec
@@ -45,11 +46,12 @@ class Session:
 
     def __init__(self, config: EngineConfig | None = None, *, registry: ExtensionRegistry | None = None,
                  tokenizer: Tokenizer | None = None) -> None:
-        self.config = config or EngineConfig()
+        self.config = session_config(config)
         self._tokenizer = tokenizer
         self.registry = registry if registry is not None else ExtensionRegistry.with_built_ins()
         self.model: ModelSpec = self.registry.model(self.config.model)
         self.device: DeviceSpec = self.registry.device(self.config.device)
+        check_device_count(self.config, self.device)
         self.backend: ModelBackend = self.registry.backend(self.config.backend)
         self._check_support()
         self.compute: ComputeProvider = self.registry.compute(self.config.compute)
@@ -76,7 +78,8 @@ class Session:
         DuckDB file (`table` names the table of a DuckDB database). `id_column`, when given, must be
         non-null and unique. Files are read again when they change on disk.
         """
-        if not isinstance(name, str) or not name.isidentifier():
+        self.check_open()
+        if not text_argument("the table name given to register()", name).isidentifier():
             raise CompileError(f"table name {name!r} is not an identifier")
         if name.startswith("__quail"):
             raise CompileError(f"table name {name!r} is reserved for Quail's own relations")
@@ -104,11 +107,13 @@ class Session:
     # -- queries ------------------------------------------------------------------------------
 
     def sql(self, text: str, dialect: Dialect = "snowflake", order: OrderRule | None = None) -> Query:
+        self.check_open()
         self.database.refresh()
-        return Query(self, parse_sql(text, self.database, dialect), order)
+        return Query(self, parse_sql(text_argument("the query given to sql()", text), self.database, dialect), order)
 
     def docs(self, table: str) -> Docs:
         """Start a builder query over a registered table (its alias defaults to its name)."""
+        self.check_open()
         start = Docs(lambda: self.catalog, self._query_of)
         return start._checked(QuerySpec(tables=(TableSpec(table, table),), select=()), 0)
 
@@ -121,6 +126,10 @@ class Session:
     def closed(self) -> bool:
         return self._closed
 
+    def check_open(self) -> None:
+        """A closed session has removed its token files: say so rather than fail somewhere inside."""
+        if self._closed:
+            raise QuailError("this session is closed: open a new quail.Session (engines it booted are still warm)")
 
     def close(self) -> None:
         """Remove the session's token files; safe to call twice. Engines stay with the compute provider."""
@@ -185,7 +194,9 @@ class Query:
         return explain_text(shown, candidate, self.order, rules, refusal)
 
     def run(self, plan: PhysicalCandidate | PhysicalGraph | None = None) -> QueryResult:
+        self.session.check_open()
         """Execute; `plan` may be an edited physical graph of this query."""
+        plan_argument(plan)
         return run_query(self, plan)
 
     def collect(self) -> pa.Table:

@@ -125,7 +125,7 @@ class NativeExecution:
         found = run_join(self.state, [anchors[r] for r in sorted(anchors)],
                          JoinLayout(node.preamble, node.frame, node.semantics), self.margin,
                          lambda m: shapes.predicate_holds(node.predicate, m, offsets.get(node.predicate.position, 0.0)),
-                         retain=node.retain_anchor_kv)
+                         retain=node.retain_anchor_kv, share=node.share_prefixes)
         columns = {alias: [f.rows[i] for f in found] for i, alias in enumerate(aliases)}
         return shapes.join_answers(columns, [f.answer for f in found], [f.margin for f in found], anchor=anchor_alias,
                                    partners=partner_aliases, semantics=node.semantics,

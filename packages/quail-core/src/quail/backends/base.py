@@ -193,6 +193,8 @@ class TableInput:
     num_rows: int
     tokens: TokenColumn | None
     keys: pa.Table
+    left_out: pa.Array | None = None
+    """Rows the query's scan leaves out (documents skipped as too long), None for none."""
 
     def take(self, rows: Rows, columns: Columns = None) -> pa.Table:
         """The key columns of `rows` (positions), as a DocumentProvider would return them."""

@@ -83,7 +83,8 @@ def execute_request(backend: ModelBackend, context: BackendExecutionContext) -> 
         return boot.execution
 
     tokens = {alias: table.tokens for alias, table in context.tables.items() if table.tokens is not None}
-    runner = Runner(context.graph, RunInputs(context.tables, tokens), start, backend=backend.name,
+    skipped = {alias: table.left_out for alias, table in context.tables.items() if table.left_out is not None}
+    runner = Runner(context.graph, RunInputs(context.tables, tokens, skipped), start, backend=backend.name,
                     progress=context.progress)
     try:
         output = runner.run(context.outputs)

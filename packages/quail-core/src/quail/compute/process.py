@@ -60,8 +60,9 @@ class WorkerProcess:
             return self._answer(request.graph, progress)
         except (EOFError, OSError):
             raise self._lost() from None
-        except KeyboardInterrupt:
-            self.stop()
+        except BaseException as interrupted:
+            if not isinstance(interrupted, Exception):  # Ctrl-C, SIGTERM: the worker stops with the caller's query
+                self.stop()
             raise
 
     def _answer(self, graph: PhysicalGraph, progress: ProgressListener | None) -> PhysicalResponse:
@@ -150,8 +151,9 @@ class ProcessProvider:
         worker = POOL.worker(key)
         try:
             return worker.call(request, caller.progress)
-        except (WorkerLostError, KeyboardInterrupt):
-            POOL.forget(key, worker)
+        except BaseException as failure:
+            if isinstance(failure, WorkerLostError) or not isinstance(failure, Exception):
+                POOL.forget(key, worker)
             raise
 
     def close(self) -> None:

@@ -78,8 +78,14 @@ def encode_request(request: PhysicalRequest) -> Frames:
     tables: list[Json] = []
     for alias, table in request.tables.items():
         blobs.append(table_bytes(table.keys))
-        tables.append({"alias": alias, "num_rows": table.num_rows, "keys": len(blobs) - 1,
-                       "tokens": None if table.tokens is None else str(table.tokens.path)})
+        entry: dict[str, Json] = {"alias": alias, "num_rows": table.num_rows, "keys": len(blobs) - 1,
+                                  "tokens": None if table.tokens is None else str(table.tokens.path),
+                                  "truncated_to": None if table.tokens is None else table.tokens.truncated_to,
+                                  "left_out": None}
+        if table.left_out is not None:
+            blobs.append(table_bytes(pa.table({"row": table.left_out})))
+            entry["left_out"] = len(blobs) - 1
+        tables.append(entry)
     header: dict[str, Json] = {
         "backend": request.backend, "graph": encode_graph(request.graph),
         "outputs": [list(port) for port in request.outputs], "tables": tables,
@@ -94,10 +100,14 @@ def decode_request(received: Message) -> PhysicalRequest:
     for entry in _list(header["tables"]):
         item = _dict(entry)
         alias = str(item["alias"])
-        path = item["tokens"]
+        path, truncated_to, left_out = item["tokens"], item["truncated_to"], item["left_out"]
         tokens = None if path is None else TokenColumn.open(Path(str(path)))
-        tables[alias] = TableInput(alias, int(_number(item["num_rows"])), tokens,
-                                   table_of(received.blobs[int(_number(item["keys"]))]))
+        if tokens is not None and truncated_to is not None:
+            tokens = tokens.truncated(int(_number(truncated_to)))
+        keys = table_of(received.blobs[int(_number(item["keys"]))])
+        left = None if left_out is None else table_of(received.blobs[int(_number(left_out))]).column("row")
+        tables[alias] = TableInput(alias, int(_number(item["num_rows"])), tokens, keys,
+                                   None if left is None else left.combine_chunks())
     outputs = tuple((str(node), str(port)) for node, port in (_list(o) for o in _list(header["outputs"])))
     return PhysicalRequest(
         backend=str(header["backend"]), graph=decode_graph(str(header["graph"])), outputs=outputs, tables=tables,

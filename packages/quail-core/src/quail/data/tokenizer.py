@@ -12,8 +12,11 @@ from typing import Protocol, runtime_checkable
 class Tokenizer(Protocol):
     """Text ↔ token ids for one model. `identity` keys cached token files.
 
-    `encode` never adds special tokens: prompts are tokenized per part and concatenated, and the
-    beginning-of-sequence token, when the model has one, is placed once by the prompt layout.
+    `encode` treats its text as data: it never adds special tokens, and a control token's spelling
+    in the text (`<eos>`, `<start_of_turn>`, `<|im_end|>`) is encoded as those characters, never as
+    the control token, so a document cannot forge the prompt's structure. The structure is the
+    prompt layout's alone: it places the beginning-of-sequence token and a chat model's turn
+    markers by id (`bos_id`, `token_id`), and concatenates the per-part ids around the documents.
     """
 
     @property
@@ -38,6 +41,7 @@ class HuggingFaceTokenizer:
 
     Shared by every backend that runs Hugging Face checkpoints, so planning sees the exact ids the
     engine will. `bos_id` is the token the layout puts first (None for models that use none).
+    Special tokens are not parsed in encoded text (`encode_special_tokens`): documents are data.
     """
 
     def __init__(self, path: Path, bos_id: int | None) -> None:
@@ -46,6 +50,7 @@ class HuggingFaceTokenizer:
         except ImportError as error:  # optional: only backends that load HF checkpoints need it
             raise ImportError("reading tokenizer.json needs the tokenizers package: pip install tokenizers") from error
         self._tokenizer = TokenizerFile.from_file(str(path))
+        self._tokenizer.encode_special_tokens = True
         self._identity = "hf-" + hashlib.sha256(path.read_bytes()).hexdigest()[:20]
         self._bos = bos_id
 

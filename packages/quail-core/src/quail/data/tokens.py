@@ -56,6 +56,7 @@ class TokenColumn:
 
     path: Path
     tokens: pa.ChunkedArray = field(repr=False, compare=False)
+    truncated_to: int | None = None
     _lengths: pa.Int32Array = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -71,6 +72,14 @@ class TokenColumn:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    def truncated(self, limit: int) -> TokenColumn:
+        """The same rows, each cut to its first `limit` tokens; chunks with no longer row are shared, not copied."""
+        if limit < 1:
+            raise ValueError(f"a truncated document keeps at least one token, got limit {limit}")
+        chunks = [pc.list_slice(chunk, 0, limit) if (pc.max(pc.list_value_length(chunk)).as_py() or 0) > limit
+                  else chunk for chunk in self.tokens.chunks]
+        return TokenColumn(self.path, pa.chunked_array(chunks, self.tokens.type), limit)
 
     def lengths(self) -> pa.Int32Array:
         """Token count per row, from the list offsets (the token values are not read); 0 for a NULL text."""

@@ -116,6 +116,8 @@ def _labels(labels: Sequence[str | tuple[str, str]]) -> tuple[Label, ...]:
 
 def prompt(template: str, *columns: Col) -> PromptExpr:
     """`prompt('Does {0} praise the acting?', col("r.body"))`."""
+    if not isinstance(template, str):
+        raise TypeError(f"prompt() takes its template as a str, got {type(template).__name__} {template!r}")
     for column in columns:
         if not isinstance(column, Col):
             raise CompileError(f"prompt(...) takes col(...) arguments after the template, got {column!r}")

@@ -30,20 +30,28 @@ DOCUMENT_PLACEHOLDER = "the document"
 
 @dataclass(frozen=True)
 class PromptStyle:
-    """The fixed text around the layout; a chat model wraps it in its user / assistant turn."""
+    """The fixed text around the layout; a chat model wraps it in its user / assistant turn.
+
+    `control_tokens` are the model's control tokens this text spells (chat turn markers): the
+    layout encodes each as its vocabulary id and everything else as plain text, so the markers
+    are real while the same spellings inside a document or a question stay characters.
+    """
 
     preamble: str = "DOCUMENT:\n"
     cue: str = "\nANSWER:"
     label_prefix: str = " "
+    control_tokens: tuple[str, ...] = ()
 
     @classmethod
-    def chat(cls, user_start: str, user_end_assistant_start: str) -> PromptStyle:
+    def chat(cls, user_start: str, user_end_assistant_start: str, control_tokens: tuple[str, ...]) -> PromptStyle:
         """The layout inside a chat turn: the document still comes first inside the user turn."""
-        return cls(preamble=user_start + "DOCUMENT:\n", cue=user_end_assistant_start, label_prefix="")
+        return cls(preamble=user_start + "DOCUMENT:\n", cue=user_end_assistant_start, label_prefix="",
+                   control_tokens=control_tokens)
 
 
 BASE_STYLE = PromptStyle()
-QWEN3_CHAT_STYLE = PromptStyle.chat("<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+QWEN3_CHAT_STYLE = PromptStyle.chat("<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+                                    ("<|im_start|>", "<|im_end|>", "<think>", "</think>"))
 
 
 # -- text -------------------------------------------------------------------------------------
@@ -145,6 +153,45 @@ CONTENT_FREE = ("N/A", "", "[MASK]")
 """Documents that say nothing: a base model's margin on them is its bias for a question."""
 
 
+def style_ids(tokenizer: Tokenizer, text: str, style: PromptStyle) -> TokenIds:
+    """Ids of the style's own text (preamble, answer cue): its control tokens by id, the rest plain.
+
+    The text between two control tokens is encoded alone, as a tokenizer that parses special
+    tokens would split it, so the ids equal that tokenizer's.
+    """
+    if not style.control_tokens:
+        return tuple(tokenizer.encode(text))
+    ids: list[int] = []
+    pattern = "(" + "|".join(re.escape(token) for token in style.control_tokens) + ")"
+    for piece in re.split(pattern, text):
+        if piece in style.control_tokens:
+            ids.append(_control_id(tokenizer, piece))
+        elif piece:
+            ids.extend(tokenizer.encode(piece))
+    return tuple(ids)
+
+
+def tail_ids(tokenizer: Tokenizer, tail: str, style: PromptStyle) -> TokenIds:
+    """Ids of a question tail: the question as plain text — whatever the user's words spell — then the cue.
+
+    A style without control tokens encodes the tail as one string, the ids its models have always seen.
+    """
+    if not style.control_tokens or not tail.endswith(style.cue):
+        return tuple(tokenizer.encode(tail))
+    return tuple(tokenizer.encode(tail.removesuffix(style.cue))) + style_ids(tokenizer, style.cue, style)
+
+
+def _control_id(tokenizer: Tokenizer, token: str) -> int:
+    found = tokenizer.token_id(token)
+    if found is None:
+        raise RefusalError(Refusal(
+            f"the tokenizer has no control token {token!r}, which the model's chat layout needs",
+            (f"tokenizer {tokenizer.identity!r} does not list it as one vocabulary entry",),
+            hints=("use the tokenizer.json that ships with the checkpoint",),
+        ))
+    return found
+
+
 def content_free_documents(tokenizer: Tokenizer) -> tuple[TokenIds, ...]:
     """The content-free documents, tokenized as documents are (calibration puts them in the document slot)."""
     return tuple(tuple(tokenizer.encode(text)) for text in CONTENT_FREE)
@@ -152,7 +199,7 @@ def content_free_documents(tokenizer: Tokenizer) -> tuple[TokenIds, ...]:
 
 def preamble_ids(tokenizer: Tokenizer, style: PromptStyle) -> TokenIds:
     bos = () if tokenizer.bos_id is None else (tokenizer.bos_id,)
-    return bos + tuple(tokenizer.encode(style.preamble))
+    return bos + style_ids(tokenizer, style.preamble, style)
 
 
 def shared_frame(sequences: Sequence[TokenIds]) -> TokenIds:
@@ -187,7 +234,7 @@ def bind_filters(predicates: Sequence[AiPredicate], tokenizer: Tokenizer,
     columns = {p.prompt.columns[0] for p in predicates}
     if len(columns) != 1 or any(len(p.prompt.columns) != 1 for p in predicates):
         raise ValueError(f"filter stages must read one document column, got {sorted(map(str, columns))}")
-    tails = [tuple(tokenizer.encode(filter_tail(p.prompt, style))) for p in predicates]
+    tails = [tail_ids(tokenizer, filter_tail(p.prompt, style), style) for p in predicates]
     frame = shared_frame(tails)
     column = next(iter(columns))
     return FilterPrompts(column.alias, column, preamble_ids(tokenizer, style), frame,
@@ -216,7 +263,7 @@ def bind_join(predicate: AiPredicate, anchor: str, tokenizer: Tokenizer,
     labels = tuple(tuple(tokenizer.encode(partner_label(n + 1))) for n in range(len(partners)))
     return JoinPrompt(anchor_column, partners, preamble_ids(tokenizer, style),
                       tuple(tokenizer.encode(join_frame(predicate.prompt, anchor))), labels,
-                      tuple(tokenizer.encode(style.cue)))
+                      style_ids(tokenizer, style.cue, style))
 
 
 @dataclass(frozen=True)
@@ -236,7 +283,7 @@ def bind_classify(prompt: Prompt, labels: Sequence[Label], instructions: str | N
     if empty:
         raise ValueError(f"labels {empty} tokenize to nothing")
     return ClassifyPrompt(prompt.columns[0], preamble_ids(tokenizer, style),
-                          tuple(tokenizer.encode(classify_tail(prompt, labels, instructions, style))), label_ids)
+                          tail_ids(tokenizer, classify_tail(prompt, labels, instructions, style), style), label_ids)
 
 
 def style_for(chat_template: bool, architecture: str) -> PromptStyle:

@@ -171,7 +171,7 @@ class _Reader:
     def read(self) -> QuerySpec:
         statement = self.statement
         if not isinstance(statement, exp.Query):
-            raise unsupported(f"statement {statement.key.upper()}", statement, "Quail runs SELECT queries")
+            raise CompileError(f"not a SELECT statement (it starts {safe_sql(statement)[:12]!r}); Quail runs SELECT")
         if isinstance(statement, exp.Select) and not (statement.args.get("from_") or statement.args.get("from")):
             raise CompileError("the query has no FROM clause")
         self.block = ai_block(statement)
@@ -558,6 +558,7 @@ class _Reader:
     def _residual(self, node: exp.Expression, context: _Context) -> None:
         if context.clause == "left_on":
             raise unsupported(f"condition {safe_sql(node, self.dialect)} in LEFT JOIN ... ON", node, LEFT_ON_HINT)
+        _check_score_comparisons(node)
         references = self.scope.references(node)
         self._check_visible(references.aliases, context, node)
         model = tuple(sorted(a for a in references.aliases if a in self.model_aliases))
@@ -747,6 +748,22 @@ def _outer_aliases(statement: exp.Expression, block: exp.Select) -> set[str]:
     inside = {id(node) for node in block.walk()}
     return {t.alias_or_name for t in statement.find_all(exp.Table, exp.Subquery)
             if id(t) not in inside and t.alias_or_name}
+
+
+def _check_score_comparisons(node: exp.Expression) -> None:
+    """AI.SCORE compared with text that is no number: DuckDB would find out only while running the
+    relational part, after the model answered; say it now."""
+    for comparison in node.find_all(exp.GT, exp.GTE, exp.LT, exp.LTE, exp.EQ, exp.NEQ):
+        sides = (comparison.this, comparison.expression)
+        for mine, other in (sides, sides[::-1]):
+            call = ai_call(mine)
+            if call is None or call.kind != "score" or not (isinstance(other, exp.Literal) and other.is_string):
+                continue
+            try:
+                float(other.this)
+            except ValueError:
+                raise unsupported(f"comparison of {call.spelling} with {other.sql()}", other,
+                                  "AI.SCORE is a number in [0, 1]: compare it with a number") from None
 
 
 def _exists_aliases(block: exp.Select) -> set[str]:

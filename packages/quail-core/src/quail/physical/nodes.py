@@ -175,6 +175,8 @@ class AiJoin(PhysicalNode):
     selectivity: float = 0.2
     assumed_selectivity: bool = True
     retain_anchor_kv: bool = False
+    share_prefixes: bool = False
+    """Anchors borrow the document prefixes they share with anchors computed before them."""
     calibration: tuple[TokenIds, ...] = ()
     """Content-free documents for every slot: a tuple holds iff its margin beats their mean margin."""
     answers: AnswerTokens | None = None
@@ -213,8 +215,9 @@ class AiJoin(PhysicalNode):
     def describe(self) -> str:
         partners = ", ".join(p.alias for p in self.partners)
         kept = ", keep anchor KV for the next join" if self.retain_anchor_kv else ""
+        shared = ", anchors borrow shared document prefixes" if self.share_prefixes else ""
         head = f"AiJoin {self.semantics} #{self.predicate.position} anchor {self.anchor.alias}"
-        return f"{head} partners {partners}{kept}{_calibrated(self.calibration)}"
+        return f"{head} partners {partners}{kept}{shared}{_calibrated(self.calibration)}"
 
 
 @dataclass(frozen=True, kw_only=True)

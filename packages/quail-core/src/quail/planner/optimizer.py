@@ -12,12 +12,13 @@ from dataclasses import dataclass, replace
 from quail.backends.base import PlanningContext
 from quail.data.tokenizer import Tokenizer
 from quail.errors import Refusal, RefusalError
-from quail.frontend.prompts import PromptStyle, bind_classify, bind_filters, bind_join, filter_tail
+from quail.frontend.prompts import PromptStyle, bind_classify, bind_filters, bind_join, filter_tail, tail_ids
 from quail.logical.expressions import AiPredicate, Semantics
 from quail.logical.nodes import AiOutput, Classify, LogicalNode, Project
 from quail.planner.cost import CostModel, Lengths, Work, ask, scan
 from quail.planner.filters import FilterOrder, StagePrice, order_filters, selectivity_of
 from quail.planner.joins import (
+    EXHAUSTIVE_JOIN_LIMIT,
     AliasStats,
     AnchorLayout,
     EqualityEdge,
@@ -27,6 +28,9 @@ from quail.planner.joins import (
     plan_joins,
 )
 from quail.planner.shape import Leaf, PlanShape, SubqueryJoin, rebuild, shape_of
+
+OVERSIZED_HINT = ("to answer the other documents, skip or cut the long ones: "
+                  "EngineConfig(oversized_documents='skip' or 'truncate')")
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,7 @@ class _Optimizer:
         join_plan = self.join_plan(problem)
         anchors = dict(join_plan.anchors) if join_plan else {}
         semi_seconds = self.subquery_anchors(problem, join_plan, anchors)
+        shared |= frozenset(a for a in set(anchors.values()) - shared if self.share_anchor_prefixes(a))
         output_seconds = sum(self.output_seconds(o, stats) for o in self.shape.outputs)
         filter_seconds = sum(o.seconds for o in orders.values())
         join_seconds = (join_plan.seconds if join_plan else 0.0) + semi_seconds
@@ -153,6 +158,16 @@ class _Optimizer:
                             f"in token order (saves ≈{saved:.3g} s of compute for ≈{added:.3g} s of KV traffic)")
         return True
 
+    def share_anchor_prefixes(self, alias: str) -> bool:
+        """Join anchors borrow the prefixes they share — never under LIMIT. An anchor's KV is computed and
+        held for its partners either way, so borrowing only saves compute: on unless switched off."""
+        shared = self.context.document_shared_prefix_tokens.get(alias)
+        if self.context.prefix_sharing == "off" or not shared or self.shape.project.limit is not None:
+            return False
+        self.remarks.append(f"join anchors on {alias} borrow shared document prefixes: {shared:,} tokens "
+                            "from anchors in token order")
+        return True
+
     def with_sharing(self, order: FilterOrder) -> FilterOrder:
         saved, added = self.sharing_seconds(order.alias, order)
         return replace(order, seconds=max(order.seconds - saved + added, 0.0))
@@ -164,7 +179,7 @@ class _Optimizer:
             raise RefusalError(Refusal(
                 f"a prompt over {what} does not fit one {limit}",
                 ("a document plus its question must fit one forward pass",),
-                needed=longest, available=budget, unit="tokens",
+                needed=longest, available=budget, unit="tokens", hints=(OVERSIZED_HINT,),
             ))
 
     def alias_stats(self, leaves: list[Leaf], orders: Mapping[str, FilterOrder]) -> dict[str, AliasStats]:
@@ -228,10 +243,16 @@ class _Optimizer:
             raise RefusalError(Refusal(
                 "no join order can run: every anchor's worst tuple exceeds one forward chunk",
                 needed=self.shortest_worst_tuple(full), available=self.context.chunk_tokens, unit="tokens",
+                hints=(OVERSIZED_HINT,),
             ))
         anchors = ", ".join(f"#{k} on {v}" for k, v in sorted(plan.anchors.items()))
+        if plan.search == "greedy":
+            how = (f"greedy order: {len(aliases)} tables are more than the exhaustive search's "
+                   f"{EXHAUSTIVE_JOIN_LIMIT}, so the order may not be the cheapest")
+        else:
+            how = "cheapest of every left-deep order × anchor"
         self.remarks.append(f"join order {' ⋈ '.join(plan.order)}; anchors {anchors or 'none'} "
-                            f"(cheapest of every left-deep order × anchor, {plan.seconds:.3g} s)")
+                            f"({how}, {plan.seconds:.3g} s)")
         return plan
 
     def subquery_anchors(self, problem: JoinProblem, plan: JoinPlan | None, anchors: dict[int, str]) -> float:
@@ -249,7 +270,8 @@ class _Optimizer:
             if not options:
                 raise RefusalError(Refusal(f"the {subquery.semantics} join #{edge.position} fits no forward chunk",
                                            needed=self.shortest_worst_tuple(single),
-                                           available=self.context.chunk_tokens, unit="tokens"))
+                                           available=self.context.chunk_tokens, unit="tokens",
+                                           hints=(OVERSIZED_HINT,)))
             seconds, anchor = min(options)
             anchors[edge.position] = anchor
             total += seconds
@@ -288,7 +310,7 @@ class _Optimizer:
             bound = bind_classify(output.prompt, output.labels, output.instructions, self.tokenizer, self.style)
             tail, labels = len(bound.tail), [len(ids) for ids in bound.labels]
         else:
-            tail = len(self.tokenizer.encode(filter_tail(output.prompt, self.style)))
+            tail = len(tail_ids(self.tokenizer, filter_tail(output.prompt, self.style), self.style))
             labels = []
         alias = output.prompt.aliases[0]
         documents = stats[alias].documents.plus(1 + tail)

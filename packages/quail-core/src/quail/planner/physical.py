@@ -160,6 +160,7 @@ class _GraphBuilder:
                                    labels=bound.labels, cue=bound.cue, selectivity=selectivity,
                                    assumed_selectivity=assumed,
                                    retain_anchor_kv=self.anchored_again(predicate.position, anchor),
+                                   share_prefixes=anchor in self.decisions.shared_prefixes,
                                    calibration=self.calibration, answers=self.answers), **inputs)
         if node.semantics == "left":
             self.nullable.update(node.right.aliases)

@@ -23,6 +23,7 @@ from quail.data.tokenizer import Tokenizer
 from quail.data.tokens import TokenColumn
 from quail.logical.expressions import Equality
 from quail.logical.nodes import Classify, LogicalNode, Score, SemanticFilter, SemanticJoin, Verdict, walk
+from quail.planner.oversize import taking_part
 from quail.planner.prefixes import shareable_tokens
 from quail.runtime.relational import RowSource
 
@@ -85,9 +86,10 @@ def _shareable(column: TokenColumn, page_tokens: int) -> int:
 
 def planning_context(plan: LogicalNode, providers: Mapping[str, TableRows], tokens: Mapping[str, TokenColumn],
                      tokenizer: Tokenizer, config: EngineConfig, model: ModelSpec, device: DeviceSpec,
-                     order: OrderRule) -> PlanningContext:
-    """Everything a backend's `plan` may consult, measured from the query's data (after the scans' predicates)."""
-    lengths = {alias: tokens[alias].present_lengths().to_pylist() if alias in tokens else [0] * provider.num_rows
+                     order: OrderRule, skipped: Mapping[str, pa.Array]) -> PlanningContext:
+    """Everything a backend's `plan` may consult, measured from the query's data: the rows its scans
+    kept, without those `skipped` (oversized) and without NULL documents."""
+    lengths = {alias: taking_part(tokens[alias], skipped.get(alias)) if alias in tokens else [0] * provider.num_rows
                for alias, provider in providers.items()}
     return PlanningContext(
         model=model, device=device, gpu_count=config.gpus, document_token_lengths=lengths, order_rule=order,

@@ -16,6 +16,8 @@ from quail.compute.base import ComputeProvider
 from quail.logical.rules import LogicalRule
 from quail.plugins import hookspecs
 from quail.plugins.registry import (
+    CORE,
+    FIRST_PARTY_BACKENDS,
     Extension,
     ExtensionRegistry,
     Kind,
@@ -62,34 +64,71 @@ def plugin_manager() -> pluggy.PluginManager:
 
 
 def load_plugins(registry: ExtensionRegistry, group: str = GROUP) -> None:
-    """Import each entry point of `group`, collect each plugin's registrations, then commit them.
+    """Import every entry point of `group`, collect each plugin's registrations, then commit them.
 
-    A plugin whose entry-point name is the backend it registers commits first, so an impostor
-    claiming a name that another plugin's entry point carries loses, whatever the sort order.
+    Every entry point loads, even two that share a name (pluggy's `load_setuptools_entrypoints`
+    would keep whichever distribution comes first on sys.path and skip the other in silence).
+    Commits run in `_precedence` order, so a backend name claimed twice keeps its rightful owner —
+    the first-party distribution for a first-party name — and the other claim is reported with a
+    warning naming both distributions.
     """
     manager = plugin_manager()
-    staged: list[tuple[str, Origin, _StagedRegistrar]] = []
-    for entry in _unique_entry_points(group):
+    _load_built_ins(registry, manager)
+    staged: list[tuple[EntryPoint, Origin, _StagedRegistrar]] = []
+    for entry in _entry_points(group):
         origin = _origin(entry)
-        try:
-            manager.load_setuptools_entrypoints(group, name=entry.name)
-        except Exception as exc:  # a broken plugin must not break the engine
-            _fail(registry, PluginFailure(entry.name, origin, "import", _message(exc)))
+        plugin = _load(manager, entry, origin, registry)
+        if plugin is None:
             continue
-        registrar = _collect(registry, manager, entry.name, origin)
+        registrar = _collect(registry, manager, plugin, entry.name, origin)
         if registrar is not None:
-            staged.append((entry.name, origin, registrar))
-    staged.sort(key=lambda item: not set(item[2].claimed_names()) <= {item[0]})
-    for name, origin, registrar in staged:
+            staged.append((entry, origin, registrar))
+    staged.sort(key=_precedence)
+    for entry, origin, registrar in staged:
         try:
             registry.register_all(registrar.items, origin)
         except ValueError as exc:
-            _fail(registry, PluginFailure(name, origin, "register", str(exc), registrar.claimed_names()))
+            _fail(registry, PluginFailure(entry.name, origin, "register", str(exc), registrar.claimed_names()))
 
 
-def _collect(registry: ExtensionRegistry, manager: pluggy.PluginManager, name: str,
+def _load_built_ins(registry: ExtensionRegistry, manager: pluggy.PluginManager) -> None:
+    """Core's own plugin, first and through the same hook; its failure is a bug of Quail's, so it raises."""
+    from quail.plugins import builtin
+
+    manager.register(builtin, name="quail:built-in")
+    registrar = _collect(registry, manager, builtin, "built-in", CORE)
+    if registrar is None:
+        raise RuntimeError("Quail's built-in plugin registered nothing")
+    registry.register_all(registrar.items, CORE)
+
+
+def _load(manager: pluggy.PluginManager, entry: EntryPoint, origin: Origin,
+          registry: ExtensionRegistry | None) -> object | None:
+    """Import one entry point's module and register it under a name unique to its distribution."""
+    try:
+        plugin = entry.load()
+        manager.register(plugin, name=_plugin_name(entry))
+    except Exception as exc:  # a broken plugin must not break the engine
+        if registry is not None:
+            _fail(registry, PluginFailure(entry.name, origin, "import", _message(exc)))
+        return None
+    return plugin
+
+
+def _precedence(staged: tuple[EntryPoint, Origin, _StagedRegistrar]) -> tuple[int, str, str]:
+    """First-party distributions first, then plugins that register only the backend their entry point names."""
+    entry, origin, registrar = staged
+    if origin.distribution in FIRST_PARTY_BACKENDS.values():
+        rank = 0
+    elif set(registrar.claimed_names()) <= {entry.name}:
+        rank = 1
+    else:
+        rank = 2
+    return rank, entry.name, origin.distribution or ""
+
+
+def _collect(registry: ExtensionRegistry, manager: pluggy.PluginManager, plugin: object, name: str,
              origin: Origin) -> _StagedRegistrar | None:
-    plugin = manager.get_plugin(name)
     implementations = [i for i in manager.hook.quail_register.get_hookimpls() if i.plugin is plugin]
     if not implementations:
         _fail(registry, PluginFailure(name, origin, "register", "it implements no quail hook"))
@@ -104,11 +143,18 @@ def _collect(registry: ExtensionRegistry, manager: pluggy.PluginManager, name: s
     return staged
 
 
-def _unique_entry_points(group: str) -> list[EntryPoint]:
-    seen: dict[str, EntryPoint] = {}
-    for entry in entry_points(group=group):
-        seen.setdefault(entry.name, entry)
-    return sorted(seen.values(), key=lambda e: e.name)
+def _entry_points(group: str) -> list[EntryPoint]:
+    """Every entry point of the group, two with one name included, in a stable order."""
+    return sorted(entry_points(group=group), key=lambda e: (e.name, _distribution_name(e)))
+
+
+def _distribution_name(entry: EntryPoint) -> str:
+    return "" if entry.dist is None else str(entry.dist.metadata["Name"])
+
+
+def _plugin_name(entry: EntryPoint) -> str:
+    """The name pluggy knows a plugin by: the entry point's, qualified by its distribution."""
+    return f"{entry.name}:{_distribution_name(entry) or entry.value}"
 
 
 def _origin(entry: EntryPoint) -> Origin:
@@ -131,11 +177,8 @@ def _fail(registry: ExtensionRegistry, failure: PluginFailure) -> None:
 def add_plugin_commands(commands: argparse._SubParsersAction, group: str = GROUP) -> None:  # type: ignore[type-arg]
     """Let every installed plugin add its `quail` subcommands; one that fails is skipped with a warning."""
     manager = plugin_manager()
-    for entry in _unique_entry_points(group):
-        try:
-            manager.load_setuptools_entrypoints(group, name=entry.name)
-        except Exception:  # reported by the registry when backends load; the CLI just goes on
-            continue
+    for entry in _entry_points(group):
+        _load(manager, entry, _origin(entry), None)  # import failures are reported when backends load
     for implementation in manager.hook.quail_add_commands.get_hookimpls():
         try:
             implementation.function(commands=commands)

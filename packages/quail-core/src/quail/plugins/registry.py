@@ -9,11 +9,11 @@ from types import MappingProxyType
 from typing import Literal
 
 from quail.backends.base import ModelBackend, NodeMetrics
-from quail.catalog.devices import BUILT_IN_DEVICES, DeviceSpec
-from quail.catalog.models import BUILT_IN_MODELS, ModelSpec
+from quail.catalog.devices import DeviceSpec
+from quail.catalog.models import ModelSpec
 from quail.compute.base import ComputeProvider
 from quail.errors import Refusal, RefusalError
-from quail.logical.rules import BUILT_IN_RULES, LogicalRule
+from quail.logical.rules import LogicalRule
 from quail.physical.nodes import PhysicalNode
 from quail.runtime.progress import ProgressListener
 
@@ -84,19 +84,11 @@ class ExtensionRegistry:
 
     @classmethod
     def with_built_ins(cls) -> ExtensionRegistry:
-        """The built-in catalog plus every installed plugin (entry-point group ``quail``)."""
+        """Quail's built-in plugin plus every installed plugin (entry-point group ``quail``)."""
         from quail.plugins.loading import load_plugins
 
         registry = cls()
-        for model in BUILT_IN_MODELS:
-            registry.register_model(model, origin=CORE)
-        for device in BUILT_IN_DEVICES:
-            registry.register_device(device, origin=CORE)
-        for rule in BUILT_IN_RULES:
-            registry.register_logical_rule(rule, origin=CORE)
-        for compute in built_in_computes():
-            registry.register_compute(compute, origin=CORE)
-        load_plugins(registry)
+        load_plugins(registry)  # the built-in plugin (quail.plugins.builtin) first, then the installed ones
         return registry
 
     # -- registration -------------------------------------------------------------------------
@@ -233,13 +225,6 @@ class ExtensionRegistry:
         if found is None:
             raise RefusalError(Refusal(f"unknown device {name!r}", (f"known devices: {_listing(self.devices)}",)))
         return found
-
-
-def built_in_computes() -> tuple[ComputeProvider, ...]:
-    from quail.compute.local import LocalProvider
-    from quail.compute.process import ProcessProvider
-
-    return (LocalProvider(), ProcessProvider())
 
 
 def _listing(names: Mapping[str, object]) -> str:

@@ -17,6 +17,7 @@ from quail.data.tokens import TokenColumn
 from quail.errors import PlanEditError, Refusal, RefusalError
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
+from quail.planner.oversize import OversizedDocuments, find_oversized
 from quail.planner.statistics import document_columns, planning_context
 from quail.runtime.duckdb_tail import DuckTail
 from quail.runtime.explain import explain_text
@@ -42,16 +43,29 @@ def token_columns(query: Query) -> dict[str, TokenColumn]:
             for alias, column in document_columns(query.logical_plan).items()}
 
 
+def prepared_documents(query: Query) -> tuple[OversizedDocuments, dict[str, TokenColumn], dict[str, pa.Array]]:
+    """(oversized documents, token columns, rows left out per alias): what planning and running see, with
+    documents too long for one pass skipped or truncated as `EngineConfig.oversized_documents` says."""
+    session = query.session
+    tokens = token_columns(query)
+    oversized = find_oversized(session.config.oversized_documents, query.logical_plan, tokens, session.tokenizer,
+                               session.model, session.config.chunk_tokens)
+    kept, skipped = oversized.apply(tokens)
+    return oversized, kept, skipped
+
+
 def plan_physical(query: Query) -> PhysicalCandidate:
     session = query.session
-    context = planning_context(query.logical_plan, providers_of(query), token_columns(query), session.tokenizer,
-                               session.config, session.model, session.device, query.order)
+    oversized, tokens, skipped = prepared_documents(query)
+    context = planning_context(query.logical_plan, providers_of(query), tokens, session.tokenizer, session.config,
+                               session.model, session.device, query.order, skipped)
     offered = session.backend.plan(ModelRegion(query.logical_plan), context)
     if isinstance(offered, Refusal):
         raise RefusalError(offered)
     if not offered:
         raise RefusalError(Refusal(f"backend {session.backend.name!r} offered no plan"))
-    return min(offered, key=lambda c: c.estimated_seconds)
+    cheapest = min(offered, key=lambda c: c.estimated_seconds)
+    return replace(cheapest, remarks=(*cheapest.remarks, *oversized.remarks()))
 
 
 def _check_plan_matches(query: Query, graph: PhysicalGraph) -> None:
@@ -83,10 +97,10 @@ def key_columns(graph: PhysicalGraph) -> dict[str, list[str]]:
 
 
 def model_request(session: Session, graph: PhysicalGraph, providers: Mapping[str, ScanView],
-                  tokens: Mapping[str, TokenColumn]) -> PhysicalRequest:
+                  tokens: Mapping[str, TokenColumn], skipped: Mapping[str, pa.Array]) -> PhysicalRequest:
     keys = key_columns(graph)
     tables = {alias: TableInput(alias, provider.num_rows, tokens.get(alias),
-                                provider.to_table(keys[alias]) if alias in keys else pa.table({}))
+                                provider.to_table(keys[alias]) if alias in keys else pa.table({}), skipped.get(alias))
               for alias, provider in providers.items()}
     return PhysicalRequest(session.backend.name, graph, model_outputs(graph), tables, session.config, session.model,
                            session.device)
@@ -113,17 +127,17 @@ def run_query(query: Query, plan: PhysicalCandidate | PhysicalGraph | None) -> Q
         candidate = replace(candidate, graph=plan)
     graph = candidate.graph
     _check_plan_matches(query, graph)
-    tokens = token_columns(query)
+    oversized, tokens, skipped = prepared_documents(query)
     providers = providers_of(query)
     registry = session.registry
     started = time.perf_counter()
-    response = session.compute.execute(model_request(session, graph, providers, tokens),
+    response = session.compute.execute(model_request(session, graph, providers, tokens, skipped),
                                        Caller(registry, _fan_out(registry.progress_listeners)))
     for node_id, metrics in response.metrics.nodes.items():
         for observer in registry.observers:
             observer(graph.node(node_id), metrics)
-    runner = Runner(graph, RunInputs(providers, tokens, DuckTail(session.database)), backend=session.backend.name,
-                    observers=registry.observers)
+    runner = Runner(graph, RunInputs(providers, tokens, skipped, DuckTail(session.database)),
+                    backend=session.backend.name, observers=registry.observers)
     output = runner.run([(graph.root, "table")], known=response.tables)
     wall_s = time.perf_counter() - started
     node_metrics = {**response.metrics.nodes, **output.node_metrics}
@@ -136,7 +150,8 @@ def run_query(query: Query, plan: PhysicalCandidate | PhysicalGraph | None) -> Q
         sol_seconds=candidate.sol_seconds, boot_s=response.metrics.boot_s, boot_kind=response.metrics.boot_kind,
         fresh_tokens=fresh, cached_tokens=cached, minimum_tokens=minimum_tokens(graph, answers, tokens),
         stages=tuple(stages(graph, answers)), node_metrics=node_metrics, remarks=candidate.remarks,
-        engine=response.metrics.notes, null_inputs=null_inputs(graph, node_metrics),
+        engine=response.metrics.notes, oversized_documents=oversized.report(),
+        null_inputs=null_inputs(graph, node_metrics),
     )
     rules = ", ".join(rule.name for rule in registry.logical_rules)
     text = explain_text(candidate.plan, candidate, query.order, rules, measured=node_metrics,

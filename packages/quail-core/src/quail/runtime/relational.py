@@ -28,8 +28,12 @@ class RowSource(Protocol):
     def take(self, rows: Rows, columns: Columns = None) -> pa.Table: ...
 
 
-def scan_rows(alias: str, count: int) -> pa.Table:
-    return pa.table({alias: pa.array(range(count), ROW)})
+def scan_rows(alias: str, count: int, left_out: pa.Array | None = None) -> pa.Table:
+    """Every row of the alias, but those `left_out` (skipped oversized documents)."""
+    rows = pa.array(range(count), ROW)
+    if left_out is not None and len(left_out):
+        rows = rows.filter(pc.invert(pc.is_in(rows, value_set=left_out.cast(ROW))))
+    return pa.table({alias: rows})
 
 
 def aliases_of(rows: pa.Table, known: Sequence[str]) -> list[str]:

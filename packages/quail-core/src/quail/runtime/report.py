@@ -162,6 +162,7 @@ class QueryReport:
     remarks: tuple[str, ...]
     engine: tuple[str, ...] = ()
     """What the engine said of itself when it booted (precision chosen, …)."""
+    oversized_documents: Mapping[str, ReportValue] | None = None
     null_inputs: Mapping[str, int] | None = None
     """Per model node: input rows skipped because their document is NULL (no model work; the answer is NULL)."""
 
@@ -199,6 +200,7 @@ class QueryReport:
             "calibration": self.calibration(),
             "remarks": list(self.remarks),
             "engine": list(self.engine),
+            "oversized_documents": None if self.oversized_documents is None else dict(self.oversized_documents),
             "order_rule": self.order_rule,
             "null_inputs": dict(self.null_inputs or {}),
         }

@@ -44,6 +44,8 @@ class RunInputs:
 
     tables: Mapping[str, RowSource]
     tokens: Mapping[str, TokenColumn]
+    skipped: Mapping[str, pa.Array] = field(default_factory=dict)
+    """Rows of an alias that its Scan leaves out (oversized documents under oversized_documents="skip")."""
     tail: Tail | None = None
 
 
@@ -173,7 +175,7 @@ class Runner:
     def generic(self, node: ph.PhysicalNode, inputs: Mapping[str, pa.Table]) -> pa.Table:
         tables = self.inputs.tables
         if isinstance(node, ph.Scan):
-            return relational.scan_rows(node.alias, tables[node.alias].num_rows)
+            return relational.scan_rows(node.alias, tables[node.alias].num_rows, self.inputs.skipped.get(node.alias))
         if isinstance(node, ph.HashJoin):
             return relational.equality_pairs(inputs["left"], inputs["right"], node.equalities, tables)
         if isinstance(node, ph.RecombineFilter):

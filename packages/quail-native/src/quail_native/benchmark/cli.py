@@ -9,18 +9,29 @@ SCALE_NAMES = ("tiny", "small", "medium", "large", "xlarge")
 
 
 def add_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    parser = commands.add_parser("bench", help="QUAIL-B-shaped workloads: every backend beside a naive baseline")
-    parser.add_argument("--scale", choices=SCALE_NAMES, default="small")
-    parser.add_argument("--out", type=Path, default=Path("bench-out"))
-    parser.add_argument("--backends", default="native", help="comma-separated backends to try")
-    parser.add_argument("--chunk-tokens", type=int, default=1024)
+    parser = commands.add_parser(
+        "bench", help="QUAIL-B-shaped workloads: every backend beside a naive baseline",
+        description="Run QUAIL-B-shaped workloads (reviews × aspects, claims × evidence, cumulative traces) on "
+                    "each chosen backend beside a naive transformers baseline, and write results.json, "
+                    "report.md and chart.png (wall time, fresh / minimum tokens, agreement) to --out.")
+    parser.add_argument("--scale", choices=SCALE_NAMES, default="small",
+                        help="workload size, from tiny (3 reviews × 2 aspects) to xlarge (240 × 12) "
+                             "(default: %(default)s)")
+    parser.add_argument("--out", type=Path, default=Path("bench-out"),
+                        help="directory the results are written to (default: %(default)s)")
+    parser.add_argument("--backends", default="native",
+                        help="comma-separated backends to run, e.g. native,vllm (default: %(default)s)")
+    parser.add_argument("--chunk-tokens", type=int, default=1024,
+                        help="tokens per forward pass (default: %(default)s)")
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
-                        help="the engines' precision (default auto: the faster on this machine); naive runs fp32 on a "
-                             "CPU, so bf16 agreement shows its rounding")
+                        help="every backend's precision (default auto: whichever a GEMM probe finds faster here, "
+                             "the same for all backends); naive runs fp32 on a CPU, so bf16 agreement shows rounding")
     parser.add_argument("--repeats", type=int, default=3,
-                        help="timed runs of each (workload, backend), interleaved, after one warm-up (default 3)")
+                        help="timed runs of each (workload, backend), interleaved, after one warm-up "
+                             "(default: %(default)s)")
     parser.add_argument("--workloads", help="comma-separated parts of workload names to run (default: all)")
-    parser.add_argument("--device", default="cpu", help="device name from the catalog (cpu, h100-sxm, h200, …)")
+    parser.add_argument("--device", default="cpu",
+                        help="device name from the catalog: cpu, h100-sxm, h200, … (default: %(default)s)")
     parser.add_argument("--model-dir", type=Path,
                         help="run a checkpoint directory of the embedded model's shape instead of the embedded "
                              "weights (a machine the weights cannot reach)")

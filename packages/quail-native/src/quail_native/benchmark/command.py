@@ -19,6 +19,7 @@ from quail.runtime.results import QueryResult
 from quail_native.backend import NativeBackend
 from quail_native.benchmark.naive import NaiveModel
 from quail_native.benchmark.workloads import Workload, selected, tables
+from quail_native.precision import choose_precision
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,10 @@ def run(args: argparse.Namespace) -> int:
         model = replace(model, name="gemma-3-270m-shaped", source=str(args.model_dir))
         registry.register_model(model)
     notes: list[str] = []
+    if args.precision == "auto":  # one choice for every backend, so they are compared at the same precision
+        choice = choose_precision("auto", device, model.hidden, model.ffn)
+        args.precision = "bf16" if choice.dtype == torch.bfloat16 else "fp32"
+        notes.append(f"precision for every backend: {choice.reason}")
     sessions = open_sessions(args, registry, model.name, notes)
     try:
         rows = measure_all(sessions, workloads, args.repeats, model_dir, device, first_peak,

@@ -2,8 +2,8 @@
 
 Stage 1 computes a document and its frame and keeps their KV; a TRUE document asks its next
 question tail only (KV rewind); a FALSE one frees its KV at once. Survivors' next stages are
-admitted before fresh documents. With prefix sharing a document borrows the whole pages it shares
-with a lender computed before it and computes only its tail.
+admitted before fresh documents. With prefix sharing a document borrows the prefix it shares with
+a lender computed before it and computes only its tail (`lending.py`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from quail.planner.prefixes import plan_borrows
+from quail_native.executor.lending import Lending, Loan
 from quail_native.executor.packing import Item, ItemResult
 from quail_native.executor.state import SharedState, Tokens, drop, run_passes
 
@@ -35,9 +35,7 @@ class FilterDocument:
     stage: int = 0
     doc_block: int | None = None
     frame_block: int | None = None
-    borrowed: int = 0
-    view: int | None = None
-    borrowers: list[FilterDocument] = field(default_factory=list)
+    loan: Loan = field(default_factory=Loan)
 
 
 @dataclass(frozen=True)
@@ -75,7 +73,6 @@ class _FilterRun:
     retain: bool
     out: list[FilterAnswer] = field(default_factory=list)
     fresh: deque[FilterDocument] = field(default_factory=deque)
-    lent: deque[FilterDocument] = field(default_factory=deque)
     ready: deque[FilterDocument] = field(default_factory=deque)
     in_flight: int = 0
     finished: int = 0
@@ -84,33 +81,24 @@ class _FilterRun:
     def schedule(self, rows: Sequence[int], documents: dict[int, Tokens], share: bool) -> None:
         self.pre = self.state.preamble(self.layout.preamble)
         self.total = len(rows)
+        self.lending: Lending[FilterDocument] = Lending(self.state)
         docs = {r: FilterDocument(r, documents[r]) for r in rows}
-        if not share:
-            self.fresh.extend(docs[r] for r in rows)
-            return
-        order, borrows = plan_borrows({r: d.tokens for r, d in docs.items()}, self.state.arena.page_tokens)
-        for row in order:
-            borrow = borrows.get(row)
-            if borrow is None:
-                self.fresh.append(docs[row])
-            else:
-                docs[row].borrowed = borrow.tokens
-                docs[borrow.lender].borrowers.append(docs[row])
+        self.fresh.extend(self.lending.plan(docs) if share else (docs[r] for r in rows))
 
     @property
     def keeps_frame(self) -> bool:
         return len(self.layout.questions) > 1
 
     def keeps_document(self, doc: FilterDocument) -> bool:
-        return self.keeps_frame or self.retain or bool(doc.borrowers)
+        return self.keeps_frame or self.retain or bool(doc.loan.borrowers)
 
     def first_item(self, doc: FilterDocument) -> Item:
-        skip = doc.borrowed if doc.view is not None else 0
+        skip = self.lending.skipped(doc)
         body = doc.tokens[skip:]
         frame, question = self.layout.frame, self.layout.questions[0]
         spans = ((0, len(body)),) if self.keeps_document(doc) else ()
         spans += ((len(body), len(frame)),) if self.keeps_frame else ()
-        parents = (self.pre,) + ((doc.view,) if doc.view is not None else ())
+        parents = (self.pre, *self.lending.parents(doc))
         tokens = body + frame + question
         return Item(tokens, len(self.layout.preamble) + skip, parents, (len(tokens) - 1,), spans)
 
@@ -123,10 +111,8 @@ class _FilterRun:
     def pages(self, doc: FilterDocument, item: Item) -> int:
         """Pages the first item of `doc` takes: its kept spans, plus the part-page its borrowed prefix's
         continuation copies (see `KVArena.concat`)."""
-        arena = self.state.arena
-        kept = sum(arena.pages_for(length) for _, length in item.keep if length > 0)
-        continued = doc.view is not None and self.keeps_document(doc)
-        return kept + (arena.continuation_pages(doc.borrowed, len(doc.tokens) - doc.borrowed) if continued else 0)
+        kept = sum(self.state.arena.pages_for(length) for _, length in item.keep if length > 0)
+        return kept + (self.lending.continuation_pages(doc) if self.keeps_document(doc) else 0)
 
     def next_items(self, budget: int) -> list[tuple[Item, FilterDocument]]:
         batch: list[tuple[Item, FilterDocument]] = []
@@ -135,14 +121,14 @@ class _FilterRun:
             doc = self.ready.popleft()
             batch.append((self.next_item(doc), doc))
             used += len(batch[-1][0].tokens)
-        for queue in (self.lent, self.fresh):
+        for queue in (self.lending.lent, self.fresh):
             while queue:
                 doc = queue[0]
-                self.protect(doc)
+                self.lending.protect(doc)
                 item = self.first_item(doc)
                 if used + len(item.tokens) > budget or \
                         not self.state.memory.admit(self.pages(doc, item), busy=self.in_flight > 0 or bool(batch)):
-                    self.expose(doc)
+                    self.lending.expose(doc)
                     return batch
                 queue.popleft()
                 batch.append((item, doc))
@@ -174,37 +160,10 @@ class _FilterRun:
             doc.doc_block = blocks.pop(0)
         if self.keeps_frame:
             doc.frame_block = blocks.pop(0)
-        if doc.view is not None:
-            arena = self.state.arena
-            doc.doc_block = arena.concat(doc.view, doc.doc_block) if doc.doc_block is not None else None
-            if doc.doc_block is None:
-                arena.free(doc.view)
-            doc.view = None
-        for borrower in doc.borrowers:
-            self.lend(doc, borrower)
-        doc.borrowers.clear()
-
-    def lend(self, lender: FilterDocument, borrower: FilterDocument) -> None:
-        """Pin the lender's first pages for the borrower until it is admitted (evictable meanwhile)."""
-        assert lender.doc_block is not None
-        borrower.view = self.state.arena.view(lender.doc_block, borrower.borrowed)
-        self.expose(borrower)
-        self.lent.append(borrower)
-
-    def expose(self, doc: FilterDocument) -> None:
-        """Let admission evict a waiting borrower's pages; it then computes its whole document."""
-        if doc.view is None:
-            return
-
-        def lost() -> None:
-            self.state.counters.recomputed_tokens += doc.borrowed
-            doc.view = None
-
-        self.state.memory.keep(doc.view, 1.0, lost)
-
-    def protect(self, doc: FilterDocument) -> None:
-        if doc.view is not None:
-            self.state.memory.unkeep(doc.view)
+        doc.doc_block = self.lending.continued(doc, doc.doc_block)
+        if doc.loan.borrowers:
+            assert doc.doc_block is not None  # a lender always keeps its document
+            self.lending.lend(doc, doc.doc_block)
 
     def after_pass(self) -> None:
         self.state.report(self.finished, self.total)

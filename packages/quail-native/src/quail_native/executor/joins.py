@@ -3,16 +3,18 @@
 An anchor's prefix is computed once (or its document KV is taken from its filter); then every
 candidate tuple's [labels + partner documents + cue] is packed as a sibling that attends to the
 anchor but not to other siblings. An anchor's KV is freed once its partners are answered (exists /
-anti stop at the first TRUE), or kept for the next join anchored on the same alias.
+anti stop at the first TRUE), or kept for the next join anchored on the same alias. With prefix
+sharing an anchor borrows the prefix it shares with an anchor computed before it (`lending.py`).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from quail_native.executor.lending import Lending, Loan
 from quail_native.executor.packing import Item, ItemResult
 from quail_native.executor.state import SharedState, Tokens, drop, run_passes
 
@@ -36,6 +38,7 @@ class Anchor:
     answered_true: bool = False
     outstanding: int = 0
     looked_up: bool = False
+    loan: Loan = field(default_factory=Loan)
 
 
 JoinTag = tuple[Anchor, tuple[int, ...] | None]
@@ -50,26 +53,34 @@ class JoinLayout:
 
 
 def run_join(state: SharedState, anchors: list[Anchor], layout: JoinLayout,
-             margin_of: Callable[[ItemResult], float], answer: Callable[[float], bool], retain: bool = False
-             ) -> list[JoinAnswer]:
+             margin_of: Callable[[ItemResult], float], answer: Callable[[float], bool], retain: bool = False,
+             share: bool = False) -> list[JoinAnswer]:
     """Every evaluated candidate, anchor by anchor.
 
     `retain` keeps the document KV of each anchor that reaches the next join anchored on the same
-    alias (one with a TRUE answer, or none under anti semantics).
+    alias (one with a TRUE answer, or none under anti semantics); `share` lets anchors borrow the
+    prefixes they share.
     """
     preamble, frame = layout.preamble, layout.frame
     stop_at_true = layout.semantics != "full"
     pre = state.preamble(preamble)
     start = len(preamble)
-    waiting = deque(anchors)
+    lending: Lending[Anchor] = Lending(state)
+    waiting = deque(lending.plan({a.row: a for a in anchors}) if share else anchors)
     active: list[Anchor] = []
     out: list[JoinAnswer] = []
 
     def prefix_item(anchor: Anchor) -> Item:
         if anchor.doc_block is not None:
             return Item(frame, start + len(anchor.tokens), (pre, anchor.doc_block), (), ((0, len(frame)),))
-        return Item(anchor.tokens + frame, start, (pre,), (), ((0, len(anchor.tokens)), (len(anchor.tokens),
-                                                                                        len(frame))))
+        skip = lending.skipped(anchor)
+        body = anchor.tokens[skip:]
+        return Item(body + frame, start + skip, (pre, *lending.parents(anchor)), (),
+                    ((0, len(body)), (len(body), len(frame))))
+
+    def pages(anchor: Anchor, item: Item) -> int:
+        kept = sum(state.arena.pages_for(length) for _, length in item.keep)
+        return kept + (lending.continuation_pages(anchor) if anchor.doc_block is None else 0)
 
     def suffix_item(anchor: Anchor, suffix: Tokens) -> Item:
         parents = (pre, anchor.doc_block, anchor.frame_block)
@@ -87,28 +98,36 @@ def run_join(state: SharedState, anchors: list[Anchor], layout: JoinLayout,
                 anchor.outstanding += 1
                 used += len(suffix)
                 share -= 1
-        while waiting:
-            anchor = waiting[0]
-            if not anchor.looked_up:
-                anchor.doc_block = state.take((preamble, anchor.tokens))
-                anchor.looked_up = True
-            item = prefix_item(anchor)
-            pages = sum(state.arena.pages_for(length) for _, length in item.keep)
-            if used + len(item.tokens) > budget or \
-                    not state.memory.admit(pages, busy=bool(active) or bool(batch)):
-                break
-            waiting.popleft()
-            batch.append((item, (anchor, None)))
-            used += len(item.tokens)
+        for queue in (lending.lent, waiting):
+            while queue:
+                anchor = queue[0]
+                if not anchor.looked_up:
+                    anchor.doc_block = state.take((preamble, anchor.tokens))
+                    anchor.looked_up = True
+                    if anchor.doc_block is not None:
+                        lending.cancel(anchor)  # its filter kept its whole document
+                lending.protect(anchor)
+                item = prefix_item(anchor)
+                if used + len(item.tokens) > budget or \
+                        not state.memory.admit(pages(anchor, item), busy=bool(active) or bool(batch)):
+                    lending.expose(anchor)
+                    return batch
+                queue.popleft()
+                batch.append((item, (anchor, None)))
+                used += len(item.tokens)
         return batch
 
     def done(tag: JoinTag, result: ItemResult) -> None:
         anchor, rows = tag
         if rows is None:
             if anchor.doc_block is None:
-                anchor.doc_block, anchor.frame_block = result.blocks
+                document, anchor.frame_block = result.blocks
+                anchor.doc_block = lending.continued(anchor, document)
             else:
                 anchor.frame_block = result.blocks[0]
+            if anchor.loan.borrowers:
+                assert anchor.doc_block is not None
+                lending.lend(anchor, anchor.doc_block)
             active.append(anchor)
         else:
             anchor.outstanding -= 1

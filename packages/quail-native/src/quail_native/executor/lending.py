@@ -1,0 +1,120 @@
+"""Prefix sharing inside a scheduler: which document borrows from which, and the views in between.
+
+A document borrows the common prefix it shares with a lender computed before it
+(`quail.planner.prefixes.plan_borrows`): once the lender's document KV exists, the borrower gets a
+view of its pages (`KVArena.view`, token-granular) and computes only its own tail; its first item
+then continues the view into its own block (`KVArena.concat`). While a borrower waits to be
+admitted its view is evictable — if admission needs the pages, the borrower computes its whole
+document instead (counted as recomputed tokens). The filter and join schedulers both lend this way.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+from quail.planner.prefixes import plan_borrows
+from quail_native.executor.state import SharedState, Tokens
+
+
+@dataclass(eq=False)
+class Loan:
+    """A document's part in prefix sharing."""
+
+    borrowed: int = 0
+    """Tokens of its lender's document it reads instead of computing (0: it borrows nothing)."""
+    view: int | None = None
+    """The lender's pages over those tokens, from the moment they are lent until its first item runs."""
+    borrowers: list[Lendable] = field(default_factory=list)
+    """Documents waiting for this one's KV."""
+
+
+class Lendable(Protocol):
+    @property
+    def tokens(self) -> Tokens: ...
+
+    @property
+    def loan(self) -> Loan: ...
+
+
+D = TypeVar("D", bound=Lendable)
+
+
+@dataclass
+class Lending(Generic[D]):
+    state: SharedState
+    lent: deque[D] = field(default_factory=deque)
+    """Borrowers whose views are ready: admitted before documents that start from nothing."""
+
+    def plan(self, documents: Mapping[int, D]) -> list[D]:
+        """The documents that borrow nothing, lenders before the rest; each borrower waits on its lender."""
+        order, borrows = plan_borrows({row: doc.tokens for row, doc in documents.items()},
+                                      self.state.arena.page_tokens)
+        free = []
+        for row in order:
+            borrow = borrows.get(row)
+            if borrow is None:
+                free.append(documents[row])
+            else:
+                documents[row].loan.borrowed = borrow.tokens
+                documents[borrow.lender].loan.borrowers.append(documents[row])
+        return free
+
+    @staticmethod
+    def skipped(doc: D) -> int:
+        """Leading tokens of `doc` its first item does not compute (read through its view)."""
+        return doc.loan.borrowed if doc.loan.view is not None else 0
+
+    @staticmethod
+    def parents(doc: D) -> tuple[int, ...]:
+        return (doc.loan.view,) if doc.loan.view is not None else ()
+
+    def continuation_pages(self, doc: D) -> int:
+        """Pages `continued` takes beyond the item's own kept spans."""
+        if doc.loan.view is None:
+            return 0
+        return self.state.arena.continuation_pages(doc.loan.borrowed, len(doc.tokens) - doc.loan.borrowed)
+
+    def continued(self, doc: D, block: int | None) -> int | None:
+        """The document's whole KV: its view followed by the block its first item kept (None: nothing kept)."""
+        view = doc.loan.view
+        if view is None:
+            return block
+        doc.loan.view = None
+        if block is None:
+            self.state.arena.free(view)
+            return None
+        return self.state.arena.concat(view, block)
+
+    def lend(self, lender: D, block: int) -> None:
+        """`block` holds the lender's document: every borrower gets a view of its prefix of it."""
+        for borrower in lender.loan.borrowers:
+            borrower.loan.view = self.state.arena.view(block, borrower.loan.borrowed)
+            self.expose(borrower)
+            self.lent.append(borrower)
+        lender.loan.borrowers.clear()
+
+    def expose(self, doc: D) -> None:
+        """Let admission evict a waiting borrower's view; the borrower then computes its whole document."""
+        if doc.loan.view is None:
+            return
+
+        def lost() -> None:
+            self.state.counters.recomputed_tokens += doc.loan.borrowed
+            doc.loan.view = None
+
+        self.state.memory.keep(doc.loan.view, 1.0, lost)
+
+    def protect(self, doc: D) -> None:
+        """The borrower is being admitted: its view must stay."""
+        if doc.loan.view is not None:
+            self.state.memory.unkeep(doc.loan.view)
+
+    def cancel(self, doc: D) -> None:
+        """A borrower that found its whole KV elsewhere (kept by a filter) needs no view."""
+        if doc.loan.view is not None:
+            self.state.memory.unkeep(doc.loan.view)
+            self.state.arena.free(doc.loan.view)
+            doc.loan.view = None

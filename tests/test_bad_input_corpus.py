@@ -1,0 +1,503 @@
+"""The bad-input corpus: what a hostile new user would try, each case with its expected outcome.
+
+A Python API case raises the stated exception (CompileError, RefusalError, ConfigError — a
+ValueError —, TypeError) with a message that names the problem. A command-line case exits 2 with a
+one-line message that names the problem, and never a traceback; a final test runs every command-line
+case again and lists any that exits 1 or prints a traceback. Every SQL case runs through both the
+API and the CLI. Grow the corpus with every bug found: one line per case.
+
+Everything runs in-process on the keyword test backend (the `example-keyword` plugin), so the
+corpus takes seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+import pytest
+
+from quail import (
+    BackendExecutionContext,
+    CompileError,
+    DeviceSpec,
+    DocumentProvider,
+    EngineConfig,
+    ExtensionRegistry,
+    GpuContext,
+    ModelExecution,
+    ModelRegion,
+    ModelSpec,
+    PhysicalCandidate,
+    PhysicalResponse,
+    PlanningContext,
+    Refusal,
+    RefusalError,
+    Session,
+    SupportResult,
+    col,
+    prompt,
+)
+from quail.backends import serving
+from quail.cli import main
+from quail.errors import ConfigError
+from quail.testing import KeywordBackend
+
+REVIEWS = pa.table({"id": [1, 2, 3], "body": ["great acting", "a dull plot", "acting and plot"]})
+ASPECTS = pa.table({"id": [1, 2], "aspect": ["acting", "plot"]})
+LONG = pa.table({"id": [1, 2], "body": ["acting " * 3000, "acting"]})
+FILTER = "AI_FILTER(PROMPT('Is {0} good?', r.body))"
+GOOD = f"SELECT r.id FROM reviews r WHERE {FILTER}"
+JOIN = "SELECT r.id FROM reviews r JOIN aspects a ON AI_FILTER(PROMPT('Does {0} discuss {1}?', r.body, a.aspect)"
+
+
+@dataclass(frozen=True)
+class Raises:
+    """An API call that must raise `error` with `names` in its message."""
+
+    id: str
+    call: Callable[[Session], object]
+    error: type[BaseException]
+    names: str
+
+
+@dataclass(frozen=True)
+class Exits:
+    """A command line that must exit 2, print `names` to stderr and no traceback. `{dir}` is the data folder."""
+
+    id: str
+    argv: tuple[str, ...]
+    names: str
+
+
+# -- SQL: each runs through Session.sql(...).plan() (CompileError) and `quail query` (exit 2) -----------------
+
+SQL: list[tuple[str, str, str]] = [
+    ("empty query", "", "got 0"),
+    ("only a comment", "-- nothing here", "got 0"),
+    ("two statements", f"{GOOD}; SELECT 1", "got 2"),
+    ("misspelled SELECT", "SELEC x", "not a SELECT statement"),
+    ("create table", "CREATE TABLE t (a INT)", "not a SELECT statement"),
+    ("drop table", "DROP TABLE reviews", "not a SELECT statement"),
+    ("insert", "INSERT INTO reviews VALUES (1, 'x')", "not a SELECT statement"),
+    ("update", "UPDATE reviews SET body = 'x'", "not a SELECT statement"),
+    ("delete", "DELETE FROM reviews", "not a SELECT statement"),
+    ("no FROM", "SELECT 1", "FROM"),
+    ("unknown table", f"SELECT r.id FROM nowhere r WHERE {FILTER}", "'nowhere'"),
+    ("unknown selected column", f"SELECT r.nope FROM reviews r WHERE {FILTER}", "r.nope"),
+    ("unknown selected alias", f"SELECT x.id FROM reviews r WHERE {FILTER}", "'x'"),
+    ("unknown prompt column", "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {0} good?', r.nope))",
+     "r.nope"),
+    ("unknown prompt alias", "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {0} good?', x.body))", "'x'"),
+    ("table name used where its alias is needed",
+     "SELECT r.id FROM reviews WHERE AI_FILTER(PROMPT('Is {0} good?', reviews.body))", "'r'"),
+    ("AI function over a number column", "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {0} good?', r.id))",
+     "'id'"),
+    ("AI_FILTER without arguments", "SELECT r.id FROM reviews r WHERE AI_FILTER()", "AI_FILTER"),
+    ("AI_FILTER with three arguments",
+     "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {0} good?', r.body), {'selectivity': 0.5}, 3)",
+     "3 arguments"),
+    ("AI_FILTER over a string", "SELECT r.id FROM reviews r WHERE AI_FILTER('Is it good?')", "PROMPT"),
+    ("AI_FILTER over a column", "SELECT r.id FROM reviews r WHERE AI_FILTER(r.body)", "PROMPT"),
+    ("AI.IF without arguments", "SELECT r.id FROM reviews r WHERE AI.IF()", "AI"),
+    ("template without placeholder", "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is it good?', r.body))",
+     "placeholder"),
+    ("placeholder past the columns", "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {1} good?', r.body))",
+     "{1}"),
+    ("two placeholders one column",
+     "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {0} {1} good?', r.body))", "{1}"),
+    ("column without placeholder",
+     "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {0} good?', r.body, r.body))", "placeholder {1}"),
+    ("named placeholder", "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {x} good?', r.body))",
+     "placeholder"),
+    ("unclosed placeholder", "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {0 good?', r.body))",
+     "placeholder"),
+    ("empty template", "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('', r.body))", "placeholder"),
+    ("PROMPT without columns", "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {0} good?'))", "column"),
+    ("PROMPT without anything", "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT())", "template"),
+    ("PROMPT arguments reversed", "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT(r.body, 'Is {0} good?'))",
+     "template"),
+    ("PROMPT number template", "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT(5, r.body))", "template"),
+    ("PROMPT literal argument", "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {0} good?', 'text'))",
+     "'text'"),
+    ("selectivity above one",
+     "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {0} good?', r.body), {'selectivity': 1.5})",
+     "selectivity"),
+    ("selectivity below zero",
+     "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {0} good?', r.body), {'selectivity': -0.1})",
+     "selectivity"),
+    ("selectivity as text",
+     "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {0} good?', r.body), {'selectivity': 'high'})",
+     "selectivity"),
+    ("selectivity NULL",
+     "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {0} good?', r.body), {'selectivity': NULL})",
+     "selectivity"),
+    ("selectivity given twice", "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {0} good?', r.body), "
+     "{'selectivity': 0.5, 'selectivity': 0.2})", "selectivity"),
+    ("unknown option", "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {0} good?', r.body), {'speed': 1})",
+     "'speed'"),
+    ("options not an object", "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {0} good?', r.body), 0.5)",
+     "0.5"),
+    ("anchor on a filter", "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {0} good?', r.body), "
+     "{'anchor': 'zz'})", "'zz'"),
+    ("anchor outside the join", JOIN.replace("a.aspect)", "a.aspect), {'anchor': 'q'}") + ")", "'q'"),
+    ("one table in both placeholders", JOIN.replace("a.aspect)", "r.body)") + ")", "'r'"),
+    ("alias used twice", f"SELECT r.id FROM reviews r, reviews r WHERE {FILTER}", "'r'"),
+    ("unbalanced parenthesis", "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {0} good?', r.body)",
+     "syntax error"),
+    ("unterminated string", "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {0} good?, r.body))",
+     "syntax error"),
+    ("CLASSIFY with no labels", "SELECT r.id, AI.CLASSIFY(r.body, []) AS t FROM reviews r", "labels"),
+    ("CLASSIFY with one label", "SELECT r.id, AI.CLASSIFY(r.body, ['a']) AS t FROM reviews r", "two labels"),
+    ("CLASSIFY with repeated labels", "SELECT r.id, AI.CLASSIFY(r.body, ['a', 'a']) AS t FROM reviews r",
+     "distinct"),
+    ("CLASSIFY without labels", "SELECT r.id, AI.CLASSIFY(r.body) AS t FROM reviews r", "AI.CLASSIFY"),
+    ("CLASSIFY labels as a string", "SELECT r.id, AI.CLASSIFY(r.body, 'a') AS t FROM reviews r", "'a'"),
+    ("SCORE compared with text",
+     "SELECT r.id FROM reviews r WHERE AI.SCORE(PROMPT('How good is {0}?', r.body)) >= 'x'", "'x'"),
+    ("SCORE compared above one",
+     "SELECT r.id FROM reviews r WHERE AI.SCORE(PROMPT('How good is {0}?', r.body)) >= 2", "[0, 1]"),
+    ("SCORE compared below zero",
+     "SELECT r.id FROM reviews r WHERE AI.SCORE(PROMPT('How good is {0}?', r.body)) >= -1", "[0, 1]"),
+    ("SCORE without arguments", "SELECT r.id FROM reviews r WHERE AI.SCORE() >= 0.5", "AI.SCORE"),
+    ("EXISTS over an unknown table", "SELECT r.id FROM reviews r WHERE EXISTS (SELECT 1 FROM nowhere a "
+     "WHERE AI_FILTER(PROMPT('Does {0} discuss {1}?', r.body, a.aspect)))", "'nowhere'"),
+    ("two output columns with one name", f"SELECT r.id, r.id FROM reviews r WHERE {FILTER}", "'r.id'"),
+]
+
+SQL_RAISES = [Raises(f"sql: {name}", lambda s, text=text: s.sql(text).plan(), CompileError, names)
+              for name, text, names in SQL]
+SQL_EXITS = [Exits(f"cli sql: {name}", ("query", text, "--table", "reviews={dir}/reviews.parquet",
+                                        "--table", "aspects={dir}/aspects.parquet"), names)
+             for name, text, names in SQL]
+
+
+# -- the Python API -------------------------------------------------------------------------------------------
+
+
+def config(**fields: object) -> Callable[[Session], object]:
+    return lambda _session: EngineConfig(**fields)  # type: ignore[arg-type]
+
+
+def filtered(session: Session) -> object:
+    return session.docs("reviews").alias("r")
+
+
+CONFIGS = [
+    Raises("config: model None", config(model=None), TypeError, "EngineConfig.model"),
+    Raises("config: model number", config(model=3), TypeError, "EngineConfig.model"),
+    Raises("config: model empty", config(model=""), ConfigError, "EngineConfig.model"),
+    Raises("config: device None", config(device=None), TypeError, "EngineConfig.device"),
+    Raises("config: device blank", config(device="  "), ConfigError, "EngineConfig.device"),
+    Raises("config: backend number", config(backend=5), TypeError, "EngineConfig.backend"),
+    Raises("config: backend empty", config(backend=""), ConfigError, "EngineConfig.backend"),
+    Raises("config: gpus as text", config(gpus="2"), TypeError, "EngineConfig.gpus"),
+    Raises("config: gpus as float", config(gpus=2.0), TypeError, "EngineConfig.gpus"),
+    Raises("config: gpus as bool", config(gpus=True), TypeError, "EngineConfig.gpus"),
+    Raises("config: gpus None", config(gpus=None), TypeError, "EngineConfig.gpus"),
+    Raises("config: gpus zero", config(gpus=0), ConfigError, "EngineConfig.gpus"),
+    Raises("config: gpus negative", config(gpus=-1), ConfigError, "EngineConfig.gpus"),
+    Raises("config: chunk as text", config(chunk_tokens="2048"), TypeError, "EngineConfig.chunk_tokens"),
+    Raises("config: chunk as float", config(chunk_tokens=2.5), TypeError, "EngineConfig.chunk_tokens"),
+    Raises("config: chunk None", config(chunk_tokens=None), TypeError, "EngineConfig.chunk_tokens"),
+    Raises("config: chunk zero", config(chunk_tokens=0), ConfigError, "EngineConfig.chunk_tokens"),
+    Raises("config: chunk too small", config(chunk_tokens=15), ConfigError, "EngineConfig.chunk_tokens"),
+    Raises("config: kv budget nan", config(kv_budget_bytes=math.nan), ConfigError, "EngineConfig.kv_budget_bytes"),
+    Raises("config: kv budget inf", config(kv_budget_bytes=math.inf), ConfigError, "EngineConfig.kv_budget_bytes"),
+    Raises("config: kv budget -inf", config(kv_budget_bytes=-math.inf), ConfigError,
+           "EngineConfig.kv_budget_bytes"),
+    Raises("config: kv budget negative", config(kv_budget_bytes=-5), ConfigError, "EngineConfig.kv_budget_bytes"),
+    Raises("config: kv budget zero", config(kv_budget_bytes=0), ConfigError, "EngineConfig.kv_budget_bytes"),
+    Raises("config: kv budget as text", config(kv_budget_bytes="1GB"), TypeError, "EngineConfig.kv_budget_bytes"),
+    Raises("config: kv budget as bool", config(kv_budget_bytes=True), TypeError, "EngineConfig.kv_budget_bytes"),
+    Raises("config: precision fp16", config(precision="fp16"), ConfigError, "EngineConfig.precision"),
+    Raises("config: precision upper case", config(precision="FP32"), ConfigError, "EngineConfig.precision"),
+    Raises("config: precision None", config(precision=None), ConfigError, "EngineConfig.precision"),
+    Raises("config: page tokens zero", config(kv_page_tokens=0), ConfigError, "EngineConfig.kv_page_tokens"),
+    Raises("config: page tokens as text", config(kv_page_tokens="16"), TypeError, "EngineConfig.kv_page_tokens"),
+    Raises("config: page tokens as float", config(kv_page_tokens=1.5), TypeError, "EngineConfig.kv_page_tokens"),
+    Raises("config: prefix sharing yes", config(prefix_sharing="yes"), ConfigError, "EngineConfig.prefix_sharing"),
+    Raises("config: prefix sharing True", config(prefix_sharing=True), ConfigError, "EngineConfig.prefix_sharing"),
+    Raises("config: calibration always", config(calibration="always"), ConfigError, "EngineConfig.calibration"),
+    Raises("config: oversized drop", config(oversized_documents="drop"), ConfigError,
+           "EngineConfig.oversized_documents"),
+    Raises("config: oversized None", config(oversized_documents=None), ConfigError,
+           "EngineConfig.oversized_documents"),
+    Raises("config: unknown field", config(model_name="x"), TypeError, "model_name"),
+]
+
+SESSIONS = [
+    Raises("session: a backend name instead of a config", lambda _: Session("native"), TypeError, "EngineConfig"),
+    Raises("session: a number instead of a config", lambda _: Session(42), TypeError, "EngineConfig"),
+    Raises("session: a dict instead of a config", lambda _: Session({"backend": "native"}), TypeError,
+           "EngineConfig"),
+    Raises("session: unknown backend", lambda _: Session(EngineConfig(backend="nope")), RefusalError, "'nope'"),
+    Raises("session: unknown model", lambda _: Session(EngineConfig(model="nope", backend="example-keyword")),
+           RefusalError, "'nope'"),
+    Raises("session: unknown device", lambda _: Session(EngineConfig(device="tpu", backend="example-keyword")),
+           RefusalError, "'tpu'"),
+    Raises("session: four devices of a CPU", lambda _: Session(EngineConfig(gpus=4, backend="example-keyword")),
+           ConfigError, "gpus"),
+    Raises("session: CPU-only backend on a GPU", lambda _: Session(EngineConfig(device="h100-sxm",
+                                                                              backend="example-keyword")),
+           RefusalError, "h100-sxm"),
+    Raises("session: sql None", lambda s: s.sql(None), TypeError, "str"),
+    Raises("session: sql bytes", lambda s: s.sql(GOOD.encode()), TypeError, "decode"),
+    Raises("session: sql number", lambda s: s.sql(42), TypeError, "str"),
+    Raises("session: unknown dialect", lambda s: s.sql(GOOD, dialect="mysql"), CompileError, "'mysql'"),
+    Raises("session: dialect None", lambda s: s.sql(GOOD, dialect=None), CompileError, "dialect"),
+    Raises("session: unknown order rule", lambda s: s.sql(GOOD, order="random"), CompileError, "'random'"),
+    Raises("session: register a number name", lambda s: s.register(5, DocumentProvider.from_table(REVIEWS, "id")),
+           TypeError, "str"),
+    Raises("session: register an empty name", lambda s: s.register("", DocumentProvider.from_table(REVIEWS, "id")),
+           CompileError, "''"),
+    Raises("session: register a name with a dash",
+           lambda s: s.register("bad-name", DocumentProvider.from_table(REVIEWS, "id")), CompileError, "'bad-name'"),
+    Raises("session: register a number, not a table", lambda s: s.register("t", 42), TypeError,
+           "DocumentProvider"),
+    Raises("session: register None", lambda s: s.register("t", None), TypeError, "DocumentProvider"),
+    Raises("session: run with a bogus plan", lambda s: s.sql(GOOD).run(plan="fast"), TypeError, "PhysicalCandidate"),
+    Raises("session: docs of an unknown table", lambda s: s.docs("nope"), CompileError, "'nope'"),
+    Raises("session: oversized document refused", lambda s: s.sql(GOOD.replace("reviews r", "long r")).plan(),
+           RefusalError, "oversized_documents"),
+    Raises("session: a backend that cannot plan", lambda _: _example_backend_plan(), RefusalError, "tokenizer"),
+]
+
+BUILDER = [
+    Raises("builder: prompt with a number template", lambda s: prompt(5, col("r.body")), TypeError, "template"),
+    Raises("builder: prompt with a text argument", lambda s: prompt("Is {0} ok?", "r.body"), CompileError,
+           "'r.body'"),
+    Raises("builder: filter on a string", lambda s: filtered(s).ai_filter("Is it ok?"), CompileError,
+           "'Is it ok?'"),
+    Raises("builder: filter on None", lambda s: filtered(s).ai_filter(None), CompileError, "None"),
+    Raises("builder: unknown column", lambda s: filtered(s).ai_filter(prompt("Is {0} ok?", col("r.nope"))),
+           CompileError, "r.nope"),
+    Raises("builder: unknown alias", lambda s: filtered(s).ai_filter(prompt("Is {0} ok?", col("x.body"))),
+           CompileError, "'x'"),
+    Raises("builder: no placeholder", lambda s: filtered(s).ai_filter(prompt("Is it ok?", col("r.body"))),
+           CompileError, "placeholder"),
+    Raises("builder: selectivity above one",
+           lambda s: filtered(s).ai_filter(prompt("Is {0} ok?", col("r.body")), selectivity=2), CompileError,
+           "selectivity"),
+    Raises("builder: negative limit", lambda s: filtered(s).ai_filter(prompt("Is {0} ok?", col("r.body"))).limit(-1),
+           CompileError, "-1"),
+    Raises("builder: limit as text", lambda s: filtered(s).ai_filter(prompt("Is {0} ok?", col("r.body"))).limit("3"),
+           CompileError, "'3'"),
+    Raises("builder: alias not an identifier", lambda s: s.docs("reviews").alias("1r"), CompileError, "'1r'"),
+    Raises("builder: join anchor outside", lambda s: filtered(s).ai_join(
+        s.docs("aspects").alias("a"), prompt("{0} {1}", col("r.body"), col("a.aspect")), anchor="z"),
+        CompileError, "'z'"),
+    Raises("builder: join semantics left", lambda s: filtered(s).ai_join(
+        s.docs("aspects").alias("a"), prompt("{0} {1}", col("r.body"), col("a.aspect")), semantics="left"),
+        CompileError, "'left'"),
+    Raises("builder: classify one label", lambda s: filtered(s).ai_classify(col("r.body"), ["a"], "t"),
+           CompileError, "two labels"),
+    Raises("builder: col None", lambda s: col(None), CompileError, "col(None)"),
+]
+
+PROVIDERS = [
+    Raises("provider: missing id column", lambda _: DocumentProvider.from_table(pa.table({"x": [1]}), "id"),
+           CompileError, "'id'"),
+    Raises("provider: repeated id", lambda _: DocumentProvider.from_table(pa.table({"id": [1, 1]}), "id"),
+           CompileError, "repeats"),
+    Raises("provider: null id", lambda _: DocumentProvider.from_table(pa.table({"id": [1, None]}), "id"),
+           CompileError, "null"),
+    Raises("provider: a list, not a table", lambda _: DocumentProvider.from_table([1, 2], "id"), TypeError,
+           "pyarrow.Table"),
+]
+
+
+class _NoTokenizerBackend:
+    """The keyword backend's work, but no tokenizer offered: planning has none to plan with."""
+
+    name = "no-tokenizer"
+
+    def __init__(self) -> None:
+        self.inner = KeywordBackend()
+
+    def supports(self, model: ModelSpec, device: DeviceSpec, gpu_count: int) -> SupportResult:
+        return self.inner.supports(model, device, gpu_count)
+
+    def plan(self, region: ModelRegion, context: PlanningContext) -> Sequence[PhysicalCandidate] | Refusal:
+        return self.inner.plan(region, context)
+
+    def start(self, context: GpuContext) -> ModelExecution:
+        return self.inner.start(context)
+
+    def execute_request(self, context: BackendExecutionContext) -> PhysicalResponse:
+        return serving.execute_request(self, context)
+
+
+def _example_backend_plan() -> object:
+    registry = ExtensionRegistry.with_built_ins()
+    registry.register_backend(_NoTokenizerBackend())
+    with Session(EngineConfig(backend="no-tokenizer"), registry=registry) as session:
+        session.register("reviews", DocumentProvider.from_table(REVIEWS, "id"))
+        return session.sql(GOOD).plan()
+
+
+API_CASES = [*SQL_RAISES, *CONFIGS, *SESSIONS, *BUILDER, *PROVIDERS]
+
+
+# -- the command line -----------------------------------------------------------------------------------------
+
+T = ("--table", "reviews={dir}/reviews.parquet")
+KEYWORD = ("--backend", "example-keyword", "--no-progress")
+Q = ("query", GOOD)
+
+CLI_CASES = [
+    *SQL_EXITS,
+    Exits("no subcommand", (), "required"),
+    Exits("unknown subcommand", ("nope",), "'nope'"),
+    Exits("unknown option", (*Q, *T, "--bogus"), "--bogus"),
+    Exits("no query", ("query", *T), "either as an argument or with --file"),
+    Exits("query and --file", (*Q, "--file", "{dir}/good.sql", *T), "not both"),
+    Exits("--file missing", ("query", "--file", "{dir}/missing.sql", *T), "--file"),
+    Exits("--file a directory", ("query", "--file", "{dir}/folder", *T), "directory"),
+    Exits("--file not UTF-8", ("query", "--file", "{dir}/latin1.sql", *T), "not UTF-8"),
+    Exits("--file empty", ("query", "--file", "{dir}/empty.sql", *T), "got 0"),
+    Exits("--table without =", (*Q, "--table", "reviews"), "name=path"),
+    Exits("--table without a name", (*Q, "--table", "={dir}/reviews.parquet"), "name=path"),
+    Exits("--table without a path", (*Q, "--table", "reviews="), "name=path"),
+    Exits("--table missing file", (*Q, "--table", "reviews={dir}/missing.parquet"), "no file or directory"),
+    Exits("--table unknown format", (*Q, "--table", "reviews={dir}/notes.txt"), ".txt"),
+    Exits("--table twice under one name", (*Q, *T, "--table", "reviews={dir}/aspects.parquet"), "twice"),
+    Exits("--table name with a dash", (*Q, "--table", "bad-name={dir}/reviews.parquet"), "'bad-name'"),
+    Exits("--table unknown id column", (*Q, "--table", "reviews={dir}/reviews.parquet:nope"), "'nope'"),
+    Exits("--table text column read as a number", ("query", "SELECT r.id FROM reviews r WHERE "
+          "AI_FILTER(PROMPT('Is {0} good?', r.body))", "--table", "reviews={dir}/numbers.parquet", *KEYWORD), "'body'"),
+    Exits("--model unknown", (*Q, *T, "--model", "nope"), "'nope'"),
+    Exits("--device unknown", (*Q, *T, "--device", "tpu"), "'tpu'"),
+    Exits("--backend unknown", (*Q, *T, "--backend", "nope"), "'nope'"),
+    Exits("--backend CPU-only on a GPU", (*Q, *T, "--device", "h100-sxm", "--backend", "example-keyword"),
+          "h100-sxm"),
+    Exits("--model whose weights are not here", (*Q, *T, "--model", "qwen3-0.6b"), "not on this machine"),
+    Exits("--dialect unknown", (*Q, *T, "--dialect", "mysql"), "'mysql'"),
+    Exits("--order unknown", (*Q, *T, "--order", "random"), "'random'"),
+    Exits("--oversized-documents unknown", (*Q, *T, "--oversized-documents", "drop"), "'drop'"),
+    Exits("oversized document refused", (*Q, "--table", "reviews={dir}/long.parquet", *KEYWORD), "oversized"),
+    Exits("--explain of a refused plan", (*Q, "--table", "reviews={dir}/long.parquet", "--explain", *KEYWORD),
+          "oversized"),
+    Exits("--explain of an unknown table", ("query", GOOD.replace("reviews r", "nowhere r"), *T, "--explain",
+                                            *KEYWORD), "'nowhere'"),
+    Exits("--output unknown format", (*Q, *T, *KEYWORD, "--output", "{dir}/rows.xlsx"), ".xlsx"),
+    Exits("--output in a missing directory", (*Q, *T, *KEYWORD, "--output", "{dir}/missing/rows.csv"),
+          "does not exist"),
+    Exits("--output is a directory", (*Q, *T, *KEYWORD, "--output", "{dir}/folder.csv"), "is a directory"),
+    Exits("--output under a file", (*Q, *T, *KEYWORD, "--output", "{dir}/notes.txt/rows.csv"), "not a directory"),
+    Exits("--output in /proc", (*Q, *T, *KEYWORD, "--output", "/proc/self/rows.csv"), "cannot create a file"),
+    Exits("--output with a trailing slash", (*Q, *T, *KEYWORD, "--output", "{dir}/rows.csv/"), "names a directory"),
+    Exits("--output empty", (*Q, *T, *KEYWORD, "--output", ""), "--output"),
+    Exits("backends: unknown device", ("backends", "--device", "tpu"), "'tpu'"),
+    Exits("backends: unknown model", ("backends", "--model", "nope"), "'nope'"),
+    Exits("backends: zero devices", ("backends", "--gpus", "0"), "gpus"),
+    Exits("backends: four devices of a CPU", ("backends", "--gpus", "4"), "gpus"),
+    Exits("backends: devices as text", ("backends", "--gpus", "x"), "'x'"),
+    Exits("demo: unknown device", ("demo", "--device", "tpu"), "'tpu'"),
+    Exits("demo: unknown backend", ("demo", "--backend", "nope"), "'nope'"),
+    Exits("bench: unknown scale", ("bench", "--scale", "huge"), "'huge'"),
+]
+
+
+# -- running the cases ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("bad-inputs")
+    pq.write_table(REVIEWS, folder / "reviews.parquet")
+    pq.write_table(ASPECTS, folder / "aspects.parquet")
+    pq.write_table(LONG, folder / "long.parquet")
+    pq.write_table(pa.table({"id": [1, 2], "body": [10, 20]}), folder / "numbers.parquet")
+    pa_csv.write_csv(REVIEWS, folder / "reviews.csv")
+    (folder / "good.sql").write_text(GOOD)
+    (folder / "latin1.sql").write_bytes("SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Déjà {0}?', r.body))"
+                                        .encode("latin-1"))
+    (folder / "empty.sql").write_text("")
+    (folder / "notes.txt").write_text("not a table")
+    (folder / "folder").mkdir()
+    (folder / "folder.csv").mkdir()
+    return folder
+
+
+@pytest.fixture(scope="module")
+def session() -> Iterator[Session]:
+    with Session(EngineConfig(backend="example-keyword")) as opened:
+        opened.register("reviews", DocumentProvider.from_table(REVIEWS, "id"))
+        opened.register("aspects", DocumentProvider.from_table(ASPECTS, "id"))
+        opened.register("long", DocumentProvider.from_table(LONG, "id"))
+        yield opened
+
+
+def run_cli(case: Exits, folder: Path) -> tuple[int, str]:
+    argv = [part.replace("{dir}", str(folder)) for part in case.argv]
+    if argv[:1] == ["query"] and "--backend" not in argv:
+        argv += ["--no-progress"]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main(argv)
+        except SystemExit as exit_:  # argparse's own usage errors
+            code = int(exit_.code or 0)
+    return code, err.getvalue()
+
+
+def test_the_corpus_is_large_and_every_case_is_named_once():
+    ids = [case.id for case in (*API_CASES, *CLI_CASES)]
+    assert len(ids) >= 150
+    assert len(ids) == len(set(ids))
+
+
+@pytest.mark.parametrize("case", API_CASES, ids=lambda case: case.id)
+def test_an_api_case_raises_its_error_naming_the_problem(case, session):
+    with pytest.raises(case.error) as caught:
+        case.call(session)
+    assert case.names in str(caught.value), f"{case.id}: the message does not name {case.names!r}"
+
+
+@pytest.mark.parametrize("case", CLI_CASES, ids=lambda case: case.id)
+def test_a_cli_case_exits_2_with_a_message_naming_the_problem(case, data):
+    code, err = run_cli(case, data)
+    assert code == 2, err
+    assert case.names in err and "Traceback" not in err
+
+
+def test_no_cli_case_exits_1_or_prints_a_traceback(data):
+    bad = {}
+    for case in CLI_CASES:
+        code, err = run_cli(case, data)
+        if code == 1 or "Traceback" in err or "internal error" in err:
+            bad[case.id] = err.strip().splitlines()[-1:] or [f"exit {code}"]
+    assert not bad, json.dumps(bad, indent=1)
+
+
+# -- fixed on the way: inputs that must work ------------------------------------------------------------------
+
+
+def test_a_table_path_with_a_colon_is_read_whole_when_it_exists(data, capsys):
+    folder = data / "with colon"
+    folder.mkdir(exist_ok=True)
+    pa_csv.write_csv(REVIEWS, folder / "colon:name.csv")
+    code = main(["query", GOOD, "--table", f"reviews={folder / 'colon:name.csv'}", *KEYWORD])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "r.id" in captured.out
+
+
+def test_a_table_path_with_an_id_column_after_the_colon_still_works(data, capsys):
+    code = main(["query", GOOD, "--table", f"reviews={data / 'reviews.csv'}:id", *KEYWORD])
+    assert code == 0, capsys.readouterr().err
+
+
+def test_a_second_table_under_one_name_never_silently_replaces_the_first(data, capsys):
+    code = main(["query", GOOD, "--table", f"reviews={data / 'reviews.parquet'}",
+                 "--table", f"reviews={data / 'long.parquet'}", *KEYWORD])
+    assert code == 2 and "given twice" in capsys.readouterr().err

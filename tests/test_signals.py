@@ -1,0 +1,75 @@
+"""Ctrl-C and SIGTERM on the command line: exit 128 + n, no traceback, no files left in TMPDIR.
+
+Each test's process signals itself at a chosen moment (while pyarrow loads, while the model works),
+so the moment is exact; the signal itself is real and goes through the real handlers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+REVIEWS = pa.table({"id": [1, 2, 3], "body": ["great acting", "dull plot", "the acting shines"]})
+FILTER = "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Does {0} mention \"acting\"?', r.body))"
+
+
+def run_script(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
+    scratch = tmp_path / "tmpdir"
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(body)], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=120, check=False)
+
+
+def test_ctrl_c_while_the_libraries_load_exits_130_without_a_traceback(tmp_path):
+    result = run_script(tmp_path, """
+        import importlib.abc, os, signal, sys
+
+        class CtrlCWhilePyarrowLoads(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name == "pyarrow":
+                    os.kill(os.getpid(), signal.SIGINT)
+                return None
+
+        sys.meta_path.insert(0, CtrlCWhilePyarrowLoads())
+        from quail.cli import main
+        sys.exit(main(["backends"]))
+    """)
+    assert result.returncode == 130, result.stderr
+    assert "interrupted" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("signal_number", "code", "word"), [
+    (signal.SIGINT, 130, "interrupted"),
+    (signal.SIGTERM, 128 + signal.SIGTERM, "terminated"),
+])
+def test_a_signal_while_the_model_works_cleans_up_and_exits_128_plus_n(tmp_path, signal_number, code, word):
+    pq.write_table(REVIEWS, tmp_path / "reviews.parquet")
+    (tmp_path / "rows.json").write_text("previous rows\n")
+    result = run_script(tmp_path, f"""
+        import os, sys, time
+        import quail.runtime.runner
+
+        def signalled_midway(self, *args, **kwargs):
+            assert any(os.scandir(os.environ["TMPDIR"])), "the session has written its token files"
+            os.kill(os.getpid(), {int(signal_number)})
+            time.sleep(30)
+
+        quail.runtime.runner.Runner.run = signalled_midway
+        from quail.cli import main
+        sys.exit(main(["query", {FILTER!r}, "--table", "reviews=reviews.parquet", "--output", "rows.json",
+                       "--backend", "example-keyword", "--no-progress"]))
+    """)
+    assert result.returncode == code, result.stderr
+    assert word in result.stderr and "Traceback" not in result.stderr
+    assert list((tmp_path / "tmpdir").iterdir()) == []
+    assert (tmp_path / "rows.json").read_text() == "previous rows\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["reviews.parquet", "rows.json", "tmpdir"]
