@@ -261,7 +261,7 @@ SESSIONS = [
            CompileError, "''"),
     Raises("session: register a name with a dash",
            lambda s: s.register("bad-name", DocumentProvider.from_table(REVIEWS, "id")), CompileError, "'bad-name'"),
-    Raises("session: register a table, not a provider", lambda s: s.register("t", REVIEWS), TypeError,
+    Raises("session: register a number, not a table", lambda s: s.register("t", 42), TypeError,
            "DocumentProvider"),
     Raises("session: register None", lambda s: s.register("t", None), TypeError, "DocumentProvider"),
     Raises("session: run with a bogus plan", lambda s: s.sql(GOOD).run(plan="fast"), TypeError, "PhysicalCandidate"),

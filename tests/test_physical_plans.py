@@ -36,7 +36,7 @@ equalities = st.builds(Equality, column_refs, column_refs)
 outputs = st.builds(OutputColumn, texts, st.none() | column_refs)
 estimates = st.builds(ph.NodeEstimate, st.none() | floats, st.none() | floats, st.none() | floats)
 stages = st.builds(ph.FilterStage, predicates, token_ids, floats, st.booleans())
-semantics = st.sampled_from(["full", "exists", "anti"])
+semantics = st.sampled_from(["full", "exists", "anti", "left"])
 answer_tokens = st.none() | st.builds(AnswerTokens, token_ids, token_ids)
 
 
@@ -45,7 +45,7 @@ def tuples_of(strategy: st.SearchStrategy) -> st.SearchStrategy:
 
 
 FIELDS: dict[type, dict[str, st.SearchStrategy]] = {
-    ph.Scan: {"table": texts, "alias": texts},
+    ph.Scan: {"table": texts, "alias": texts, "where": texts},
     ph.AiFilter: {"alias": texts, "column": column_refs, "preamble": token_ids, "frame": token_ids,
                   "stages": tuples_of(stages), "retain_kv": st.booleans(),
                   "share_prefixes": st.booleans(), "calibration": tuples_of(token_ids), "answers": answer_tokens},
@@ -64,7 +64,9 @@ FIELDS: dict[type, dict[str, st.SearchStrategy]] = {
     ph.RecombineJoin: {"semantics": semantics},
     ph.RecombineLabels: {"alias": texts, "output": texts, "allowed": st.none() | tuples_of(texts)},
     ph.RecombineScores: {"alias": texts, "output": texts},
-    ph.Project: {"columns": tuples_of(outputs)},
+    ph.RecombineVerdicts: {"alias": texts, "output": texts},
+    ph.DropNullDocuments: {"aliases": tuples_of(texts), "distinct": st.booleans()},
+    ph.Project: {"columns": tuples_of(outputs), "statement": texts, "relations": tuples_of(texts)},
     ph.Limit: {"count": st.integers(0, 10**12)},
     ph.Barrier: {},
 }
@@ -213,7 +215,8 @@ def simple_graph() -> PhysicalGraph:
         filter_r(),
         ph.RecombineFilter("survivors_r", alias="r"),
         ph.Limit("limit", count=10),
-        ph.Project("project", columns=(OutputColumn("r.body", R_BODY),)),
+        ph.Project("project", columns=(OutputColumn("r.body", R_BODY),),
+                   statement='SELECT r."body" AS "r.body" FROM __quail_rows_0 AS r', relations=("r",)),
     )
     edges = (
         Edge("scan_r", "rows", "filter_r", "rows"),
@@ -245,7 +248,10 @@ def joined_graph() -> PhysicalGraph:
         ph.RecombineScores("scores_s", alias="r", output="s"),
         ph.Barrier("barrier"),
         ph.Limit("limit", count=5),
-        ph.Project("project", columns=(OutputColumn("r.body", R_BODY), OutputColumn("genre"))),
+        ph.Project("project", columns=(OutputColumn("r.body", R_BODY), OutputColumn("genre")),
+                   statement='SELECT r."body" AS "r.body", __quail."genre" AS genre FROM __quail_rows_0 AS r '
+                             "POSITIONAL JOIN __quail_rows_1 AS m POSITIONAL JOIN __quail AS __quail",
+                   relations=("r", "m")),
     )
     edges = (
         Edge("scan_r", "rows", "filter_r", "rows"),
@@ -482,7 +488,8 @@ def test_inserting_a_model_node_is_refused(node_id):
 
 
 @pytest.mark.parametrize("node", [ph.HashJoin("hj", equalities=()), ph.RecombineFilter("rf", alias="r"),
-                                  ph.Project("p2", columns=()), ph.Scan("s2", table="reviews", alias="r")])
+                                  ph.Project("p2", columns=(), statement="SELECT 1", relations=()),
+                                  ph.Scan("s2", table="reviews", alias="r")])
 def test_inserting_a_node_that_is_not_pass_through_is_refused(node):
     with pytest.raises(PlanEditError, match=r"pass-through|changes rows into table"):
         insert(simple_graph(), node, after="scan_r")

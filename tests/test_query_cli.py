@@ -95,7 +95,7 @@ def test_progress_bar_is_drawn_on_stderr(files, capsys):
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["SELECT 1"], "no FROM clause"),
-    (["SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('x', r.body)) OR 1 = 1"], "OR is not supported"),
+    ([f"{FILTER} UNION {FILTER}"], "AI functions in two query blocks is not supported"),
     (["SELECT * FROM nowhere n WHERE AI_FILTER(PROMPT('{0}', n.x))"], "unknown table 'nowhere'"),
     ([FILTER, "--table", "reviews"], "write name=path[:id_col]"),
     ([FILTER, "--table", "reviews=/no/such/file.parquet"], "no file or directory"),
@@ -123,3 +123,26 @@ def test_an_internal_error_exits_1_with_the_traceback(files, capsys, monkeypatch
                        "--output", str(files / "o.csv"), *BACKEND)
     assert code == 1
     assert "internal error" in err and "a bug inside quail" in err and "Traceback" in err
+
+
+def test_reads_a_table_of_a_duckdb_database(files, capsys):
+    import duckdb
+
+    database = files / "films.duckdb"
+    connection = duckdb.connect(str(database))
+    connection.register("source", REVIEWS)
+    connection.execute("CREATE TABLE critics AS SELECT * FROM source")
+    connection.close()
+    sql = FILTER.replace("WHERE", "WHERE r.id > 11 AND")
+    code, out, _ = run(capsys, sql, "--table", f"reviews={database}:critics", *BACKEND)
+    assert code == 0
+    rows = out.split("-- report --")[0]
+    assert "13" in rows and "11" not in rows.replace("r.id", "")
+
+
+def test_a_duckdb_database_without_a_table_name_is_a_user_error(files, capsys):
+    import duckdb
+
+    duckdb.connect(str(files / "films.duckdb")).close()
+    code, _, err = run(capsys, FILTER, "--table", f"reviews={files / 'films.duckdb'}", "--no-progress")
+    assert code == 2 and "is a DuckDB database" in err and "Traceback" not in err

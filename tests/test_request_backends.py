@@ -215,8 +215,7 @@ def test_execute_request_runs_the_graph_on_an_engine_kept_in_runtime_state(tmp_p
         model_nodes = teach(fake, query)
         expected = query.run().answer_tables
         tables = {}
-        for alias, table in query.aliases.items():
-            provider = session.provider(table)
+        for alias, provider in query.views().items():
             reads = [n.column for n in model_nodes if isinstance(n, ph.AiFilter) and n.alias == alias]
             tokens = store.tokens(provider, reads[0].column, TOKENIZER) if reads else None
             tables[alias] = TableInput(alias, provider.num_rows, tokens, pa.table({}))
@@ -243,3 +242,25 @@ def test_explain_shows_the_native_model_nodes():
         text = join_case().query(session).explain()
     assert "backend fake_vllm" in text
     assert "AiFilter r stages" in text and "AiJoin full" in text
+
+
+RELATIONAL = [
+    "SELECT r.id FROM reviews r WHERE r.stars >= 4 AND AI_FILTER(PROMPT('Is {0} about the \"plot\"?', r.body))",
+    "SELECT r.id, AI_FILTER(PROMPT('Does {0} mention \"music\"?', r.body)) AS m FROM reviews r "
+    "WHERE AI_FILTER(PROMPT('Is {0} about the \"plot\"?', r.body)) OR r.stars = 1",
+    "SELECT r.stars, COUNT(*) AS n FROM reviews r WHERE NOT AI_FILTER(PROMPT('Does {0} praise the \"acting\"?', "
+    "r.body)) GROUP BY r.stars ORDER BY r.stars",
+    "SELECT r.id, AI_SCORE(PROMPT('How positive is {0}?', r.body)) AS s FROM reviews r ORDER BY s DESC, r.id LIMIT 3",
+    "SELECT r.id, a.aspect FROM reviews r LEFT JOIN aspects a ON "
+    "AI_FILTER(PROMPT('Does the review {0} discuss {1}?', r.body, a.aspect)) WHERE r.stars <= 2",
+]
+
+
+@pytest.mark.parametrize("sql", RELATIONAL)
+def test_sql_around_the_ai_calls_runs_on_a_request_backend_as_on_the_keyword_backend(keyword, sql):
+    fake = Fake(capacity=1 << 20)
+    with request_session(fake, PIPELINED) as session:
+        query = session.sql(sql)
+        teach(fake, query)
+        got = query.run().collect()
+    assert got.to_pylist() == keyword.sql(sql).run().collect().to_pylist()

@@ -171,12 +171,20 @@ def test_a_given_directory_keeps_files_of_other_stores(tmp_path):
     assert not path.exists()
 
 
-def test_null_text_is_an_error_naming_the_row(tmp_path):
+def test_null_text_is_data_with_a_null_token_list_and_is_never_tokenized(tmp_path):
     bodies = [f"doc {i}" for i in range(10)]
     bodies[7] = None
-    with TokenStore(tmp_path, batch_rows=3) as store, pytest.raises(CompileError, match="'body' has a null at row 7"):
-        store.tokens(_provider(bodies), "body", WordTokenizer())
-    assert list(tmp_path.iterdir()) == []  # no partial file is left behind
+    bodies[2] = ""
+    tokenizer = WordTokenizer()
+    with TokenStore(tmp_path, batch_rows=3) as store:
+        column = store.tokens(_provider(bodies), "body", tokenizer)
+        assert column.tokens[7].as_py() is None
+        assert column.row(2) == ()  # an empty string is a document like any other
+        assert column.null_count == 1
+        assert column.present().to_pylist() == [i != 7 for i in range(10)]
+        assert column.lengths()[7].as_py() == 0
+        assert len(column.present_lengths()) == 9
+        assert tokenizer.texts == sum(1 for b in bodies if b is not None)
 
 
 def test_only_text_columns_are_tokenized(tmp_path):

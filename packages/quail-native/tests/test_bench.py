@@ -17,7 +17,7 @@ def test_bench_writes_report_results_and_chart_and_prints_the_ratio_lines_last(t
                  "--precision", "fp32"]
     assert main(arguments) == 0
     out = capsys.readouterr().out.strip().splitlines()
-    assert sum(" run 2/2: " in line for line in out) == 9, "every workload timed twice"
+    assert sum(" run 2/2: " in line for line in out) == 10, "every workload timed twice"
     assert any(line.startswith("reviews: 2 filters → join: native") and "× naive" in line for line in out)
     assert out[-5].startswith("ratio native/naive wall:")
     assert out[-4].startswith("ratio fresh/minimum tokens:")
@@ -27,7 +27,7 @@ def test_bench_writes_report_results_and_chart_and_prints_the_ratio_lines_last(t
     assert cache.endswith(" → 0"), "the warm run reads every answer from the store"
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["gemm_peak_flops"] > 0
-    assert len(results["rows"]) == 9 and all(r["backend"] == "native" for r in results["rows"])
+    assert len(results["rows"]) == 10 and all(r["backend"] == "native" for r in results["rows"])
     assert all(r["repeats"] == 2 and r["spread"] >= 0 for r in results["rows"])
     assert all(r["agreement"] >= 0.95 for r in results["rows"])
     assert (tmp_path / "chart.png").read_bytes()[:4] == b"\x89PNG"

@@ -1,4 +1,4 @@
-"""`quail query`: run AI SQL against Parquet / CSV / JSONL / Arrow files from the command line."""
+"""`quail query`: run AI SQL against Parquet / CSV / JSONL / Arrow files and DuckDB tables from the command line."""
 
 from __future__ import annotations
 
@@ -27,37 +27,55 @@ READERS = {
     ".jsonl": DocumentProvider.from_jsonl, ".ndjson": DocumentProvider.from_jsonl,
     ".arrow": DocumentProvider.from_ipc, ".feather": DocumentProvider.from_ipc, ".ipc": DocumentProvider.from_ipc,
 }
+DATABASES = (".duckdb", ".db")
 
 
 @dataclass(frozen=True)
 class TableArgument:
-    """`name=path[:id_col]` from the command line."""
+    """`name=path[:id_col]`, or `name=database.duckdb:table[:id_col]`, from the command line."""
 
     name: str
     path: Path
-    id_column: str
+    id_column: str | None
+    table: str | None = None
 
     @classmethod
     def parse(cls, text: str) -> TableArgument:
-        """A path that exists is read whole, colons and all; otherwise a last `:name` is the id column."""
+        """A path that exists is read whole, colons and all; `database.duckdb:table` names a table of a
+        DuckDB database; otherwise a last `:name` is the id column."""
         name, equals, rest = text.partition("=")
         if not equals or not name or not rest:
-            raise CompileError(f"--table {text!r}: write name=path[:id_col]")
+            raise CompileError(f"--table {text!r}: write name=path[:id_col] or name=database.duckdb:table")
         if ":" not in rest or Path(rest).exists():
             return cls(name, Path(rest), "id")
+        for suffix in DATABASES:
+            head, found, tail = rest.partition(f"{suffix}:")
+            if found:
+                table, _, id_column = tail.partition(":")
+                return cls(name, Path(head + suffix), id_column or None, table)
         path, _, id_column = rest.rpartition(":")
         return cls(name, Path(path), id_column or "id")
+
+    def register(self, session: Session) -> None:
+        """Register the table: a file through its DocumentProvider, a DuckDB database's table through DuckDB."""
+        if self.path.suffix.lower() not in DATABASES or not self.path.is_file():
+            session.register(self.name, self.provider())
+            return
+        if self.table is None:
+            raise CompileError(f"--table {self.name}: {self.path} is a DuckDB database; write "
+                               f"{self.name}={self.path}:table")
+        session.register(self.name, self.path, id_column=self.id_column, table=self.table)
 
     def provider(self) -> DocumentProvider:
         if not self.path.exists():
             raise CompileError(f"--table {self.name}: no file or directory {self.path}")
         if self.path.is_dir():
-            return DocumentProvider.from_parquet(self.path, self.id_column)
+            return DocumentProvider.from_parquet(self.path, self.id_column or "id")
         reader = READERS.get(self.path.suffix.lower())
         if reader is None:
             raise CompileError(f"--table {self.name}: cannot read {self.path.suffix or 'a file without suffix'}; "
-                               f"use one of {', '.join(sorted(READERS))}")
-        return reader(self.path, self.id_column)
+                               f"use one of {', '.join(sorted([*READERS, *DATABASES]))}")
+        return reader(self.path, self.id_column or "id")
 
 
 def table_arguments(texts: list[str]) -> list[TableArgument]:
@@ -83,7 +101,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("sql", nargs="?", help="the query (or use --file)")
     parser.add_argument("-f", "--file", type=Path, help="read the query from a file")
     parser.add_argument("-t", "--table", action="append", default=[], metavar="NAME=PATH[:ID_COL]",
-                        help="register a table (Parquet, CSV, JSONL or Arrow; the id column defaults to 'id')")
+                        help="register a table: Parquet, CSV, JSONL or Arrow (the id column defaults to 'id'), "
+                             "or NAME=DATABASE.duckdb:TABLE for a table of a DuckDB database")
     parser.add_argument("--model")
     parser.add_argument("--device")
     parser.add_argument("--backend")
@@ -163,7 +182,7 @@ def run_query_command(args: argparse.Namespace, out: TextIO | None = None, err: 
     dialect: Dialect = args.dialect
     with Session(config_of(args)) as session:
         for table in tables:
-            session.register(table.name, table.provider())
+            table.register(session)
         query = session.sql(text, dialect=dialect, order=args.order)
         if args.explain:
             print(query.explain(), file=out)

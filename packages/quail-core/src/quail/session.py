@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from types import TracebackType
 
 import pyarrow as pa
@@ -12,7 +13,10 @@ from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
 from quail.compute.base import ComputeProvider
 from quail.config import EngineConfig
-from quail.data.providers import DocumentProvider, TableSchema
+from quail.data.database import Database
+from quail.data.providers import TableSchema
+from quail.data.scan import ScanView
+from quail.data.sources import as_source
 from quail.data.tokenizer import Tokenizer
 from quail.data.tokens import TokenStore
 from quail.errors import CompileError, QuailError, Refusal, RefusalError
@@ -27,6 +31,7 @@ from quail.plugins.registry import ExtensionRegistry
 from quail.runtime.execution import plan_physical, planned_shards, run_query
 from quail.runtime.explain import explain_text
 from quail.runtime.results import QueryResult
+from quail.runtime.views import scan_views
 
 ORDER_RULES: tuple[OrderRule, ...] = ("by_cost", "as_written")
 
@@ -50,7 +55,7 @@ class Session:
         self.backend: ModelBackend = self.registry.backend(self.config.backend)
         self._check_support()
         self.compute: ComputeProvider = self.registry.compute(self.config.compute)
-        self._tables: dict[str, DocumentProvider] = {}
+        self.database = Database()
         self.token_store = TokenStore()
         self._closed = False
 
@@ -65,14 +70,23 @@ class Session:
 
     # -- tables -------------------------------------------------------------------------------
 
-    def register(self, name: str, provider: DocumentProvider) -> None:
-        """Make a document table available to queries under `name`."""
+    def register(self, name: str, data: object, *, id_column: str | None = None, table: str | None = None) -> None:
+        """Make a table available to queries under `name`.
+
+        `data` is a DocumentProvider, a pyarrow Table / RecordBatch / RecordBatchReader / Dataset, a
+        pandas or polars DataFrame, a DuckDB relation, or the path of a Parquet, CSV, JSON, Arrow or
+        DuckDB file (`table` names the table of a DuckDB database). `id_column`, when given, must be
+        non-null and unique. Files are read again when they change on disk.
+        """
         self.check_open()
         if not text_argument("the table name given to register()", name).isidentifier():
             raise CompileError(f"table name {name!r} is not an identifier")
-        if not isinstance(provider, DocumentProvider):
-            raise TypeError(f"register() takes a DocumentProvider, got {type(provider).__name__}")
-        self._tables[name] = provider
+        if name.startswith("__quail"):
+            raise CompileError(f"table name {name!r} is reserved for Quail's own relations")
+        if isinstance(data, str | os.PathLike) and table is None and not os.path.exists(data) and ":" in str(data):
+            path, _, table = str(data).rpartition(":")
+            data = path
+        self.database.register(name, as_source(data, id_column, table))
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -88,13 +102,14 @@ class Session:
 
     @property
     def catalog(self) -> dict[str, TableSchema]:
-        return {name: provider.schema(name) for name, provider in self._tables.items()}
+        return self.database.catalog
 
     # -- queries ------------------------------------------------------------------------------
 
     def sql(self, text: str, dialect: Dialect = "snowflake", order: OrderRule | None = None) -> Query:
         self.check_open()
-        return Query(self, parse_sql(text_argument("the query given to sql()", text), dialect), order)
+        self.database.refresh()
+        return Query(self, parse_sql(text_argument("the query given to sql()", text), self.database, dialect), order)
 
     def docs(self, table: str) -> Docs:
         """Start a builder query over a registered table (its alias defaults to its name)."""
@@ -116,15 +131,15 @@ class Session:
         if self._closed:
             raise QuailError("this session is closed: open a new quail.Session (engines it booted are still warm)")
 
-    def provider(self, table: str) -> DocumentProvider:
-        return self._tables[table]
-
     def close(self) -> None:
         """Remove the session's token files; safe to call twice. Engines stay with the compute provider."""
         if self._closed:
             return
         self._closed = True
-        self.token_store.close()
+        try:
+            self.token_store.close()
+        finally:
+            self.database.close()
 
     def __enter__(self) -> Session:
         return self
@@ -147,6 +162,11 @@ class Query:
         self.logical_plan: LogicalNode = run_rules(unoptimized, session.registry.logical_rules)
         validate_plan(self.logical_plan)
         self._candidate: PhysicalCandidate | None = None
+        self._planned_on = -1
+
+    def views(self) -> dict[str, ScanView]:
+        """Each alias's scan view: its column predicates applied by DuckDB, only the columns it needs."""
+        return scan_views(self.logical_plan, self.session.database)
 
     @property
     def aliases(self) -> dict[str, str]:
@@ -154,9 +174,11 @@ class Query:
         return {node.alias: node.table for node in walk(self.logical_plan) if isinstance(node, Scan)}
 
     def plan(self) -> PhysicalCandidate:
-        """The cheapest physical plan the backend offers (planned once, no model run)."""
-        if self._candidate is None:
+        """The cheapest physical plan the backend offers (planned once, again if a table changed; no model run)."""
+        self.session.database.refresh()
+        if self._candidate is None or self._planned_on != self.session.database.generation:
             self._candidate = plan_physical(self)
+            self._planned_on = self.session.database.generation
         return self._candidate
 
     def explain(self, verbose: bool = False, analyze: bool = False) -> str:
@@ -166,7 +188,7 @@ class Query:
         rules = ", ".join(rule.name for rule in self.session.registry.logical_rules)
         try:
             candidate, refusal = self.plan(), None
-        except RefusalError as error:
+        except (RefusalError, CompileError) as error:
             candidate, refusal = None, str(error)
         shown = candidate.plan if candidate is not None else self.logical_plan
         sharding = planned_shards(self, candidate.graph) if candidate is not None else []

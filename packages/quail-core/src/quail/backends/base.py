@@ -89,6 +89,8 @@ class PlanningContext:
     calibration: Switch = "auto"
     stored_answers: StoredAnswers | None = None
     """What the answer store already holds (None when answers are not stored): priced at zero."""
+    null_documents: Mapping[str, int] = field(default_factory=dict)
+    """Per alias: rows whose document is NULL (no model work is spent on them; not in the lengths)."""
 
 
 @runtime_checkable

@@ -101,6 +101,22 @@ def score_answers(alias: str, output: str, rows: Sequence[int], margins: Sequenc
     return _with_kind(table, "scores", {"alias": alias, "output": output})
 
 
+def empty_answers(node: ph.PhysicalNode) -> pa.Table | None:
+    """The answers of a standard model node that has no row to read (None for any other node)."""
+    if isinstance(node, ph.AiFilter):
+        return filter_answers(node.alias, [], [], [], [])
+    if isinstance(node, ph.AiJoin):
+        aliases = [c.alias for c in node.predicate.prompt.columns]
+        return join_answers({a: [] for a in aliases}, [], [], anchor=node.anchor.alias,
+                            partners=[p.alias for p in node.partners], semantics=node.semantics,
+                            position=node.predicate.position)
+    if isinstance(node, ph.AiClassify):
+        return label_answers(node.alias, node.output, [], [], [])
+    if isinstance(node, ph.AiScore):
+        return score_answers(node.alias, node.output, [], [])
+    return None
+
+
 def choose_label(margins: Sequence[float]) -> int:
     """The index of the best label; ties go to the earlier label."""
     best = 0

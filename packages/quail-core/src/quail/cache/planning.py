@@ -40,10 +40,11 @@ class StoredAnswerView:
         """Per alias, the documents a stored FALSE of its filters drops: joins never see them."""
 
     def documents(self, alias: str) -> list[TokenIds]:
-        """The alias's distinct documents (duplicates are computed once, so they are priced once)."""
+        """The alias's distinct documents (duplicates are computed once, so they are priced once; NULL
+        documents are never computed, so never priced)."""
         if alias not in self._distinct:
             rows = self.tokens[alias].tokens.to_pylist()
-            self._distinct[alias] = list(dict.fromkeys(tuple(row) for row in rows))
+            self._distinct[alias] = list(dict.fromkeys(tuple(row) for row in rows if row is not None))
         return self._distinct[alias]
 
     def pending_stages(self, alias: str, stages: Sequence[StagePrompt]) -> list[list[int]]:

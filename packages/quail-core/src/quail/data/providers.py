@@ -1,8 +1,12 @@
-"""Document providers: registered tables of text documents, each with a validated id column.
+"""Document providers: tables of text documents, each with a validated id column.
 
 A provider wraps a `pyarrow.dataset.Dataset`, so a Parquet file larger than memory is read in bounded
-batches of only the columns a query needs. Everywhere in Quail a row is addressed by its int32 position
-in the provider's scan order, which is stable: batches are read single-threaded, file by file.
+batches of only the columns a query needs. Rows are addressed by their int32 position in the provider's
+scan order, which is stable: batches are read single-threaded, file by file.
+
+A provider over files notices when they change on disk (size, modification time and a hash of each
+file's first and last 64 KiB): it re-reads and re-validates them, or refuses with "file changed since
+register" when they no longer hold a valid table, so no answer mixes old tokens with new text.
 """
 
 from __future__ import annotations
@@ -11,14 +15,14 @@ import hashlib
 import os
 import pickle
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from functools import cached_property
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.fs
 
 from quail.errors import CompileError
 
@@ -32,26 +36,70 @@ DEFAULT_BATCH_ROWS = 65_536
 _ID_BATCH_ROWS = 65_536
 _HASH_WINDOW_ROWS = 65_536
 _TABLE_BATCH_ROWS = 1 << 20
+_SAMPLE_BYTES = 1 << 16
 
 
 @dataclass(frozen=True)
 class TableSchema:
-    """What the compiler needs of a registered table: its columns and which one is the id."""
+    """What the compiler needs of a registered table: its columns and which one is the id (if any).
+
+    `arrow` carries the column types when known, so the relational part can be checked before a run.
+    """
 
     name: str
     columns: tuple[str, ...]
-    id_column: str
+    id_column: str | None
+    arrow: pa.Schema | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class FileStamp:
+    """What changes when a file is rewritten: size, modification time, a hash of its first and last bytes."""
+
+    path: str
+    size: int
+    mtime_ns: int
+    sample: str
+
+    @classmethod
+    def of(cls, path: str) -> FileStamp:
+        stat = os.stat(path)
+        digest = hashlib.blake2b(digest_size=16)
+        with open(path, "rb") as handle:
+            digest.update(handle.read(_SAMPLE_BYTES))
+            if stat.st_size > _SAMPLE_BYTES:
+                handle.seek(max(stat.st_size - _SAMPLE_BYTES, _SAMPLE_BYTES))
+                digest.update(handle.read(_SAMPLE_BYTES))
+        return cls(path, stat.st_size, stat.st_mtime_ns, digest.hexdigest())
+
+
+def file_stamps(paths: Sequence[str]) -> tuple[FileStamp, ...]:
+    """Stamps of files that exist; a missing file is a stamp of size -1, so its loss is a change too."""
+    stamps = []
+    for path in paths:
+        try:
+            stamps.append(FileStamp.of(path))
+        except OSError:
+            stamps.append(FileStamp(path, -1, -1, ""))
+    return tuple(stamps)
+
+
+Reopen = Callable[[], ds.Dataset]
 
 
 class DocumentProvider:
-    """A table of documents. The id column is mandatory: non-null and unique (checked at construction)."""
+    """A table of documents. The id column is mandatory: non-null and unique (checked at construction,
+    and again whenever the files under it change)."""
 
-    def __init__(self, dataset: ds.Dataset, id_column: str) -> None:
+    def __init__(self, dataset: ds.Dataset, id_column: str, *, files: FileSource | None = None) -> None:
         if not isinstance(dataset, ds.Dataset):
             raise TypeError(f"a DocumentProvider wraps a pyarrow.dataset.Dataset, got {type(dataset).__name__}")
         self._dataset = dataset
         self.id_column = id_column
+        self._files = files or dataset_files(dataset)
+        self._stamp = file_stamps(self._files.listing()) if self._files else ()
         self._num_rows = _validate_ids(dataset, id_column)
+        self._identity: str | None = None
 
     # -- constructors --------------------------------------------------------------------------
 
@@ -70,45 +118,86 @@ class DocumentProvider:
     @classmethod
     def from_parquet(cls, path: str | os.PathLike[str], id_col: str) -> DocumentProvider:
         """A Parquet file, or a directory of them read in path order."""
-        return cls(_file_dataset(path, "parquet"), id_col)
+        return cls._from_files(path, "parquet", id_col)
 
     @classmethod
     def from_ipc(cls, path: str | os.PathLike[str], id_col: str) -> DocumentProvider:
         """An Arrow IPC file (Feather v2)."""
-        return cls(_file_dataset(path, "ipc"), id_col)
+        return cls._from_files(path, "ipc", id_col)
 
     @classmethod
     def from_csv(cls, path: str | os.PathLike[str], id_col: str) -> DocumentProvider:
-        return cls(_file_dataset(path, "csv"), id_col)
+        return cls._from_files(path, "csv", id_col)
 
     @classmethod
     def from_jsonl(cls, path: str | os.PathLike[str], id_col: str) -> DocumentProvider:
         """Newline-delimited JSON: one object per line."""
-        return cls(_file_dataset(path, "json"), id_col)
+        return cls._from_files(path, "json", id_col)
+
+    @classmethod
+    def _from_files(cls, path: str | os.PathLike[str], file_format: str, id_col: str) -> DocumentProvider:
+        return cls(_file_dataset(path, file_format), id_col, files=_path_source(path, file_format))
 
     # -- description ---------------------------------------------------------------------------
 
     @property
     def columns(self) -> tuple[str, ...]:
-        return tuple(self._dataset.schema.names)
+        return tuple(self.dataset.schema.names)
 
     @property
     def arrow_schema(self) -> pa.Schema:
-        return self._dataset.schema
+        return self.dataset.schema
 
     @property
     def num_rows(self) -> int:
+        self.refresh()
         return self._num_rows
 
-    def schema(self, name: str) -> TableSchema:
-        return TableSchema(name=name, columns=self.columns, id_column=self.id_column)
+    @property
+    def dataset(self) -> ds.Dataset:
+        """The current dataset (re-opened first if its files changed since it was read)."""
+        self.refresh()
+        return self._dataset
 
-    @cached_property
+    def schema(self, name: str) -> TableSchema:
+        schema = self.arrow_schema
+        return TableSchema(name=name, columns=tuple(schema.names), id_column=self.id_column, arrow=schema)
+
+    @property
     def identity(self) -> str:
         """Equal for equal content, different when it changes: keys cached work such as token files."""
-        if isinstance(self._dataset, ds.FileSystemDataset):
-            return f"files:{_files_digest(self._dataset)}"
-        return f"data:{_content_digest(self._dataset)}"
+        self.refresh()
+        if self._identity is None:
+            if isinstance(self._dataset, ds.FileSystemDataset):
+                samples = "".join(stamp.sample for stamp in self._stamp)
+                self._identity = f"files:{_files_digest(self._dataset)}:{samples}"
+            else:
+                self._identity = f"data:{content_digest(self._dataset)}"
+        return self._identity
+
+    def column_identity(self, column: str) -> str:
+        """The provider's identity: its token files are keyed by the whole table (and the column)."""
+        return self.identity
+
+    @property
+    def stamp(self) -> tuple[FileStamp, ...]:
+        """The files under the provider as last read (empty for data in memory)."""
+        return self._stamp
+
+    def refresh(self) -> None:
+        """Re-read and re-validate files that changed since they were read; refuse them if no longer valid."""
+        if self._files is None:
+            return
+        stamp = file_stamps(self._files.listing())
+        if stamp == self._stamp:
+            return
+        try:
+            dataset = self._files.reopen()
+            num_rows = _validate_ids(dataset, self.id_column)
+        except (CompileError, OSError, pa.ArrowException) as error:
+            where = ", ".join(s.path for s in stamp) or "its files"
+            raise CompileError(f"file changed since register: {where}: {error}") from None
+        self._dataset, self._num_rows, self._identity, self._stamp = dataset, num_rows, None, stamp
 
     def __repr__(self) -> str:
         return f"DocumentProvider(rows={self._num_rows}, columns={list(self.columns)}, id={self.id_column!r})"
@@ -119,12 +208,13 @@ class DocumentProvider:
         """Batches of at most `batch_rows` rows of only `columns`, in row order."""
         if batch_rows < 1:
             raise ValueError(f"batch_rows must be positive, got {batch_rows}")
-        return _batches(self._dataset, self._checked(columns), batch_rows)
+        names = self._checked(columns)
+        return _batches(self._dataset, names, batch_rows)
 
     def take(self, rows: Rows, columns: Columns = None) -> pa.Table:
         """The rows at these positions, in the given order (repeats allowed): one scan that stops early."""
         names = self._checked(columns)
-        positions = _positions(rows, self._num_rows)
+        positions = _positions(rows, self.num_rows)
         order = pc.sort_indices(positions)
         wanted = positions.take(order)
         picked = pa.Table.from_batches(list(_pick(self._dataset, names, wanted)), schema=self._projected(names))
@@ -136,17 +226,23 @@ class DocumentProvider:
         return pa.Table.from_batches(list(batches), schema=self._projected(names))
 
     def _checked(self, columns: Columns) -> list[str]:
-        if columns is None:
-            return list(self.columns)
-        names = [columns] if isinstance(columns, str) else list(dict.fromkeys(columns))
-        unknown = [name for name in names if name not in self.columns]
-        if unknown:
-            raise CompileError(f"unknown column {', '.join(map(repr, unknown))}; columns are {list(self.columns)}")
-        return names
+        self.refresh()
+        return checked_columns(columns, self.columns)
 
     def _projected(self, names: list[str]) -> pa.Schema:
         schema = self._dataset.schema
         return pa.schema([schema.field(name) for name in names])
+
+
+def checked_columns(columns: Columns, available: Sequence[str]) -> list[str]:
+    """The columns asked for (all when None), each once, in order; CompileError naming unknown ones."""
+    if columns is None:
+        return list(available)
+    names = [columns] if isinstance(columns, str) else list(dict.fromkeys(columns))
+    unknown = [name for name in names if name not in available]
+    if unknown:
+        raise CompileError(f"unknown column {', '.join(map(repr, unknown))}; columns are {list(available)}")
+    return names
 
 
 # -- scanning ----------------------------------------------------------------------------------
@@ -166,6 +262,33 @@ def _batches(dataset: ds.Dataset, names: list[str], batch_rows: int) -> Iterator
     for batch in scanner.to_batches():
         for start in range(0, batch.num_rows, batch_rows):
             yield batch.slice(start, batch_rows)
+
+
+@dataclass(frozen=True)
+class FileSource:
+    """How to list the files under a provider now, and how to read them again."""
+
+    listing: Callable[[], list[str]]
+    reopen: Reopen
+
+
+def _path_source(path: str | os.PathLike[str], file_format: str) -> FileSource:
+    location = Path(path)
+
+    def listing() -> list[str]:
+        if location.is_dir():
+            return sorted(str(p) for p in location.rglob("*") if p.is_file() and not p.name.startswith((".", "_")))
+        return [str(location)]
+
+    return FileSource(listing, lambda: _file_dataset(path, file_format))
+
+
+def dataset_files(dataset: ds.Dataset) -> FileSource | None:
+    """The files of a local file dataset; None for data in memory, which cannot change."""
+    if not isinstance(dataset, ds.FileSystemDataset) or not isinstance(dataset.filesystem, pa.fs.LocalFileSystem):
+        return None
+    files, file_format, filesystem = list(dataset.files), dataset.format, dataset.filesystem
+    return FileSource(lambda: list(files), lambda: ds.dataset(files, format=file_format, filesystem=filesystem))
 
 
 def _fragment_options(dataset: ds.Dataset) -> ds.FragmentScanOptions | None:
@@ -281,7 +404,7 @@ class _HashSink:
         self.closed = True
 
 
-def _content_digest(dataset: ds.Dataset) -> str:
+def content_digest(dataset: ds.Dataset) -> str:
     """A hash of the data as an IPC stream of fixed-size windows, so chunking does not change it."""
     sink = _HashSink()
     schema = dataset.schema

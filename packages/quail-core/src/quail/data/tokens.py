@@ -2,7 +2,8 @@
 
 A corpus larger than memory stays on disk: the column is tokenized in bounded batches written one by
 one, then mapped, so resident memory does not grow with the number of documents. Files are keyed by
-(provider identity, column, tokenizer identity): equal content is tokenized once per store.
+(content identity, column, tokenizer identity): equal content is tokenized once per store. A NULL
+text is data, not an error: its token list is NULL, and no AI function spends model work on it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from types import TracebackType
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from quail.data.providers import DocumentProvider, Rows
+from quail.data.providers import Rows
+from quail.data.scan import DocumentSource
 from quail.data.tokenizer import Tokenizer
 from quail.errors import CompileError, QuailError
 
@@ -58,7 +60,7 @@ class TokenColumn:
     _lengths: pa.Int32Array = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        parts = [pc.list_value_length(chunk) for chunk in self.tokens.chunks]
+        parts = [pc.fill_null(pc.list_value_length(chunk), 0) for chunk in self.tokens.chunks]
         object.__setattr__(self, "_lengths", pa.concat_arrays(parts) if parts else pa.array([], pa.int32()))
 
     @classmethod
@@ -80,8 +82,22 @@ class TokenColumn:
         return TokenColumn(self.path, pa.chunked_array(chunks, self.tokens.type), limit)
 
     def lengths(self) -> pa.Int32Array:
-        """Token count per row, from the list offsets (the token values are not read)."""
+        """Token count per row, from the list offsets (the token values are not read); 0 for a NULL text."""
         return self._lengths
+
+    @property
+    def null_count(self) -> int:
+        """Rows whose text is NULL."""
+        return self.tokens.null_count
+
+    def present(self) -> pa.BooleanArray:
+        """Per row: does it hold a document (its text is not NULL)?"""
+        parts = [pc.is_valid(chunk) for chunk in self.tokens.chunks]
+        return pa.concat_arrays(parts) if parts else pa.array([], pa.bool_())
+
+    def present_lengths(self) -> pa.Int32Array:
+        """Token counts of the rows that hold a document: what the planner prices."""
+        return self._lengths.filter(self.present()) if self.null_count else self._lengths
 
     def take(self, rows: Rows) -> pa.ListArray:
         return self.tokens.take(_indices(rows)).combine_chunks()
@@ -139,18 +155,18 @@ class TokenStore:
     def closed(self) -> bool:
         return not self._finalizer.alive
 
-    def tokens(self, provider: DocumentProvider, column: str, tokenizer: Tokenizer) -> TokenColumn:
+    def tokens(self, provider: DocumentSource, column: str, tokenizer: Tokenizer) -> TokenColumn:
         """The column's tokens, tokenizing it only the first time this content meets this tokenizer."""
         if self.closed:
             raise QuailError("the token store is closed")
         _check_text(provider, column)
-        key = (provider.identity, column, tokenizer.identity)
+        key = (provider.column_identity(column), column, tokenizer.identity)
         cached = self._columns.get(key)
         if cached is None:
             cached = self._columns[key] = TokenColumn.open(self._file(key, provider, column, tokenizer))
         return cached
 
-    def _file(self, key: tuple[str, str, str], provider: DocumentProvider, column: str,
+    def _file(self, key: tuple[str, str, str], provider: DocumentSource, column: str,
               tokenizer: Tokenizer) -> Path:
         path = self._ensure_directory() / _file_name(key)
         if not path.exists():  # an existing file was written whole by an earlier store (atomic rename)
@@ -204,7 +220,7 @@ def _write(path: Path, batches: Iterator[pa.RecordBatch]) -> None:
         partial.unlink(missing_ok=True)
 
 
-def _check_text(provider: DocumentProvider, column: str) -> None:
+def _check_text(provider: DocumentSource, column: str) -> None:
     if column not in provider.columns:
         raise CompileError(f"unknown column {column!r}; columns are {list(provider.columns)}")
     kind = provider.arrow_schema.field(column).type
@@ -212,7 +228,7 @@ def _check_text(provider: DocumentProvider, column: str) -> None:
         raise CompileError(f"column {column!r} holds {kind}, not text; AI functions read text columns")
 
 
-def _encoded(provider: DocumentProvider, column: str, tokenizer: Tokenizer, batch_rows: int,
+def _encoded(provider: DocumentSource, column: str, tokenizer: Tokenizer, batch_rows: int,
              batch_bytes: int) -> Iterator[pa.RecordBatch]:
     """Token lists gathered into record batches of about `FILE_BATCH_TOKENS` tokens."""
     pending: list[pa.Array] = []
@@ -227,23 +243,17 @@ def _encoded(provider: DocumentProvider, column: str, tokenizer: Tokenizer, batc
         yield pa.record_batch([pa.concat_arrays(pending)], schema=TOKENS_SCHEMA)
 
 
-def _token_lists(provider: DocumentProvider, column: str, tokenizer: Tokenizer, batch_rows: int,
+def _token_lists(provider: DocumentSource, column: str, tokenizer: Tokenizer, batch_rows: int,
                  batch_bytes: int) -> Iterator[pa.ListArray]:
-    offset = 0
     for batch in provider.scan([column], batch_rows=batch_rows):
-        texts = batch.column(0)
-        if texts.null_count:
-            row = offset + pc.index(pc.is_null(texts), True).as_py()
-            raise CompileError(f"column {column!r} has a null at row {row}; AI functions need text in every row")
-        for piece in _pieces(texts, batch_bytes):
+        for piece in _pieces(batch.column(0), batch_bytes):
             yield _encode(piece.to_pylist(), tokenizer)
-        offset += len(texts)
 
 
 def _pieces(texts: pa.Array, batch_bytes: int) -> Iterator[pa.Array]:
     """Consecutive slices of about `batch_bytes` of text (at least one row each)."""
     start, used = 0, 0
-    for i, size in enumerate(pc.binary_length(texts).to_pylist()):
+    for i, size in enumerate(pc.fill_null(pc.binary_length(texts), 0).to_pylist()):
         if used + size > batch_bytes and i > start:
             yield texts.slice(start, i - start)
             start, used = i, 0
@@ -252,8 +262,11 @@ def _pieces(texts: pa.Array, batch_bytes: int) -> Iterator[pa.Array]:
         yield texts.slice(start)
 
 
-def _encode(texts: Sequence[str], tokenizer: Tokenizer) -> pa.ListArray:
-    ids = tokenizer.encode_batch(texts)
-    if len(ids) != len(texts):
-        raise QuailError(f"tokenizer {tokenizer.identity!r} returned {len(ids)} token lists for {len(texts)} texts")
-    return pa.array(ids, type=pa.list_(pa.int32()))
+def _encode(texts: Sequence[str | None], tokenizer: Tokenizer) -> pa.ListArray:
+    """Token lists of the texts; a NULL text has a NULL list (it is never tokenized)."""
+    present = [text for text in texts if text is not None]
+    ids = tokenizer.encode_batch(present) if present else []
+    if len(ids) != len(present):
+        raise QuailError(f"tokenizer {tokenizer.identity!r} returned {len(ids)} token lists for {len(present)} texts")
+    encoded = iter(ids)
+    return pa.array([None if text is None else next(encoded) for text in texts], type=pa.list_(pa.int32()))

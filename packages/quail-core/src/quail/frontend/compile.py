@@ -8,6 +8,7 @@ from functools import partial
 
 from quail.data.providers import TableSchema
 from quail.errors import CompileError
+from quail.frontend.relational import projection_statement
 from quail.frontend.spec import (
     ClassifySpec,
     ColumnName,
@@ -18,9 +19,10 @@ from quail.frontend.spec import (
     ScoreSpec,
     SelectItem,
     TableSpec,
+    VerdictSpec,
     Where,
 )
-from quail.logical.expressions import AiPredicate, ColumnRef, Equality, Label, OutputColumn, Prompt
+from quail.logical.expressions import AiPredicate, ColumnRef, Equality, Label, OutputColumn, Prompt, Semantics
 from quail.logical.nodes import (
     Classify,
     Join,
@@ -30,6 +32,7 @@ from quail.logical.nodes import (
     Score,
     SemanticFilter,
     SemanticJoin,
+    Verdict,
 )
 
 RESERVED_NAMES = frozenset({"predicate", "answer", "margin", "margins", "tokens"})
@@ -62,6 +65,7 @@ class _Output:
     output: str
     prompt: Prompt
     attach: Callable[[LogicalNode], LogicalNode]
+    kind: str = "output"
 
 
 class _Compiler:
@@ -71,6 +75,9 @@ class _Compiler:
         self.catalog = catalog
         self.tables: dict[str, TableSpec] = {}
         self.positions = _positions(spec)
+        self.scan_conditions: dict[str, list[str]] = {}
+        for condition in spec.scan:
+            self.scan_conditions.setdefault(condition.alias, []).append(condition.sql)
 
     # -- the whole pipeline -------------------------------------------------------------------
 
@@ -79,16 +86,30 @@ class _Compiler:
         if not self.positions and not self.partial:
             raise CompileError("the query has no AI predicate: use AI_FILTER / AI.IF, AI.CLASSIFY or AI.SCORE")
         predicates = [self._predicate(p) for p in self.spec.predicates]
-        classifies = [self._classify(c) for c in self.spec.classifies]
-        scores = [self._score(s) for s in self.spec.scores]
-        self._check_document_columns(
-            [p.predicate.prompt for p in predicates] + [c.prompt for c in classifies] + [s.prompt for s in scores]
-        )
+        outputs = [self._classify(c) for c in self.spec.classifies] + [self._score(s) for s in self.spec.scores]
+        outputs += [self._verdict(v) for v in self.spec.verdicts]
+        self._check_document_columns([p.predicate.prompt for p in predicates] + [o.prompt for o in outputs])
         equalities = [(self._equality(e), e) for e in self.spec.equalities]
         tree = self._join_tree(predicates, equalities)
         tree = self._stack_filters(tree, predicates)
-        tree = self._stack_outputs(tree, classifies, scores)
-        return Project(tree, self._select(classifies, scores), self._limit())
+        tree = self._stack_outputs(tree, outputs)
+        return self._project(tree, outputs)
+
+    def _project(self, tree: LogicalNode, outputs: list[_Output]) -> Project:
+        """The root: the statement the compiler writes for a plain projection, or the SQL front end's tail."""
+        self._check_output_names(outputs)
+        relational = self.spec.relational
+        if relational is None:
+            columns = self._select(outputs)
+            named = [(c.name, c.source.alias if c.source else None, c.source.column if c.source else c.name)
+                     for c in columns]
+            statement = projection_statement(named, self.output_aliases, any(c.source is None for c in columns),
+                                             self._limit())
+            return Project(tree, columns, self._limit(), statement, tuple(self.output_aliases))
+        reads = [self.resolve(name, self.output_aliases) for name in relational.reads]
+        columns = tuple(self._column_output(r.alias, r.column) for r in reads) + tuple(
+            OutputColumn(name) for name in relational.outputs)
+        return Project(tree, columns, self._limit(), relational.statement, relational.relations, relational.remarks)
 
     # -- tables and names ---------------------------------------------------------------------
 
@@ -96,7 +117,7 @@ class _Compiler:
         if not self.spec.tables:
             raise CompileError("the query reads no table")
         for table in self.spec.tables:
-            if table.table not in self.catalog:
+            if table.schema is None and table.table not in self.catalog:
                 known = ", ".join(sorted(self.catalog)) or "none"
                 raise fail(f"unknown table {table.table!r}; registered tables: {known}", table.where)
             if table.alias in self.tables:
@@ -110,8 +131,14 @@ class _Compiler:
     def from_aliases(self) -> list[str]:
         return [a for a, t in self.tables.items() if t.role == "from"]
 
+    @property
+    def output_aliases(self) -> list[str]:
+        """The aliases whose rows reach the result: FROM / JOIN tables and LEFT JOINed ones, in order."""
+        return [a for a, t in self.tables.items() if t.role in ("from", "left")]
+
     def schema(self, alias: str) -> TableSchema:
-        return self.catalog[self.tables[alias].table]
+        table = self.tables[alias]
+        return table.schema or self.catalog[table.table]
 
     def _scope(self, subquery_of: str | None) -> list[str]:
         return self.from_aliases + ([subquery_of] if subquery_of else [])
@@ -176,7 +203,7 @@ class _Compiler:
                        f"{', '.join(prompt.aliases)}", spec.where)
 
     def _classify(self, spec: ClassifySpec) -> _Output:
-        prompt = self._prompt(spec.prompt, self.from_aliases)
+        prompt = self._prompt(spec.prompt, self.output_aliases)
         if len(prompt.aliases) != 1:
             raise fail("AI.CLASSIFY reads the documents of exactly one table", spec.where)
         names = [label.name for label in spec.labels]
@@ -203,10 +230,24 @@ class _Compiler:
         return tuple(n for n in names if n in allowed)
 
     def _score(self, spec: ScoreSpec) -> _Output:
-        prompt = self._prompt(spec.prompt, self.from_aliases)
+        prompt = self._prompt(spec.prompt, self.output_aliases)
+        if len(prompt.aliases) != 1:
+            raise fail("AI.SCORE as a value reads the documents of exactly one table; compare it with a number "
+                       "in WHERE or ON to join tables", spec.where)
         position = self.positions[("score", spec.order)]
         return _Output(position, spec.output, prompt,
                        partial(_score_node, prompt=prompt, output=spec.output, position=position))
+
+    def _verdict(self, spec: VerdictSpec) -> _Output:
+        prompt = self._prompt(spec.prompt, self.output_aliases)
+        if len(prompt.aliases) != 1:
+            raise fail("an AI predicate over two tables stands at the top level of WHERE or ON (AND-ed); as a "
+                       "value (in OR, NOT, CASE, SELECT, ...) AI_FILTER reads one table", spec.where)
+        if spec.selectivity is not None and not 0.0 <= spec.selectivity <= 1.0:
+            raise fail(f"selectivity must be a number in [0, 1], got {spec.selectivity!r}", spec.where)
+        position = self.positions[("verdict", spec.order)]
+        return _Output(position, spec.output, prompt, partial(_verdict_node, prompt=prompt, output=spec.output,
+                                                              position=position, selectivity=spec.selectivity))
 
     def _check_document_columns(self, prompts: list[Prompt]) -> None:
         seen: dict[str, ColumnRef] = {}
@@ -230,15 +271,18 @@ class _Compiler:
     # -- the join tree ------------------------------------------------------------------------
 
     def _scan(self, alias: str) -> Scan:
-        schema = self.schema(alias)
-        return Scan(schema.name, alias, schema.id_column, schema.columns)
+        schema, table = self.schema(alias), self.tables[alias]
+        conditions = self.scan_conditions.get(alias, [])
+        where = " AND ".join(f"({c})" for c in conditions) if len(conditions) > 1 else (conditions or [None])[0]
+        return Scan(table.table, alias, schema.id_column, schema.columns, where, table.source,
+                    self.spec.ctes if (where or table.source) else None)
 
     def _join_tree(self, predicates: list[_Resolved],
                    equalities: list[tuple[Equality, EqualitySpec]]) -> LogicalNode:
         joins = [p for p in predicates if len(p.predicate.aliases) > 1 and p.spec.subquery_of is None]
         self._check_on_clauses(joins, equalities)
         order = self.from_aliases
-        _check_connected(order, joins, equalities)
+        _check_connected(order, joins, equalities, self.spec.links)
         tree: LogicalNode = self._scan(order[0])
         joined = {order[0]}
         for alias in order[1:]:
@@ -289,19 +333,20 @@ class _Compiler:
         inside = [p for p in predicates if p.spec.subquery_of == alias]
         joining = [p for p in inside if len(p.predicate.aliases) > 1]
         if len(joining) != 1:
-            raise fail(f"an EXISTS subquery needs exactly one AI predicate that reads both {alias!r} and an "
+            where = "a LEFT JOIN ... ON" if table.role == "left" else "an EXISTS subquery"
+            raise fail(f"{where} needs exactly one AI predicate that reads both {alias!r} and an "
                        f"outer table; found {len(joining)}", table.where)
         inner: LogicalNode = self._scan(alias)
         filters = tuple(p.predicate for p in inside if len(p.predicate.aliases) == 1)
         if filters:
             inner = SemanticFilter(inner, alias, filters)
         predicate = joining[0].predicate
-        if predicate.anchor is None:
+        if predicate.anchor is None and table.role != "left":
             outer = next(a for a in predicate.aliases if a != alias)
             predicate = AiPredicate(predicate.prompt, predicate.position, predicate.selectivity, outer,
                                     predicate.threshold)
         restricting = tuple(e for e, _ in equalities if alias in e.aliases)
-        semantics = "exists" if table.role == "exists" else "anti"
+        semantics: Semantics = "exists" if table.role == "exists" else "anti" if table.role == "anti" else "left"
         return SemanticJoin(tree, inner, predicate, semantics, restricting)
 
     def _stack_filters(self, tree: LogicalNode, predicates: list[_Resolved]) -> LogicalNode:
@@ -315,27 +360,31 @@ class _Compiler:
         return tree
 
     @staticmethod
-    def _stack_outputs(tree: LogicalNode, classifies: list[_Output], scores: list[_Output]) -> LogicalNode:
-        for item in sorted([*classifies, *scores], key=lambda pending: pending.position):
+    def _stack_outputs(tree: LogicalNode, outputs: list[_Output]) -> LogicalNode:
+        for item in sorted(outputs, key=lambda pending: pending.position):
             tree = item.attach(tree)
         return tree
 
     # -- output -------------------------------------------------------------------------------
 
-    def _select(self, classifies: list[_Output], scores: list[_Output]) -> tuple[OutputColumn, ...]:
-        outputs = {node.output for node in [*classifies, *scores]}
+    def _check_output_names(self, items: list[_Output]) -> None:
+        outputs = {node.output for node in items}
         for name in outputs:
             if not name.isidentifier():
                 raise CompileError(f"AI output name {name!r} is not an identifier")
             if name in RESERVED_NAMES or name in self.tables:
                 what = "a table alias" if name in self.tables else "reserved for answer columns"
                 raise CompileError(f"AI output name {name!r} is {what}; pick another name")
-        if len(outputs) != len(classifies) + len(scores):
+        if len(outputs) != len(items):
             raise CompileError("two AI outputs share one name; give each AI.CLASSIFY / AI.SCORE its own AS name")
+        classifies = {c.output for c in self.spec.classifies}
         for label_filter in self.spec.label_filters:
-            if label_filter.output not in {c.output for c in classifies}:
+            if label_filter.output not in classifies:
                 raise fail(f"{label_filter.output!r} in WHERE ... IN (...) names no AI.CLASSIFY output",
                            label_filter.where)
+
+    def _select(self, items: list[_Output]) -> tuple[OutputColumn, ...]:
+        outputs = {node.output for node in items}
         columns: list[OutputColumn] = []
         for item in self.spec.select:
             columns.extend(self._select_item(item, outputs))
@@ -347,18 +396,18 @@ class _Compiler:
 
     def _select_item(self, item: SelectItem, outputs: set[str]) -> list[OutputColumn]:
         if item.kind == "star":
-            return [self._column_output(a, c) for a in self.from_aliases for c in self.schema(a).columns]
+            return [self._column_output(a, c) for a in self.output_aliases for c in self.schema(a).columns]
         if item.kind == "alias_star":
             alias = item.alias or ""
-            self._qualified(ColumnName(alias, self.schema(alias).id_column if alias in self.tables else "",
-                                       item.where), self.from_aliases)
+            first = self.schema(alias).columns[0] if alias in self.tables else ""
+            self._qualified(ColumnName(alias, first, item.where), self.output_aliases)
             return [self._column_output(alias, c) for c in self.schema(alias).columns]
         if item.kind == "output":
             return [OutputColumn(item.output or "")]
         assert item.column is not None
         if item.column.qualifier is None and item.column.name in outputs:
             return [OutputColumn(item.column.name)]
-        ref = self.resolve(item.column, self.from_aliases)
+        ref = self.resolve(item.column, self.output_aliases)
         return [self._column_output(ref.alias, ref.column)]
 
     @staticmethod
@@ -380,11 +429,17 @@ def _score_node(child: LogicalNode, *, prompt: Prompt, output: str, position: in
     return Score(child, prompt, output, position)
 
 
+def _verdict_node(child: LogicalNode, *, prompt: Prompt, output: str, position: int,
+                  selectivity: float | None) -> Verdict:
+    return Verdict(child, prompt, output, position, selectivity)
+
+
 def _positions(spec: QuerySpec) -> dict[tuple[str, int], int]:
     """Written position of every AI item: its rank in the order the query wrote them."""
     keyed = [("predicate", p.order) for p in spec.predicates]
     keyed += [("classify", c.order) for c in spec.classifies]
     keyed += [("score", s.order) for s in spec.scores]
+    keyed += [("verdict", v.order) for v in spec.verdicts]
     return {key: index for index, key in enumerate(sorted(keyed, key=lambda k: k[1]))}
 
 
@@ -410,8 +465,8 @@ def _check_placeholders(prompt: Prompt, where: Where) -> None:
                    "from a different table", where)
 
 
-def _check_connected(order: list[str], joins: list[_Resolved],
-                     equalities: list[tuple[Equality, EqualitySpec]]) -> None:
+def _check_connected(order: list[str], joins: list[_Resolved], equalities: list[tuple[Equality, EqualitySpec]],
+                     links: Sequence[Sequence[str]] = ()) -> None:
     parent = {a: a for a in order}
 
     def root(alias: str) -> str:
@@ -420,11 +475,12 @@ def _check_connected(order: list[str], joins: list[_Resolved],
         return alias
 
     groups = [list(j.predicate.aliases) for j in joins] + [list(e.aliases) for e, _ in equalities]
+    groups += [list(link) for link in links]
     for group in groups:
         members = [a for a in group if a in parent]
         for other in members[1:]:
             parent[root(other)] = root(members[0])
     lonely = [a for a in order if root(a) != root(order[0])]
     if lonely:
-        raise CompileError(f"table {lonely[0]!r} is not connected to {order[0]!r} by any AI predicate or "
-                           "column equality; a cross product of documents needs an AI predicate over them")
+        raise CompileError(f"table {lonely[0]!r} is not connected to {order[0]!r} by any condition; a cross "
+                           "product of documents needs an AI predicate or a condition over both tables")

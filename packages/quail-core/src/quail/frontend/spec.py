@@ -9,9 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from quail.data.providers import TableSchema
 from quail.logical.expressions import Label, ScoreThreshold
 
-TableRole = Literal["from", "exists", "anti"]
+TableRole = Literal["from", "exists", "anti", "left"]
+"""`from`: FROM / inner JOIN; `exists` / `anti`: an [NOT] EXISTS subquery's table; `left`: LEFT JOIN ON AI_FILTER."""
 
 
 @dataclass(frozen=True)
@@ -46,11 +48,27 @@ class PromptSpec:
 
 @dataclass(frozen=True)
 class TableSpec:
-    """A table in FROM / JOIN (`from`), or the table of an [NOT] EXISTS subquery."""
+    """A table in FROM / JOIN, or the table of an [NOT] EXISTS subquery.
+
+    `source` is the DuckDB SQL of a relation that is not a registered table (a CTE's name or a
+    parenthesised subquery), with its `schema`; None for a registered table.
+    """
 
     table: str
     alias: str
     role: TableRole = "from"
+    where: Where = NOWHERE
+    source: str | None = None
+    schema: TableSchema | None = None
+
+
+@dataclass(frozen=True)
+class ScanCondition:
+    """A condition on one table's columns, with no AI call: it runs at the scan, before any token."""
+
+    alias: str
+    sql: str
+    """DuckDB SQL."""
     where: Where = NOWHERE
 
 
@@ -108,6 +126,33 @@ class ScoreSpec:
     where: Where = NOWHERE
 
 
+@dataclass(frozen=True)
+class VerdictSpec:
+    """AI_FILTER / AI.IF as a value (inside OR, NOT, CASE, SELECT, ...): a BOOLEAN column per row."""
+
+    prompt: PromptSpec
+    output: str
+    order: int
+    selectivity: float | None = None
+    where: Where = NOWHERE
+
+
+@dataclass(frozen=True)
+class RelationalSpec:
+    """The relational tail of a SQL statement: one DuckDB statement over the model's rows.
+
+    `statement` reads each alias of `relations` as `__quail_rows_<i>` (the alias's scan view, row by
+    row of the model's result) and the AI outputs as columns of `__quail`; `reads` are the table
+    columns it reads; `remarks` say what runs where (the LIMIT decision, for one).
+    """
+
+    statement: str
+    relations: tuple[str, ...]
+    reads: tuple[ColumnName, ...] = ()
+    outputs: tuple[str, ...] = ()
+    remarks: tuple[str, ...] = ()
+
+
 SelectKind = Literal["star", "alias_star", "column", "output"]
 
 
@@ -132,3 +177,11 @@ class QuerySpec:
     label_filters: tuple[LabelFilterSpec, ...] = ()
     scores: tuple[ScoreSpec, ...] = ()
     limit: int | None = None
+    verdicts: tuple[VerdictSpec, ...] = ()
+    scan: tuple[ScanCondition, ...] = ()
+    links: tuple[tuple[str, ...], ...] = ()
+    """Aliases that conditions of the relational tail connect (so they are not a bare cross product)."""
+    ctes: str | None = None
+    """The DuckDB `WITH ...` clause the scans of derived tables and scan conditions may read."""
+    relational: RelationalSpec | None = None
+    """None when the statement is a plain projection (the builder's shape): the compiler writes it."""

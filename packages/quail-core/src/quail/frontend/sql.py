@@ -1,22 +1,53 @@
 """The SQL front end: sqlglot parses, this module reads the tree into a QuerySpec.
 
-Snowflake spells AI predicates `AI_FILTER(...)`, `AI_CLASSIFY(...)`; BigQuery `AI.IF(...)`,
-`AI.CLASSIFY(...)`, `AI.SCORE(...)`. Both are normalised to one `_AiCall` before anything else, so
-there is one reader for both dialects. Every refusal is a CompileError naming the construct.
+One reader for both dialects (`syntax.py` normalises the spellings). It finds the query block that
+holds the AI calls (`relational.ai_block`) and sorts what it says:
+
+* conditions on one table with no AI call (comparisons, BETWEEN, IN, LIKE, IS NULL, NOT, OR, functions,
+  subqueries) → that table's scan, so the rows they remove never reach the model;
+* top-level AND-ed AI predicates, column equalities between tables, [NOT] EXISTS with an AI predicate,
+  LEFT JOIN ... ON an AI predicate, `name IN (labels)` over an AI.CLASSIFY → model filters and joins;
+* every other AI call → an AI output column (BOOLEAN, DOUBLE or VARCHAR), computed once per call;
+* everything else → the relational tail, one DuckDB statement (`relational.py`), bound by DuckDB here,
+  so a wrong name or type is a CompileError with its position before any model work.
+
+What stays out of reach is refused by name, with its line and column and what to write instead.
 """
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
-import sqlglot
+import pyarrow as pa
 from sqlglot import exp
-from sqlglot.dialects.bigquery import BigQuery
-from sqlglot.dialects.snowflake import Snowflake
-from sqlglot.errors import ParseError, TokenError
 
+from quail.data.providers import TableSchema
+from quail.data.sources import quoted
 from quail.errors import CompileError
+from quail.frontend.calls import (
+    classify_arguments,
+    column_name,
+    is_plain_column,
+    number,
+    prompt_and_options,
+    selectivity,
+    string_option,
+)
+from quail.frontend.relational import (
+    INTERNAL_PREFIX,
+    OUTPUTS_RELATION,
+    Scope,
+    ai_block,
+    early_limit,
+    output_column,
+    relocated,
+    rows_relation,
+    visible_ctes,
+    with_clause,
+)
 from quail.frontend.spec import (
     ClassifySpec,
     ColumnName,
@@ -25,505 +56,739 @@ from quail.frontend.spec import (
     PredicateSpec,
     PromptSpec,
     QuerySpec,
+    RelationalSpec,
+    ScanCondition,
     ScoreSpec,
     SelectItem,
     TableSpec,
-    Where,
+    VerdictSpec,
 )
-from quail.logical.expressions import Comparison, Label, ScoreThreshold
+from quail.frontend.syntax import (
+    DIALECTS,
+    AiCall,
+    Dialect,
+    ai_call,
+    ai_calls,
+    conjuncts,
+    fail_at,
+    parse_one,
+    refuse_unknown_args,
+    safe_sql,
+    unsupported,
+    where_of,
+)
+from quail.frontend.tail import TailWriter
+from quail.logical.expressions import Comparison, ScoreThreshold
 
-Dialect = Literal["snowflake", "bigquery"]
-AiKind = Literal["filter", "classify", "score"]
+__all__ = ["DIALECTS", "Dialect", "RelationalCatalog", "ai_call", "parse_sql"]
 
-
-class QuailBigQuery(BigQuery):
-    """BigQuery, except that `IF(...)` stays a plain call so `AI.IF(prompt)` parses."""
-
-    class Parser(BigQuery.Parser):
-        FUNCTIONS = {  # noqa: RUF012 - sqlglot's own extension point is a class attribute
-            **BigQuery.Parser.FUNCTIONS,
-            "IF": lambda args: exp.Anonymous(this="IF", expressions=args),
-        }
-
-
-DIALECTS: dict[str, type[sqlglot.Dialect]] = {"snowflake": Snowflake, "bigquery": QuailBigQuery}
-SNOWFLAKE_NAMES: dict[str, AiKind] = {"AI_FILTER": "filter", "AI_CLASSIFY": "classify", "AI_SCORE": "score"}
-BIGQUERY_NAMES: dict[str, AiKind] = {"IF": "filter", "CLASSIFY": "classify", "SCORE": "score"}
 COMPARISONS: dict[type[exp.Expression], Comparison] = {exp.GTE: ">=", exp.GT: ">", exp.LTE: "<=", exp.LT: "<"}
 FLIPPED: dict[Comparison, Comparison] = {">=": "<=", ">": "<", "<=": ">=", "<": ">"}
-# What a SELECT may carry; anything else sqlglot parsed is refused by name (an allow-list, so a
+# What the AI block may carry; anything else sqlglot parsed is refused by name (an allow-list, so a
 # construct we do not know is never silently ignored).
-SELECT_ARGS = {"expressions", "from_", "from", "joins", "where", "limit", "kind"}
+BLOCK_ARGS = {"expressions", "from_", "from", "joins", "where", "limit", "kind", "group", "having", "qualify",
+              "order", "offset", "distinct", "windows"}
 SUBQUERY_ARGS = {"expressions", "from_", "from", "where"}
-JOIN_ARGS = {"this", "on", "kind"}
+JOIN_ARGS = {"this", "on", "kind", "side"}
 TABLE_ARGS = {"this", "alias"}
-CLAUSE_NAMES = {
-    "with_": "WITH (common table expressions)", "with": "WITH (common table expressions)",
-    "group": "GROUP BY", "having": "HAVING", "order": "ORDER BY", "distinct": "DISTINCT",
-    "qualify": "QUALIFY", "offset": "OFFSET", "windows": "WINDOW", "into": "SELECT ... INTO",
-    "connect": "CONNECT BY", "sample": "TABLESAMPLE", "pivots": "PIVOT / UNPIVOT", "laterals": "LATERAL",
-    "exclude": "SELECT * EXCLUDE", "sort": "SORT BY", "cluster": "CLUSTER BY", "distribute": "DISTRIBUTE BY",
-    "prewhere": "PREWHERE", "settings": "SETTINGS", "format": "FORMAT", "locks": "FOR UPDATE / SHARE",
-    "match": "MATCH_RECOGNIZE", "method": "NATURAL / ASOF join", "match_condition": "MATCH_CONDITION",
-    "using": "JOIN ... USING", "side": "OUTER JOIN", "version": "time travel (AT / BEFORE)",
-    "hint": "query hints", "hints": "table hints", "options": "OPTION (...)", "for_": "FOR XML / JSON",
-    "operation_modifiers": "operation modifiers", "joins": "joins inside a table reference",
-    "except_": "SELECT * EXCLUDE / EXCEPT", "replace": "SELECT * REPLACE", "rename": "SELECT * RENAME",
-    "ilike": "SELECT * ILIKE",
-}
+OUTPUT_TYPES = {"filter": pa.bool_(), "score": pa.float64(), "classify": pa.string()}
+LEFT_ON_HINT = ("LEFT JOIN ... ON takes one AI predicate over both tables, column equalities between them and "
+                "conditions on the joined table; put other conditions in WHERE")
 
 
-def parse_sql(text: str, dialect: Dialect = "snowflake") -> QuerySpec:
+class RelationalCatalog(Protocol):
+    """What the reader asks of the session's DuckDB: registered tables, and binding checks."""
+
+    def schema(self, name: str) -> TableSchema | None: ...
+
+    def describe(self, sql: str) -> pa.Schema: ...
+
+    def check(self, sql: str, relations: Mapping[str, pa.Schema]) -> pa.Schema: ...
+
+
+def parse_sql(text: str, catalog: RelationalCatalog, dialect: Dialect = "snowflake") -> QuerySpec:
     """Read one SELECT statement into a QuerySpec, or raise CompileError."""
     if dialect not in DIALECTS:
         raise CompileError(f"unknown SQL dialect {dialect!r}; use 'snowflake' or 'bigquery'")
-    statement = _parse_one(text, dialect)
+    statement = parse_one(text, dialect)
     try:
-        return _Reader(dialect).read(statement)
+        return _Reader(dialect, catalog, statement).read()
     except RecursionError:
         raise CompileError("the query nests too deeply") from None
 
 
-def _parse_one(text: str, dialect: Dialect) -> exp.Expression:
-    try:
-        statements = [s for s in sqlglot.parse(text, read=DIALECTS[dialect]) if s is not None]
-    except ParseError as error:
-        first = error.errors[0] if error.errors else {}
-        raise CompileError(f"syntax error: {first.get('description', error)}", line=first.get("line"),
-                           column=first.get("col")) from None
-    except TokenError as error:
-        raise CompileError(f"syntax error: {error}") from None
-    except RecursionError:
-        raise CompileError("the query nests too deeply to parse") from None
-    except Exception as error:  # sqlglot raises internal errors on some malformed input
-        raise CompileError(f"syntax error: {type(error).__name__}: {error}") from None
-    if len(statements) != 1:
-        raise CompileError(f"expected one SQL statement, got {len(statements)}")
-    return statements[0]
-
-
-def refuse_unknown_args(node: exp.Expression, allowed: set[str], hint: str = "") -> None:
-    """Refuse, by name, any clause sqlglot attached to `node` that Quail does not read."""
-    for key, value in node.args.items():
-        if key in allowed or value is None or value is False or value == []:
-            continue
-        construct = CLAUSE_NAMES.get(key, key.upper().rstrip("_"))
-        target = value if isinstance(value, exp.Expression) else node
-        raise unsupported(construct, target, hint)
-
-
-def safe_sql(node: exp.Expression) -> str:
-    """The node as SQL for a message; sqlglot cannot print every tree it parses."""
-    try:
-        return node.sql()
-    except Exception:  # printing is best effort; the message must still be raised
-        return type(node).__name__.upper()
-
-
-def where_of(node: exp.Expression) -> Where:
-    """The first line/column sqlglot recorded inside `node`."""
-    for item in node.walk():
-        meta = item.meta
-        if "line" in meta:
-            return Where(meta["line"], meta["col"])
-    return Where()
-
-
-def unsupported(construct: str, node: exp.Expression, hint: str = "") -> CompileError:
-    where = where_of(node)
-    suffix = f"; {hint}" if hint else ""
-    return CompileError(f"{construct} is not supported{suffix}", line=where.line, column=where.column)
+Clause = Literal["where", "on", "left_on"]
+Register = Callable[[str], None]
+"""Records an AI output's spec under the name it gets."""
 
 
 @dataclass(frozen=True)
-class _AiCall:
-    kind: AiKind
-    spelling: str
-    arguments: tuple[exp.Expression, ...]
-    node: exp.Expression
+class _Context:
+    """Where a condition stands: WHERE, the ON of an inner join of `alias`, or the ON of its LEFT JOIN."""
+
+    clause: Clause
+    alias: str | None = None
+    visible: frozenset[str] = frozenset()
 
 
-def ai_call(node: exp.Expression) -> _AiCall | None:
-    """The AI function `node` calls, in either dialect's spelling, or None."""
-    if isinstance(node, exp.AIClassify):
-        args = [node.this, node.args.get("categories"), node.args.get("config")]
-        return _AiCall("classify", "AI_CLASSIFY", tuple(a for a in args if a is not None), node)
-    if isinstance(node, exp.Anonymous) and str(node.name).upper() in SNOWFLAKE_NAMES:
-        name = str(node.name).upper()
-        return _AiCall(SNOWFLAKE_NAMES[name], name, tuple(node.expressions), node)
-    if isinstance(node, exp.Dot) and isinstance(node.this, exp.Identifier) and node.this.name.upper() == "AI":
-        inner = node.expression
-        name = str(inner.name).upper() if isinstance(inner, exp.Anonymous | exp.Func) else ""
-        if name not in BIGQUERY_NAMES:
-            raise unsupported(f"AI.{name or safe_sql(inner)}", node, "Quail offers AI.IF, AI.CLASSIFY and AI.SCORE")
-        arguments = tuple(inner.expressions) if isinstance(inner, exp.Anonymous) else tuple(inner.args.values())
-        return _AiCall(BIGQUERY_NAMES[name], f"AI.{name}", arguments, node)
-    return None
+@dataclass(frozen=True)
+class _Output:
+    name: str
+    kind: str
 
 
 @dataclass
 class _Reader:
     dialect: Dialect
+    catalog: RelationalCatalog
+    statement: exp.Expression
+    block: exp.Select = field(init=False)
+    scope: Scope = field(init=False)
     tables: list[TableSpec] = field(default_factory=list)
+    hidden: dict[str, TableSpec] = field(default_factory=dict)
+    tail_aliases: list[str] = field(default_factory=list)
+    tail_joins: list[exp.Join] = field(default_factory=list)
     predicates: list[PredicateSpec] = field(default_factory=list)
     equalities: list[EqualitySpec] = field(default_factory=list)
     classifies: list[ClassifySpec] = field(default_factory=list)
     label_filters: list[LabelFilterSpec] = field(default_factory=list)
     scores: list[ScoreSpec] = field(default_factory=list)
-    select: list[SelectItem] = field(default_factory=list)
-    order: int = 0
+    verdicts: list[VerdictSpec] = field(default_factory=list)
+    scan: list[tuple[ScanCondition, exp.Expression]] = field(default_factory=list)
+    residual: list[exp.Expression] = field(default_factory=list)
+    links: list[tuple[str, ...]] = field(default_factory=list)
+    outputs: dict[tuple[object, ...], _Output] = field(default_factory=dict)
+    satisfied: set[tuple[object, ...]] = field(default_factory=set)
+    ctes_sql: str | None = None
+    ctes: set[str] = field(default_factory=set)
+    restated: bool = False
+    """A SELECT item repeats a WHERE filter: the tail writes TRUE for it."""
+    counter: itertools.count = field(default_factory=lambda: itertools.count(1))
+    arrival: int = 0
+
+    # -- the statement --------------------------------------------------------------------------
+
+    def read(self) -> QuerySpec:
+        statement = self.statement
+        if not isinstance(statement, exp.Query):
+            raise CompileError(f"not a SELECT statement (it starts {safe_sql(statement)[:12]!r}); Quail runs SELECT")
+        if isinstance(statement, exp.Select) and not (statement.args.get("from_") or statement.args.get("from")):
+            raise CompileError("the query has no FROM clause")
+        self.block = ai_block(statement)
+        allowed = BLOCK_ARGS | ({"with_", "with"} if self.block is statement else set())
+        refuse_unknown_args(self.block, allowed, "write it in a query around the AI block, or in a CTE")
+        self._check_limit()
+        self._read_ctes()
+        self.scope = Scope(self.block, hidden=_exists_aliases(self.block), outer=_outer_aliases(self.statement,
+                                                                                                 self.block))
+        pending_on = self._read_from()
+        self._name_outputs()
+        self._check_tail_aliases()
+        for on, context in pending_on:
+            self._read_condition(on, context)
+        where = self.block.args.get("where")
+        if where is not None:
+            self._read_condition(where.this, _Context("where"))
+        self._drop_satisfied_outputs()
+        return self._spec()
+
+    def _drop_satisfied_outputs(self) -> None:
+        """A SELECT item that repeats a top-level WHERE filter is TRUE on every row: it needs no model work."""
+        for key in [k for k in self.outputs if k in self.satisfied]:
+            name = self.outputs.pop(key).name
+            self.verdicts = [v for v in self.verdicts if v.output != name]
+            self.restated = True
+
+    def _check_limit(self) -> None:
+        limit = self.block.args.get("limit")
+        value = limit.args.get("expression") if isinstance(limit, exp.Limit) else None
+        if isinstance(value, exp.Literal) and not value.is_string and not value.this.isdigit():
+            raise unsupported("LIMIT with a non-integer value", limit, "write LIMIT n")
+
+    def _read_ctes(self) -> None:
+        ctes = visible_ctes(self.statement, self.block)
+        with_ = self.statement.args.get("with_") or self.statement.args.get("with")
+        self.ctes = {cte.alias for cte in ctes}
+        self.ctes_sql = with_clause(ctes, bool(with_ is not None and with_.args.get("recursive")))
+
+    def _spec(self) -> QuerySpec:
+        simple = self._simple()
+        select: list[SelectItem] = []
+        relational = None
+        limit = None
+        if simple:
+            select = [self._select_item(item) for item in self.block.expressions]
+            limit = _literal_limit(self.block)
+        else:
+            limit, note = early_limit(self.statement, self.block, bool(self.residual), bool(self.tail_joins))
+            relational = self._write_tail(note)
+        self._check_scan_conditions()
+        return QuerySpec(
+            tables=tuple(self.tables), select=tuple(select), predicates=tuple(self.predicates),
+            equalities=tuple(self.equalities), classifies=tuple(self.classifies),
+            label_filters=tuple(self.label_filters), scores=tuple(self.scores), limit=limit,
+            verdicts=tuple(self.verdicts), scan=tuple(condition for condition, _ in self.scan),
+            links=tuple(self.links), ctes=self.ctes_sql, relational=relational,
+        )
 
     def order_of(self, node: exp.Expression) -> int:
         """Written order: the character offset sqlglot recorded for the call, else arrival order."""
-        self.order += 1
+        self.arrival += 1
         for item in node.walk():
             if "start" in item.meta:
-                return int(item.meta["start"]) * 1000 + self.order
-        return 10**12 + self.order
+                return int(item.meta["start"]) * 1000 + self.arrival
+        return 10**12 + self.arrival
 
-    # -- statement shape ----------------------------------------------------------------------
+    # -- FROM and JOIN --------------------------------------------------------------------------
 
-    def read(self, statement: exp.Expression) -> QuerySpec:
-        if isinstance(statement, exp.SetOperation):
-            raise unsupported(f"set operation {type(statement).__name__.upper()}", statement)
-        if not isinstance(statement, exp.Select):
-            raise CompileError(f"not a SELECT statement (it starts {statement.sql()[:12]!r}); Quail runs SELECT")
-        self._refuse_everywhere(statement)
-        self._check_clauses(statement)
-        self._read_from(statement)
-        self._read_select(statement)
-        where = statement.args.get("where")
-        if where is not None:
-            self._read_condition(where.this, on_of=None)
-        return QuerySpec(
-            tables=tuple(self.tables), select=tuple(self.select), predicates=tuple(self.predicates),
-            equalities=tuple(self.equalities), classifies=tuple(self.classifies),
-            label_filters=tuple(self.label_filters), scores=tuple(self.scores), limit=self._limit(statement),
-        )
-
-    @staticmethod
-    def _refuse_everywhere(statement: exp.Expression) -> None:
-        for node in statement.walk():
-            if isinstance(node, exp.Window):
-                raise unsupported("window function (OVER)", node)
-            if isinstance(node, exp.Or):
-                raise unsupported("OR", node, "AI predicates combine with AND only")
-            if isinstance(node, exp.SetOperation) and node is not statement:
-                raise unsupported(f"set operation {type(node).__name__.upper()}", node)
-
-    @staticmethod
-    def _check_clauses(select: exp.Expression, allowed: set[str] = SELECT_ARGS) -> None:
-        refuse_unknown_args(select, allowed, "relational clauses over results may come later")
-
-    def _limit(self, select: exp.Select) -> int | None:
-        limit = select.args.get("limit")
-        if limit is None:
-            return None
-        if isinstance(limit, exp.Fetch):
-            raise unsupported("FETCH FIRST ... ROWS", limit, "write LIMIT n")
-        value = limit.args.get("expression")
-        if not (isinstance(value, exp.Literal) and not value.is_string and value.this.isdigit()):
-            raise unsupported("LIMIT with a non-integer value", limit, "write LIMIT n")
-        return int(value.this)
-
-    # -- FROM and JOIN ------------------------------------------------------------------------
-
-    def _read_from(self, select: exp.Select) -> None:
-        source = select.args.get("from_") or select.args.get("from")
+    def _read_from(self) -> list[tuple[exp.Expression, _Context]]:
+        """Every table of the block; the ON clauses, to read once every name is known."""
+        source = self.block.args.get("from_") or self.block.args.get("from")
         if source is None:
             raise CompileError("the query has no FROM clause")
-        self.tables.append(self._table(source.this, "from"))
-        for join in select.args.get("joins") or []:
-            self._read_join(join)
+        self._add_table(source.this, "from")
+        pending: list[tuple[exp.Expression, _Context]] = []
+        for join in self.block.args.get("joins") or []:
+            pending.extend(self._read_join(join))
+        return pending
 
-    def _table(self, node: exp.Expression, role: Literal["from", "exists", "anti"]) -> TableSpec:
+    def _read_join(self, join: exp.Join) -> list[tuple[exp.Expression, _Context]]:
+        if join.args.get("using"):
+            raise unsupported("JOIN ... USING", join, "write ON a.x = b.y")
+        refuse_unknown_args(join, JOIN_ARGS)
+        side = (join.args.get("side") or "").upper()
+        kind = (join.args.get("kind") or "").upper()
+        if side == "RIGHT":
+            raise unsupported("RIGHT OUTER JOIN", join, "write it as a LEFT JOIN with the tables swapped")
+        if side == "FULL":
+            raise unsupported("FULL OUTER JOIN", join, "join in a CTE without AI functions and read that")
+        if kind and kind not in ("CROSS", "INNER", "OUTER"):
+            raise unsupported(f"{kind} JOIN", join)
+        on = join.args.get("on")
+        before = frozenset(self.scope.columns)
+        if side == "LEFT":
+            if on is None or not ai_calls(on):
+                self._add_tail_join(join)
+                return []
+            spec = self._add_table(join.this, "left")
+            return [(on, _Context("left_on", spec.alias, before | {spec.alias}))]
+        spec = self._add_table(join.this, "from")
+        return [] if on is None else [(on, _Context("on", spec.alias, before | {spec.alias}))]
+
+    def _add_table(self, node: exp.Expression, role: Literal["from", "left", "exists", "anti"],
+                   visible: bool = True) -> TableSpec:
+        spec = self._table(node, role)
+        if spec.alias in self.scope.columns or spec.alias in self.hidden:
+            raise fail_at(f"alias {spec.alias!r} is used for two tables", node)
+        if spec.alias.startswith(INTERNAL_PREFIX):
+            raise fail_at(f"alias {spec.alias!r} is reserved for Quail's own relations; pick another alias", node)
+        self.tables.append(spec)
+        schema = self._schema_of(spec)
+        if visible:
+            self.scope.add(spec.alias, spec.table, schema.columns)
+        else:
+            self.hidden[spec.alias] = spec
+        return spec
+
+    def _add_tail_join(self, join: exp.Join) -> None:
+        """A LEFT JOIN with no AI call in its ON: DuckDB runs it in the tail, the model never sees its table."""
+        spec = self._table(join.this, "left")
+        if spec.alias in self.scope.columns:
+            raise fail_at(f"alias {spec.alias!r} is used for two tables", join.this)
+        self.scope.add(spec.alias, spec.table, self._schema_of(spec).columns)
+        self.tail_aliases.append(spec.alias)
+        self.tail_joins.append(join)
+
+    def _table(self, node: exp.Expression, role: Literal["from", "left", "exists", "anti"]) -> TableSpec:
+        where = where_of(node)
+        if isinstance(node, exp.Subquery) and isinstance(node.this, exp.Query):
+            if not node.alias:
+                raise fail_at("a subquery in FROM needs an alias", node)
+            refuse_unknown_args(node, TABLE_ARGS)
+            source = f"({node.this.sql(dialect='duckdb')})"
+            return self._derived(TableSpec("(subquery)", node.alias, role, where, source), node)
         if not isinstance(node, exp.Table) or not isinstance(node.this, exp.Identifier):
-            raise unsupported(f"{node.key.upper()} in FROM", node, "name a registered table")
+            raise unsupported(f"{node.key.upper()} in FROM", node, "name a registered table, a CTE or a subquery")
         if node.args.get("db") or node.args.get("catalog"):
             raise unsupported(f"qualified table name {safe_sql(node)}", node, "name a registered table")
         refuse_unknown_args(node, TABLE_ARGS | {"db", "catalog"})
         alias = node.args.get("alias")
         if alias is not None and alias.args.get("columns"):
             raise unsupported("column aliases in a table alias", node)
-        return TableSpec(node.name, node.alias_or_name, role, where_of(node))
+        if node.name in self.ctes:
+            return self._derived(TableSpec(node.name, node.alias_or_name, role, where, quoted(node.name)), node)
+        if self.catalog.schema(node.name) is None:
+            known = ", ".join(sorted(self._registered())) or "none"
+            raise fail_at(f"unknown table {node.name!r}; registered tables: {known}", node)
+        return TableSpec(node.name, node.alias_or_name, role, where)
 
-    def _read_join(self, join: exp.Join) -> None:
-        side = join.args.get("side")
-        if side:
-            raise unsupported(f"{side.upper()} OUTER JOIN", join, "outer joins have no AI meaning here")
-        if join.args.get("using"):
-            raise unsupported("JOIN ... USING", join, "write ON a.x = b.y")
-        refuse_unknown_args(join, JOIN_ARGS)
-        kind = (join.args.get("kind") or "").upper()
-        if kind and kind not in ("CROSS", "INNER"):
-            raise unsupported(f"{kind} JOIN", join)
-        table = self._table(join.this, "from")
-        self.tables.append(table)
-        on = join.args.get("on")
-        if on is not None:
-            self._read_condition(on, on_of=table.alias)
+    def _registered(self) -> list[str]:
+        names = getattr(self.catalog, "catalog", {})
+        return list(names) if isinstance(names, Mapping) else []
 
-    # -- conditions (WHERE and ON) ------------------------------------------------------------
+    def _derived(self, spec: TableSpec, node: exp.Expression) -> TableSpec:
+        head = f"{self.ctes_sql} " if self.ctes_sql else ""
+        try:
+            arrow = self.catalog.describe(f"{head}SELECT * FROM {spec.source}")
+        except CompileError as error:
+            raise relocated(error, node, f"{spec.table} AS {spec.alias}: ") from None
+        return TableSpec(spec.table, spec.alias, spec.role, spec.where, spec.source,
+                         TableSchema(spec.table, tuple(arrow.names), None, arrow))
 
-    def _read_condition(self, node: exp.Expression, on_of: str | None, subquery_of: str | None = None) -> None:
-        for conjunct in _conjuncts(node):
-            self._read_conjunct(conjunct, on_of, subquery_of)
+    def _schema_of(self, spec: TableSpec) -> TableSchema:
+        schema = spec.schema or self.catalog.schema(spec.table)
+        assert schema is not None
+        return schema
 
-    def _read_conjunct(self, node: exp.Expression, on_of: str | None, subquery_of: str | None) -> None:
+    def _check_tail_aliases(self) -> None:
+        for call in ai_calls(self.block):
+            read = {self.scope.alias_of(c) for c in call.node.find_all(exp.Column)} & set(self.tail_aliases)
+            if read:
+                alias = sorted(read)[0]
+                raise unsupported(f"an AI function over {alias!r}, which is LEFT JOINed without an AI predicate",
+                                  call.node, f"join {alias!r} with an inner JOIN, or in a CTE the AI block reads")
+
+    @property
+    def model_aliases(self) -> list[str]:
+        """The aliases whose rows the model's result holds, in FROM order."""
+        return [t.alias for t in self.tables if t.role in ("from", "left")]
+
+    def _nullable(self, alias: str) -> bool:
+        return alias in self.tail_aliases or any(t.alias == alias and t.role == "left" for t in self.tables)
+
+    # -- AI outputs ----------------------------------------------------------------------------
+
+    def _name_outputs(self) -> None:
+        """SELECT-list names first: `AI.SCORE(...) AS s` makes an output named s."""
+        for item in self.block.expressions:
+            if isinstance(item, exp.Alias):
+                self.scope.outputs.add(item.alias)
+                call = ai_call(item.this)
+                if call is None:
+                    continue
+                self._output(call, item.alias)
+                names = [o.name for o in self.outputs.values()]
+                if len(set(names)) < len(names):
+                    raise fail_at("two AI outputs share one name; give each AI.CLASSIFY / AI.SCORE its own AS name",
+                                  item)
+
+    def _output(self, call: AiCall, name: str | None = None) -> _Output:
+        """The output column of an AI call: one per distinct call, named by its SELECT alias when it has one."""
+        key, register = self._output_spec(call)
+        found = self.outputs.get(key)
+        if found is not None:
+            return found
+        output = _Output(name or self._fresh_name(call.kind), call.kind)
+        register(output.name)
+        self.outputs[key] = output
+        return output
+
+    def _output_spec(self, call: AiCall) -> tuple[tuple[object, ...], Register]:
+        order, where = self.order_of(call.node), where_of(call.node)
+        if call.kind == "classify":
+            prompt, labels, instructions = classify_arguments(call)
+            key: tuple[object, ...] = ("classify", self._prompt_key(prompt), labels, instructions)
+            return key, lambda name: self.classifies.append(
+                ClassifySpec(prompt, labels, name, order, instructions, where))
+        if call.kind == "score":
+            prompt, _ = prompt_and_options(call, set())
+            return ("score", self._prompt_key(prompt)), lambda name: self.scores.append(
+                ScoreSpec(prompt, name, order, where))
+        prompt, options = prompt_and_options(call, {"selectivity"})
+        chosen = selectivity(options)
+        return ("filter", self._prompt_key(prompt)), lambda name: self.verdicts.append(
+            VerdictSpec(prompt, name, order, chosen, where))
+
+    def _prompt_key(self, prompt: PromptSpec) -> tuple[object, ...]:
+        return (prompt.template, tuple((a.qualifier, a.name) for a in prompt.arguments))
+
+    def _fresh_name(self, kind: str) -> str:
+        taken = {o.name for o in self.outputs.values()} | set(self.scope.columns) | self.scope.outputs
+        while True:
+            name = f"ai_{'if' if kind == 'filter' else kind}_{next(self.counter)}"
+            if name not in taken:
+                return name
+
+    def _call_aliases(self, call: AiCall) -> set[str]:
+        found = set()
+        for argument in call.node.find_all(exp.Column):
+            alias = self.scope.alias_of(argument)
+            if alias is not None:
+                found.add(alias)
+        return found
+
+    # -- conditions (WHERE and ON) --------------------------------------------------------------
+
+    def _read_condition(self, node: exp.Expression, context: _Context) -> None:
+        for conjunct in conjuncts(node):
+            self._read_conjunct(conjunct, context)
+
+    def _read_conjunct(self, node: exp.Expression, context: _Context) -> None:
+        if isinstance(node, exp.Boolean) and node.this is True:
+            return
         call = ai_call(node)
         if call is not None:
-            self._read_filter_call(call, on_of, subquery_of)
-        elif type(node) in COMPARISONS:
-            self._read_score_comparison(node, on_of, subquery_of)
-        elif isinstance(node, exp.EQ):
-            self._read_equality(node, on_of, subquery_of)
-        elif isinstance(node, exp.In):
-            self._read_label_filter(node, subquery_of)
-        elif isinstance(node, exp.Exists) or (isinstance(node, exp.Not) and isinstance(node.this, exp.Exists)):
-            self._read_exists(node, subquery_of)
-        elif isinstance(node, exp.Not):
-            raise unsupported("NOT", node, "only NOT EXISTS (...) is supported")
-        elif isinstance(node, exp.Boolean) and node.this is True:
+            self._read_ai_condition(call, context)
+        elif type(node) in COMPARISONS and self._score_threshold(node) is not None:
+            self._read_score_condition(node, context)
+        elif _is_exists(node) and ai_calls(node):
+            self._read_exists(node, context)
+        elif self._read_label_filter(node, context) or self._read_equality(node, context):
             return
+        elif ai_calls(node):
+            self._residual(node, context)
         else:
-            raise unsupported(
-                f"condition {safe_sql(node)}", node,
-                "conditions are AND-ed AI predicates, AI.SCORE comparisons, column equalities and [NOT] EXISTS",
-            )
+            self._read_plain(node, context)
 
-    def _read_filter_call(self, call: _AiCall, on_of: str | None, subquery_of: str | None) -> None:
+    def _model_ready(self, aliases: set[str], context: _Context) -> bool:
+        """Can a predicate over these aliases run as a model filter or join here?"""
+        if context.clause == "left_on":
+            return context.alias in aliases and not any(self._nullable(a) for a in aliases - {context.alias})
+        return not any(self._nullable(a) for a in aliases)
+
+    def _read_ai_condition(self, call: AiCall, context: _Context) -> None:
         if call.kind != "filter":
             raise unsupported(f"{call.spelling} as a condition", call.node,
                               "compare AI.SCORE with a number, or name AI.CLASSIFY in SELECT and filter with IN")
-        prompt, options = self._prompt_and_options(call, {"selectivity", "anchor"})
-        self.predicates.append(PredicateSpec(
-            prompt, self.order_of(call.node), _selectivity(options), _string_option(options, "anchor"),
-            None, on_of, subquery_of, where_of(call.node),
-        ))
+        aliases = self._call_aliases(call)
+        if not self._model_ready(aliases, context):
+            self._residual(call.node, context)
+            return
+        prompt, options = prompt_and_options(call, {"selectivity", "anchor"})
+        self._predicate(PredicateSpec(prompt, self.order_of(call.node), selectivity(options),
+                                      string_option(options, "anchor"), None, None, None, where_of(call.node)),
+                        context)
+        if context.clause != "left_on":
+            self.satisfied.add(("filter", self._prompt_key(prompt)))
 
-    def _read_score_comparison(self, node: exp.Expression, on_of: str | None, subquery_of: str | None) -> None:
+    def _predicate(self, spec: PredicateSpec, context: _Context) -> None:
+        if context.clause == "left_on":
+            spec = PredicateSpec(spec.prompt, spec.order, spec.selectivity, spec.anchor, spec.threshold, None,
+                                 context.alias, spec.where)
+        elif context.clause == "on":
+            spec = PredicateSpec(spec.prompt, spec.order, spec.selectivity, spec.anchor, spec.threshold,
+                                 context.alias, None, spec.where)
+        self.predicates.append(spec)
+
+    def _score_threshold(self, node: exp.Expression) -> tuple[AiCall, Comparison, float] | None:
+        """`AI.SCORE(...) <op> number` (either side): the call, the comparison with the call on the left, the number."""
         op = COMPARISONS[type(node)]
-        left, right = node.this, node.expression
-        call, number = ai_call(left), right
-        if call is None:
-            call, number, op = ai_call(right), left, FLIPPED[op]
-        if call is None or call.kind != "score":
-            raise unsupported(f"comparison {safe_sql(node)}", node, "only AI.SCORE(...) can be compared with a number")
-        value = _number(number)
-        if value is None:
-            raise unsupported(f"comparison of AI.SCORE with {safe_sql(number)}", node, "compare with a number literal")
-        prompt, options = self._prompt_and_options(call, {"selectivity", "anchor"})
-        self.predicates.append(PredicateSpec(
-            prompt, self.order_of(call.node), _selectivity(options), _string_option(options, "anchor"),
-            ScoreThreshold(op, value), on_of, subquery_of, where_of(call.node),
-        ))
+        left, right = ai_call(node.this), ai_call(node.expression)
+        if left is not None and left.kind == "score" and right is None:
+            value = number(node.expression)
+            return None if value is None else (left, op, value)
+        if right is not None and right.kind == "score" and left is None:
+            value = number(node.this)
+            return None if value is None else (right, FLIPPED[op], value)
+        return None
 
-    def _read_equality(self, node: exp.EQ, on_of: str | None, subquery_of: str | None) -> None:
-        left, right = node.this, node.expression
-        if not (_is_plain_column(left) and _is_plain_column(right)):
-            raise unsupported(f"condition {safe_sql(node)}", node,
-                              "only column = column equalities between two tables are supported")
-        self.equalities.append(EqualitySpec(_column(left), _column(right), on_of, where_of(node), subquery_of))
+    def _read_score_condition(self, node: exp.Expression, context: _Context) -> None:
+        found = self._score_threshold(node)
+        assert found is not None
+        call, op, value = found
+        if not self._model_ready(self._call_aliases(call), context):
+            self._residual(node, context)
+            return
+        prompt, options = prompt_and_options(call, {"selectivity", "anchor"})
+        self._predicate(PredicateSpec(prompt, self.order_of(call.node), selectivity(options),
+                                      string_option(options, "anchor"), ScoreThreshold(op, value), None, None,
+                                      where_of(call.node)), context)
 
-    def _read_label_filter(self, node: exp.In, subquery_of: str | None) -> None:
-        target = node.this
-        if node.args.get("query") is not None:
-            raise unsupported("IN (subquery)", node, "only [NOT] EXISTS subqueries are supported")
+    def _read_label_filter(self, node: exp.Expression, context: _Context) -> bool:
+        """`name IN ('a', ...)` over a named AI.CLASSIFY output, at the top of WHERE: the model keeps those labels."""
+        if context.clause != "where" or not isinstance(node, exp.In) or node.args.get("query") is not None:
+            return False
         if node.args.get("unnest") is not None or node.args.get("field") is not None:
-            raise unsupported("IN UNNEST(...)", node, "write IN ('a', 'b')")
-        if subquery_of is not None or not isinstance(target, exp.Column) or target.table:
-            raise unsupported(f"IN over {safe_sql(target)}", node, "IN filters an AI.CLASSIFY output by its name")
-        values = []
-        for value in node.expressions:
-            if not (isinstance(value, exp.Literal) and value.is_string):
-                raise unsupported(f"IN value {safe_sql(value)}", value, "list label strings")
-            values.append(value.this)
-        self.label_filters.append(LabelFilterSpec(target.name, tuple(values), where_of(node)))
+            return False
+        target = node.this
+        if not (is_plain_column(target) and not target.table):
+            return False
+        outputs = {o.name for key, o in self.outputs.items() if key[0] == "classify"}
+        if target.name not in outputs or any(target.name in c for c in self.scope.columns.values()):
+            return False
+        if not all(isinstance(v, exp.Literal) and v.is_string for v in node.expressions):
+            return False
+        values = tuple(v.this for v in node.expressions)
+        self.label_filters.append(LabelFilterSpec(target.name, values, where_of(node)))
+        return True
 
-    def _read_exists(self, node: exp.Expression, subquery_of: str | None) -> None:
+    def _read_equality(self, node: exp.Expression, context: _Context) -> bool:
+        """`a.x = b.y` between two tables of the model: it restricts the pairs a join evaluates."""
+        if not isinstance(node, exp.EQ) or not (is_plain_column(node.this) and is_plain_column(node.expression)):
+            return False
+        aliases = {self.scope.alias_of(node.this), self.scope.alias_of(node.expression)}
+        if None in aliases or len(aliases) != 2:
+            return False
+        known = {a for a in aliases if a is not None}
+        if not self._model_ready(known, context):
+            return False
+        if context.clause == "left_on":
+            subquery_of, on_of = context.alias, None
+        else:
+            subquery_of, on_of = None, context.alias if context.clause == "on" else None
+        self.equalities.append(EqualitySpec(column_name(node.this), column_name(node.expression), on_of,
+                                            where_of(node), subquery_of))
+        return True
+
+    def _read_plain(self, node: exp.Expression, context: _Context) -> None:
+        """A condition without AI calls: at one table's scan when it reads one table, else in the tail."""
+        references = self.scope.references(node)
+        self._check_visible(references.aliases, context, node)
+        alias = self._scan_alias(references.aliases, context) if not references.outputs else None
+        if alias is not None:
+            self.scan.append((ScanCondition(alias, node.sql(dialect="duckdb"), where_of(node)), node))
+        else:
+            self._residual(node, context)
+
+    def _scan_alias(self, aliases: frozenset[str], context: _Context) -> str | None:
+        if context.clause == "left_on":
+            return context.alias if aliases <= {context.alias} else None
+        if len(aliases) > 1:
+            return None
+        if not aliases:
+            return context.alias or self.model_aliases[0]
+        (alias,) = aliases
+        return None if self._nullable(alias) else alias
+
+    def _check_visible(self, aliases: frozenset[str], context: _Context, node: exp.Expression) -> None:
+        late = sorted(aliases - context.visible) if context.clause != "where" else []
+        if late:
+            raise fail_at(f"the ON clause of {context.alias!r} refers to {late[0]!r}, which is joined later", node)
+
+    def _residual(self, node: exp.Expression, context: _Context) -> None:
+        if context.clause == "left_on":
+            raise unsupported(f"condition {safe_sql(node, self.dialect)} in LEFT JOIN ... ON", node, LEFT_ON_HINT)
+        _check_score_comparisons(node)
+        references = self.scope.references(node)
+        self._check_visible(references.aliases, context, node)
+        model = tuple(sorted(a for a in references.aliases if a in self.model_aliases))
+        if len(model) > 1:
+            self.links.append(model)
+        self.residual.append(node)
+
+    # -- [NOT] EXISTS with an AI predicate -----------------------------------------------------
+
+    def _read_exists(self, node: exp.Expression, context: _Context) -> None:
         negated = isinstance(node, exp.Not)
         exists = node.this if negated else node
-        if subquery_of is not None:
-            raise unsupported("nested EXISTS", node)
+        if context.clause != "where":
+            raise unsupported("EXISTS with an AI predicate in an ON clause", node, "put it in WHERE")
         query = exists.this
         if not isinstance(query, exp.Select):
             raise unsupported("EXISTS over a non-SELECT", node)
         if query.args.get("joins"):
             raise unsupported("JOIN inside EXISTS", query, "an EXISTS subquery reads one table")
-        self._check_clauses(query, SUBQUERY_ARGS)
+        refuse_unknown_args(query, SUBQUERY_ARGS, "an EXISTS subquery with an AI predicate reads one table")
         source = query.args.get("from_") or query.args.get("from")
         if source is None:
             raise unsupported("EXISTS without FROM", query)
-        table = self._table(source.this, "anti" if negated else "exists")
-        self.tables.append(table)
+        if any(_is_exists(inner) for inner in query.find_all(exp.Exists, exp.Not) if inner is not exists):
+            raise unsupported("nested EXISTS", node)
+        spec = self._add_table(source.this, "anti" if negated else "exists", visible=False)
         where = query.args.get("where")
         if where is None:
             raise unsupported("EXISTS without an AI predicate", query, "add WHERE AI_FILTER(PROMPT(...))")
-        self._read_condition(where.this, on_of=None, subquery_of=table.alias)
+        inner = _Inner(self, spec, query)
+        for conjunct in conjuncts(where.this):
+            inner.read(conjunct)
 
-    # -- AI calls -----------------------------------------------------------------------------
+    # -- SELECT list, simple shape --------------------------------------------------------------
 
-    def _prompt_and_options(self, call: _AiCall, keys: set[str]) -> tuple[PromptSpec, dict[str, exp.Expression]]:
-        if not call.arguments:
-            raise unsupported(f"{call.spelling}() without arguments", call.node, "pass PROMPT('…{0}…', column)")
-        if len(call.arguments) > 2:
-            raise unsupported(f"{call.spelling} with {len(call.arguments)} arguments", call.node,
-                              "pass PROMPT(...) and an optional options object")
-        prompt = self._prompt(call.arguments[0], call.spelling)
-        options = _options(call.arguments[1], keys) if len(call.arguments) == 2 else {}
-        return prompt, options
-
-    def _prompt(self, node: exp.Expression, owner: str) -> PromptSpec:
-        if not (isinstance(node, exp.Anonymous) and str(node.name).upper() == "PROMPT"):
-            raise unsupported(f"{owner} over {safe_sql(node)}", node, f"write {owner}(PROMPT('…{{0}}…', column))")
-        arguments = list(node.expressions)
-        if not arguments or not (isinstance(arguments[0], exp.Literal) and arguments[0].is_string):
-            raise unsupported("PROMPT without a template string", node, "its first argument is a string literal")
-        columns = []
-        for argument in arguments[1:]:
-            if not _is_plain_column(argument):
-                raise unsupported(f"PROMPT argument {safe_sql(argument)}", argument, "PROMPT arguments are columns")
-            columns.append(_column(argument))
-        return PromptSpec(arguments[0].this, tuple(columns), where_of(node))
-
-    def _classify_input(self, node: exp.Expression) -> PromptSpec:
-        if _is_plain_column(node):
-            return PromptSpec("{0}", (_column(node),), where_of(node))
-        return self._prompt(node, "AI.CLASSIFY")
-
-    def _read_classify(self, call: _AiCall, output: str) -> None:
-        if len(call.arguments) not in (2, 3):
-            raise unsupported(f"{call.spelling} with {len(call.arguments)} arguments", call.node,
-                              "pass the input, the labels and optional options")
-        prompt = self._classify_input(call.arguments[0])
-        labels = _labels(call.arguments[1])
-        options = _options(call.arguments[2], {"task_description"}) if len(call.arguments) == 3 else {}
-        instructions = _string_option(options, "task_description")
-        self.classifies.append(ClassifySpec(prompt, labels, output, self.order_of(call.node), instructions,
-                                            where_of(call.node)))
-
-    def _read_score(self, call: _AiCall, output: str) -> None:
-        prompt, _ = self._prompt_and_options(call, set())
-        self.scores.append(ScoreSpec(prompt, output, self.order_of(call.node), where_of(call.node)))
-
-    # -- SELECT list --------------------------------------------------------------------------
-
-    def _read_select(self, select: exp.Select) -> None:
-        for item in select.expressions:
-            self.select.append(self._select_item(item))
+    def _simple(self) -> bool:
+        """A plain projection (what the builder can say): the compiler writes its statement itself."""
+        block = self.block
+        if block is not self.statement or self.residual or self.tail_joins or self.restated:
+            return False
+        if any(block.args.get(key) for key in ("group", "having", "qualify", "order", "distinct", "windows",
+                                               "offset")):
+            return False
+        limit = block.args.get("limit")
+        if limit is not None and _literal_limit(block) is None:
+            return False
+        named = {o.name for o in self.outputs.values()}
+        for item in block.expressions:
+            if isinstance(item, exp.Alias) and ai_call(item.this) is not None and item.alias in named:
+                continue
+            if isinstance(item, exp.Star) or (isinstance(item, exp.Column) and isinstance(item.this, exp.Star)):
+                star = item if isinstance(item, exp.Star) else item.this
+                if any(star.args.get(k) for k in star.args):
+                    return False
+                continue
+            if not is_plain_column(item):
+                return False
+        return len(self.outputs) == len({o.name for o in self.outputs.values()}) and all(
+            any(isinstance(i, exp.Alias) and i.alias == o.name for i in block.expressions)
+            for o in self.outputs.values())
 
     def _select_item(self, item: exp.Expression) -> SelectItem:
         if isinstance(item, exp.Star):
-            refuse_unknown_args(item, set())
             return SelectItem("star", where=where_of(item))
         if isinstance(item, exp.Column) and isinstance(item.this, exp.Star):
-            refuse_unknown_args(item.this, set())
             return SelectItem("alias_star", alias=item.table, where=where_of(item))
-        if _is_plain_column(item):
-            return SelectItem("column", column=_column(item), where=where_of(item))
         if isinstance(item, exp.Alias):
-            return self._aliased_item(item)
-        call = ai_call(item)
-        if call is not None and call.kind != "filter":
-            raise unsupported(f"{call.spelling} without a name", item, f"write {call.spelling}(...) AS name")
-        if call is not None:
-            raise unsupported(f"{call.spelling} in SELECT", item, "it filters rows: put it in WHERE or ON")
-        if isinstance(item, exp.AggFunc):
-            raise unsupported(f"aggregate function {item.key.upper()}", item)
-        raise unsupported(f"SELECT expression {safe_sql(item)}", item, "select columns, *, or named AI outputs")
+            return SelectItem("output", output=item.alias, where=where_of(item))
+        return SelectItem("column", column=column_name(item), where=where_of(item))
 
-    def _aliased_item(self, item: exp.Alias) -> SelectItem:
-        call = ai_call(item.this)
-        if call is None or call.kind == "filter":
-            raise unsupported(f"SELECT {safe_sql(item)}", item, "AS names AI.CLASSIFY and AI.SCORE outputs only")
-        if call.kind == "classify":
-            self._read_classify(call, item.alias)
-        else:
-            self._read_score(call, item.alias)
-        return SelectItem("output", output=item.alias, where=where_of(item))
+    # -- the relational tail --------------------------------------------------------------------
 
+    def _write_tail(self, note: str | None) -> RelationalSpec:
+        """The statement rewritten for DuckDB (tail.py), bound by DuckDB here: the block reads the model's rows."""
+        writer = TailWriter(self.statement, self.block, self.scope, self.dialect, self._ai_value)
+        statement = writer.write(self.residual, self.model_aliases, self.tail_aliases, self.tail_joins,
+                                 lambda: bool(self.outputs))
+        self._check_tail(statement)
+        return RelationalSpec(statement, tuple(self.model_aliases), writer.reads(self.model_aliases),
+                              tuple(o.name for o in self.outputs.values()), (note,) if note else ())
 
-def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
-    if isinstance(node, exp.Paren):
-        return _conjuncts(node.this)
-    if isinstance(node, exp.And):
-        return _conjuncts(node.this) + _conjuncts(node.expression)
-    return [node]
+    def _ai_value(self, call: AiCall) -> exp.Expression:
+        """An AI call outside the model's filters and joins: its output column, or TRUE where WHERE holds it."""
+        if call.kind == "filter":
+            prompt, _ = prompt_and_options(call, {"selectivity", "anchor"})
+            if ("filter", self._prompt_key(prompt)) in self.satisfied:
+                return exp.true()
+        aliases = self._call_aliases(call)
+        if len(aliases) != 1:
+            raise unsupported(f"{call.spelling} over {len(aliases)} tables outside the top-level AND of WHERE "
+                              "and ON", call.node, "an AI value (in OR, NOT, CASE, SELECT, ...) reads one table")
+        return output_column(self._output(call).name)
 
-
-def _is_plain_column(node: exp.Expression) -> bool:
-    return isinstance(node, exp.Column) and isinstance(node.this, exp.Identifier) and not node.args.get("db")
-
-
-def _column(node: exp.Expression) -> ColumnName:
-    return ColumnName(node.table or None, node.name, where_of(node))
-
-
-def _number(node: exp.Expression) -> float | None:
-    if isinstance(node, exp.Neg):
-        inner = _number(node.this)
-        return None if inner is None else -inner
-    if isinstance(node, exp.Literal) and not node.is_string:
+    def _check_tail(self, statement: str) -> None:
+        relations: dict[str, pa.Schema] = {}
+        for index, alias in enumerate(self.model_aliases):
+            schema = self._schema_of(next(t for t in self.tables if t.alias == alias))
+            assert schema.arrow is not None
+            relations[rows_relation(index)] = schema.arrow
+        if self.outputs:
+            relations[OUTPUTS_RELATION] = pa.schema([(o.name, OUTPUT_TYPES[o.kind]) for o in self.outputs.values()])
         try:
-            return float(node.this)
-        except ValueError:
+            self.catalog.check(statement, relations)
+        except CompileError as error:
+            raise relocated(error, self.statement) from None
+
+    def _check_scan_conditions(self) -> None:
+        head = f"{self.ctes_sql} " if self.ctes_sql else ""
+        for condition, node in self.scan:
+            table = next(t for t in self.tables if t.alias == condition.alias)
+            source = table.source or quoted(table.table)
+            try:
+                self.catalog.describe(f"{head}SELECT * FROM {source} AS {quoted(table.alias)} WHERE {condition.sql}")
+            except CompileError as error:
+                raise relocated(error, node) from None
+
+
+@dataclass
+class _Inner:
+    """The WHERE of an [NOT] EXISTS subquery: its AI predicates, equalities, and conditions on its table."""
+
+    reader: _Reader
+    spec: TableSpec
+    query: exp.Select
+
+    def alias_of(self, column: exp.Column) -> str | None:
+        inner = self.spec.alias
+        if column.table == inner:
+            return inner
+        if not column.table and column.name in self.reader._schema_of(self.spec).columns:
+            return inner
+        if column.find_ancestor(exp.Select) is not self.query:
             return None
+        return self.reader.scope.alias_of(column)
+
+    def aliases(self, node: exp.Expression) -> set[str]:
+        return {a for a in (self.alias_of(c) for c in node.find_all(exp.Column)) if a is not None}
+
+    def read(self, node: exp.Expression) -> None:
+        reader, alias = self.reader, self.spec.alias
+        call = ai_call(node)
+        if call is not None and call.kind == "filter":
+            self._check_outer(self.aliases(call.node), node)
+            prompt, options = prompt_and_options(call, {"selectivity", "anchor"})
+            reader.predicates.append(PredicateSpec(prompt, reader.order_of(call.node), selectivity(options),
+                                                   string_option(options, "anchor"), None, None, alias,
+                                                   where_of(call.node)))
+        elif type(node) in COMPARISONS and reader._score_threshold(node) is not None:
+            found = reader._score_threshold(node)
+            assert found is not None
+            score, op, value = found
+            self._check_outer(self.aliases(score.node), node)
+            prompt, options = prompt_and_options(score, {"selectivity", "anchor"})
+            reader.predicates.append(PredicateSpec(prompt, reader.order_of(score.node), selectivity(options),
+                                                   string_option(options, "anchor"), ScoreThreshold(op, value),
+                                                   None, alias, where_of(score.node)))
+        elif isinstance(node, exp.EQ) and is_plain_column(node.this) and is_plain_column(node.expression):
+            self._check_outer(self.aliases(node), node)
+            reader.equalities.append(EqualitySpec(self._named(node.this), self._named(node.expression), None,
+                                                  where_of(node), alias))
+        elif not ai_calls(node) and self.aliases(node) <= {alias}:
+            reader.scan.append((ScanCondition(alias, node.sql(dialect="duckdb"), where_of(node)), node))
+        elif isinstance(node, exp.Boolean) and node.this is True:
+            return
+        else:
+            raise unsupported(
+                f"condition {safe_sql(node, reader.dialect)}", node,
+                "an EXISTS subquery holds AND-ed AI predicates, column equalities and conditions on its own table",
+            )
+
+    def _named(self, node: exp.Expression) -> ColumnName:
+        """The column as written; a bare inner column is qualified, so the compiler resolves it inside."""
+        name = column_name(node)
+        if name.qualifier is None and self.alias_of(node) == self.spec.alias:
+            return ColumnName(self.spec.alias, name.name, name.where)
+        return name
+
+    def _check_outer(self, aliases: set[str], node: exp.Expression) -> None:
+        outer = aliases - {self.spec.alias}
+        nullable = [a for a in outer if self.reader._nullable(a)]
+        if nullable:
+            raise unsupported(f"EXISTS over {nullable[0]!r}, which is LEFT JOINed", node, "test it in a CTE")
+
+
+def _outer_aliases(statement: exp.Expression, block: exp.Select) -> set[str]:
+    """Aliases of tables outside the AI block: reading one would make it a correlated subquery."""
+    inside = {id(node) for node in block.walk()}
+    return {t.alias_or_name for t in statement.find_all(exp.Table, exp.Subquery)
+            if id(t) not in inside and t.alias_or_name}
+
+
+def _check_score_comparisons(node: exp.Expression) -> None:
+    """AI.SCORE compared with text that is no number: DuckDB would find out only while running the
+    relational part, after the model answered; say it now."""
+    for comparison in node.find_all(exp.GT, exp.GTE, exp.LT, exp.LTE, exp.EQ, exp.NEQ):
+        sides = (comparison.this, comparison.expression)
+        for mine, other in (sides, sides[::-1]):
+            call = ai_call(mine)
+            if call is None or call.kind != "score" or not (isinstance(other, exp.Literal) and other.is_string):
+                continue
+            try:
+                float(other.this)
+            except ValueError:
+                raise unsupported(f"comparison of {call.spelling} with {other.sql()}", other,
+                                  "AI.SCORE is a number in [0, 1]: compare it with a number") from None
+
+
+def _exists_aliases(block: exp.Select) -> set[str]:
+    """Aliases of the tables in the block's EXISTS subqueries: visible only inside them."""
+    hidden = set()
+    for exists in block.find_all(exp.Exists):
+        query = exists.this
+        source = query.args.get("from_") or query.args.get("from") if isinstance(query, exp.Select) else None
+        if source is not None and isinstance(source.this, exp.Table) and exists.find_ancestor(exp.Select) is block:
+            hidden.add(source.this.alias_or_name)
+    return hidden
+
+
+def _is_exists(node: exp.Expression) -> bool:
+    return isinstance(node, exp.Exists) or (isinstance(node, exp.Not) and isinstance(node.this, exp.Exists))
+
+
+def _literal_limit(select: exp.Select) -> int | None:
+    limit = select.args.get("limit")
+    if limit is None:
+        return None
+    if isinstance(limit, exp.Fetch):
+        return None
+    value = limit.args.get("expression")
+    if isinstance(value, exp.Literal) and not value.is_string and value.this.isdigit():
+        return int(value.this)
     return None
 
-
-def _options(node: exp.Expression, keys: set[str]) -> dict[str, exp.Expression]:
-    if not isinstance(node, exp.Struct):
-        raise unsupported(f"options {safe_sql(node)}", node, "write {'key': value, ...}")
-    options: dict[str, exp.Expression] = {}
-    for entry in node.expressions:
-        if isinstance(entry, exp.PropertyEQ):
-            key, value = entry.this.name, entry.expression
-        elif isinstance(entry, exp.Alias):
-            key, value = entry.alias, entry.this
-        else:
-            raise unsupported(f"option {safe_sql(entry)}", entry, "write {'key': value, ...}")
-        if key not in keys:
-            allowed = ", ".join(sorted(keys)) or "none"
-            raise unsupported(f"option {key!r}", entry, f"options here: {allowed}")
-        if key in options:
-            raise unsupported(f"option {key!r} given twice", entry)
-        options[key] = value
-    return options
-
-
-def _selectivity(options: dict[str, exp.Expression]) -> float | None:
-    value = options.get("selectivity")
-    if value is None:
-        return None
-    number = _number(value)
-    if number is None:
-        where = where_of(value)
-        raise CompileError(f"selectivity must be a number in [0, 1], got {safe_sql(value)}", line=where.line,
-                           column=where.column)
-    return number
-
-
-def _string_option(options: dict[str, exp.Expression], key: str) -> str | None:
-    value = options.get(key)
-    if value is None:
-        return None
-    if isinstance(value, exp.Literal) and value.is_string:
-        return str(value.this)
-    if isinstance(value, exp.Column | exp.Identifier):
-        return value.name
-    raise unsupported(f"{key} {safe_sql(value)}", value, f"{key} is a string")
-
-
-def _labels(node: exp.Expression) -> tuple[Label, ...]:
-    if not isinstance(node, exp.Array):
-        raise unsupported(f"labels {safe_sql(node)}", node, "write ['a', 'b'] or [('a', 'description'), ...]")
-    labels = []
-    for entry in node.expressions:
-        if isinstance(entry, exp.Literal) and entry.is_string:
-            labels.append(Label(entry.this))
-        elif isinstance(entry, exp.Tuple) and len(entry.expressions) == 2 and all(
-                isinstance(e, exp.Literal) and e.is_string for e in entry.expressions):
-            labels.append(Label(entry.expressions[0].this, entry.expressions[1].this))
-        else:
-            raise unsupported(f"label {safe_sql(entry)}", entry, "labels are strings or ('label', 'description')")
-    return tuple(labels)

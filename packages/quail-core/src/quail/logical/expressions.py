@@ -6,7 +6,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-Semantics = Literal["full", "exists", "anti"]
+Semantics = Literal["full", "exists", "anti", "left"]
+"""full: matching tuples; exists / anti: left rows with / without a match; left: every left row, partners or NULLs."""
 Comparison = Literal[">=", ">", "<=", "<"]
 
 PLACEHOLDER = re.compile(r"\{(\d+)\}")

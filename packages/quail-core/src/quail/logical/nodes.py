@@ -37,19 +37,28 @@ class LogicalNode:
 
 @dataclass(frozen=True)
 class Scan(LogicalNode):
-    """Rows of a registered table under an alias; `columns` are the ones the query needs."""
+    """Rows of a table under an alias; `columns` are the ones the query needs.
+
+    `where` (DuckDB SQL) keeps only the rows the query's column predicates allow, before any token;
+    `source` is the DuckDB SQL of a relation that is not a registered table (a CTE or a subquery),
+    read with the `ctes` clause in front.
+    """
 
     table: str
     alias: str
-    id_column: str
+    id_column: str | None
     columns: tuple[str, ...]
+    where: str | None = None
+    source: str | None = None
+    ctes: str | None = None
 
     @property
     def aliases(self) -> tuple[str, ...]:
         return (self.alias,)
 
     def label(self) -> str:
-        return f"Scan {self.table} AS {self.alias} columns=[{', '.join(self.columns)}]"
+        where = f" WHERE {self.where}" if self.where else ""
+        return f"Scan {self.table} AS {self.alias} columns=[{', '.join(self.columns)}]{where}"
 
 
 @dataclass(frozen=True)
@@ -106,7 +115,7 @@ class SemanticJoin(LogicalNode):
 
     @property
     def aliases(self) -> tuple[str, ...]:
-        if self.semantics == "full":
+        if self.semantics in ("full", "left"):
             return self.left.aliases + self.right.aliases
         return self.left.aliases
 
@@ -159,12 +168,42 @@ class Score(LogicalNode):
 
 
 @dataclass(frozen=True)
+class Verdict(LogicalNode):
+    """AI_FILTER as a value: TRUE / FALSE per row into `output` (NULL for a NULL document); drops no row."""
+
+    child: LogicalNode
+    prompt: Prompt
+    output: str
+    position: int
+    selectivity: float | None = None
+
+    @property
+    def children(self) -> tuple[LogicalNode, ...]:
+        return (self.child,)
+
+    def label(self) -> str:
+        return f"Verdict #{self.position} AI_FILTER({self.prompt}) AS {self.output}"
+
+
+AiOutput = Classify | Score | Verdict
+"""A node that adds an AI output column to every row."""
+
+
+@dataclass(frozen=True)
 class Project(LogicalNode):
-    """The root: the result columns, in order, and an optional LIMIT."""
+    """The root: the relational tail, one DuckDB `statement` over the model's rows.
+
+    The statement reads alias `relations[i]` as relation `__quail_rows_<i>` and the AI outputs as
+    columns of `__quail`; `columns` are what it reads (table columns `alias.column`, AI outputs by
+    name). `limit` stops the model's result early where that cannot change the answer.
+    """
 
     child: LogicalNode
     columns: tuple[OutputColumn, ...]
     limit: int | None = None
+    statement: str = ""
+    relations: tuple[str, ...] = ()
+    remarks: tuple[str, ...] = ()
 
     @property
     def children(self) -> tuple[LogicalNode, ...]:
@@ -209,7 +248,7 @@ def referenced_columns(node: LogicalNode) -> set[ColumnRef]:
         return set(node.predicate.prompt.columns) | {c for e in node.equalities for c in (e.left, e.right)}
     if isinstance(node, Join):
         return {c for e in node.equalities for c in (e.left, e.right)}
-    if isinstance(node, Classify | Score):
+    if isinstance(node, Classify | Score | Verdict):
         return set(node.prompt.columns)
     if isinstance(node, Project):
         return {c.source for c in node.columns if c.source is not None}
@@ -235,7 +274,7 @@ def validate_plan(plan: LogicalNode) -> None:
         for column in referenced_columns(node):
             if column.alias not in available and not isinstance(node, Project):
                 raise CompileError(f"{node.label()} reads {column} but its input has only {sorted(available)}")
-        if isinstance(node, Classify | Score):
+        if isinstance(node, Classify | Score | Verdict):
             outputs.add(node.output)
     for column in plan.columns:
         if column.source is None and column.name not in outputs:

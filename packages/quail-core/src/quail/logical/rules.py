@@ -15,6 +15,7 @@ from quail.logical.nodes import (
     Score,
     SemanticFilter,
     SemanticJoin,
+    Verdict,
     referenced_columns,
     walk,
 )
@@ -65,11 +66,13 @@ class FilterPushdown:
         if isinstance(child, SemanticFilter) and child.alias == node.alias:
             merged = tuple(sorted(child.predicates + node.predicates, key=lambda p: p.position))
             return SemanticFilter(child.child, node.alias, merged)
+        if isinstance(child, SemanticJoin) and child.semantics == "left" and node.alias in child.right.aliases:
+            return node  # a filter on the NULL-extended side of a LEFT JOIN does not commute with it
         if isinstance(child, Join | SemanticJoin):
             side = "left" if node.alias in child.left.aliases else "right"
             inner = getattr(child, side)
             return replace(child, **{side: self._push(replace(node, child=inner))})
-        if isinstance(child, SemanticFilter | Classify | Score):
+        if isinstance(child, SemanticFilter | Classify | Score | Verdict):
             return replace(child, child=self._push(replace(node, child=child.child)))
         return node
 
@@ -88,7 +91,7 @@ class ProjectionPushdown:
 
     def _visit(self, node: LogicalNode, needed: dict[str, set[str]]) -> LogicalNode:
         if isinstance(node, Scan):
-            keep = needed.get(node.alias, set()) | {node.id_column}
+            keep = needed.get(node.alias, set()) | ({node.id_column} if node.id_column else set())
             return replace(node, columns=tuple(c for c in node.columns if c in keep))
         return _with_children(node, [self._visit(child, needed) for child in node.children])
 
@@ -98,7 +101,7 @@ def _with_children(node: LogicalNode, children: list[LogicalNode]) -> LogicalNod
         return node
     if isinstance(node, Join | SemanticJoin):
         return replace(node, left=children[0], right=children[1])
-    if isinstance(node, SemanticFilter | Classify | Score | Project):
+    if isinstance(node, SemanticFilter | Classify | Score | Verdict | Project):
         return replace(node, child=children[0])
     raise TypeError(f"{type(node).__name__} has children but no rebuild rule")
 

@@ -1,8 +1,9 @@
 """Physical plan nodes: typed input and output ports; model nodes run on a backend.
 
-Rows flow between nodes as Arrow tables of int32 row positions, one column per alias (plus AI
-output columns); model nodes emit answer tables in the standard shapes of `quail.backends.shapes`;
-`Project` fetches the user's columns at the end (late materialisation).
+Rows flow between nodes as Arrow tables of int32 row positions (within each alias's scan view), one
+column per alias, plus AI output columns; model nodes emit answer tables in the standard shapes of
+`quail.backends.shapes`; the root `Project` runs the relational tail on DuckDB over the rows, the
+AI outputs and the scan views (late materialisation).
 
 The model nodes also own the prompt layout: each builds its own token sequences (document prefix,
 question tails, join suffixes, calibration prompts) from the parts the planner bound, and every
@@ -81,15 +82,17 @@ TokenIds = tuple[int, ...]
 
 @dataclass(frozen=True, kw_only=True)
 class Scan(PhysicalNode):
-    """Every row position of a registered table under an alias."""
+    """Every row position of a table's scan view under an alias (after the conditions in `where`)."""
 
     table: str
     alias: str
+    where: str = ""
 
     OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
 
     def describe(self) -> str:
-        return f"Scan {self.table} AS {self.alias}"
+        where = f" WHERE {self.where}" if self.where else ""
+        return f"Scan {self.table} AS {self.alias}{where}"
 
 
 @dataclass(frozen=True)
@@ -308,7 +311,8 @@ class RecombineFilter(PhysicalNode):
 
 @dataclass(frozen=True, kw_only=True)
 class RecombineJoin(PhysicalNode):
-    """Left ⋈ right through the TRUE join answers (full), or left rows with / without one."""
+    """Left ⋈ right through the TRUE join answers (full), left rows with / without one (exists / anti),
+    or every left row with its TRUE partners and NULLs where it has none (left)."""
 
     semantics: Semantics
 
@@ -322,7 +326,7 @@ class RecombineJoin(PhysicalNode):
 
 @dataclass(frozen=True, kw_only=True)
 class RecombineLabels(PhysicalNode):
-    """Adds a classification's label column; keeps only `allowed` labels when given."""
+    """Adds a classification's label column (NULL where unanswered); keeps only `allowed` labels when given."""
 
     alias: str
     output: str
@@ -338,7 +342,7 @@ class RecombineLabels(PhysicalNode):
 
 @dataclass(frozen=True, kw_only=True)
 class RecombineScores(PhysicalNode):
-    """Adds a score column."""
+    """Adds a score column (NULL where unanswered)."""
 
     alias: str
     output: str
@@ -351,16 +355,50 @@ class RecombineScores(PhysicalNode):
 
 
 @dataclass(frozen=True, kw_only=True)
+class RecombineVerdicts(PhysicalNode):
+    """Adds a one-stage filter's answers as a BOOLEAN column (NULL where it did not answer); drops no row."""
+
+    alias: str
+    output: str
+
+    INPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS, answers=PortType.FILTER_ANSWERS)
+    OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
+
+    def describe(self) -> str:
+        return f"Recombine verdicts {self.output}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DropNullDocuments(PhysicalNode):
+    """A model node's input: without the rows whose document is NULL for one of `aliases` (or whose row
+    is NULL, outside a LEFT JOIN's matches) — an AI function of NULL is NULL, so the model never sees
+    them. `distinct` keeps each document of the one alias once (an AI output is computed once per document)."""
+
+    aliases: tuple[str, ...]
+    distinct: bool = False
+
+    INPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
+    OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
+
+    def describe(self) -> str:
+        what = "Each document of" if self.distinct else "Skip NULL documents of"
+        return f"{what} {', '.join(self.aliases)}"
+
+
+@dataclass(frozen=True, kw_only=True)
 class Project(PhysicalNode):
-    """Fetch the user's columns for the row positions, in order, named `alias.column`."""
+    """The relational tail: `statement` on DuckDB, reading alias `relations[i]` as `__quail_rows_<i>`
+    (its scan view's rows at the positions of the input) and the AI outputs as columns of `__quail`."""
 
     columns: tuple[OutputColumn, ...]
+    statement: str
+    relations: tuple[str, ...]
 
     INPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
     OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(table=PortType.TABLE)
 
     def describe(self) -> str:
-        return f"Project [{', '.join(c.name for c in self.columns)}]"
+        return f"Project [{', '.join(c.name for c in self.columns)}] on DuckDB: {self.statement}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -385,5 +423,5 @@ class Barrier(PhysicalNode):
 MODEL_NODE_TYPES: tuple[type[PhysicalNode], ...] = (AiFilter, AiJoin, AiClassify, AiScore)
 CORE_NODE_TYPES: tuple[type[PhysicalNode], ...] = (
     Scan, AiFilter, AiJoin, AiClassify, AiScore, HashJoin, RecombineFilter, RecombineJoin, RecombineLabels,
-    RecombineScores, Project, Limit, Barrier,
+    RecombineScores, RecombineVerdicts, DropNullDocuments, Project, Limit, Barrier,
 )

@@ -13,8 +13,8 @@ from quail.backends.base import PlanningContext
 from quail.data.tokenizer import Tokenizer
 from quail.errors import Refusal, RefusalError
 from quail.frontend.prompts import PromptStyle, bind_classify, bind_filters, bind_join, filter_tail, tail_ids
-from quail.logical.expressions import AiPredicate
-from quail.logical.nodes import Classify, LogicalNode, Project, Score
+from quail.logical.expressions import AiPredicate, Semantics
+from quail.logical.nodes import AiOutput, Classify, LogicalNode, Project
 from quail.planner.cost import CostModel, Lengths, Work, ask, scan
 from quail.planner.filters import FilterOrder, StagePrice, order_filters, selectivity_of
 from quail.planner.joins import (
@@ -224,7 +224,8 @@ class _Optimizer:
             equalities.append(EqualityEdge(pair, fraction))
         return JoinProblem(stats, tuple(edges), tuple(equalities), self.cost)
 
-    def join_edge(self, predicate: AiPredicate, semantics: str) -> JoinEdge:
+    def join_edge(self, predicate: AiPredicate, semantics: Semantics) -> JoinEdge:
+        """A LEFT join evaluates every candidate pair, as a full join does: it is priced as one."""
         anchors = [predicate.anchor] if predicate.anchor else sorted(set(predicate.aliases))
         layouts = {}
         for anchor in anchors:
@@ -234,7 +235,7 @@ class _Optimizer:
                                            self.stored.join_share(predicate.position, bound))
         selectivity, _ = selectivity_of(predicate.selectivity)
         return JoinEdge(predicate.position, predicate.aliases, selectivity, layouts,
-                        "full" if semantics == "full" else ("exists" if semantics == "exists" else "anti"))
+                        "full" if semantics == "left" else semantics)
 
     def join_plan(self, problem: JoinProblem) -> JoinPlan | None:
         aliases = self.shape.aliases
@@ -308,7 +309,8 @@ class _Optimizer:
 
     # -- AI outputs ---------------------------------------------------------------------------
 
-    def output_seconds(self, output: Classify | Score, stats: dict[str, AliasStats]) -> float:
+    def output_seconds(self, output: AiOutput, stats: dict[str, AliasStats]) -> float:
+        """An AI output column: every document that reaches it, once (a Verdict is a one-stage filter)."""
         if isinstance(output, Classify):
             bound = bind_classify(output.prompt, output.labels, output.instructions, self.tokenizer, self.style)
             tail, labels = len(bound.tail), [len(ids) for ids in bound.labels]

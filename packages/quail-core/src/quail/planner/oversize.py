@@ -37,7 +37,7 @@ from quail.frontend.prompts import (
     tail_ids,
 )
 from quail.logical.expressions import AiPredicate
-from quail.logical.nodes import Classify, LogicalNode, Score, SemanticFilter, SemanticJoin, walk
+from quail.logical.nodes import Classify, LogicalNode, Score, SemanticFilter, SemanticJoin, Verdict, walk
 
 ReportValue = None | bool | int | float | str | list["ReportValue"] | dict[str, "ReportValue"]
 
@@ -89,12 +89,12 @@ class OversizedDocuments:
 
 
 def taking_part(column: TokenColumn, skipped: pa.Array | None) -> list[int]:
-    """Token counts of the rows a query reads: the planner's statistics leave skipped rows out."""
-    lengths = column.lengths()
+    """Token counts of the documents a query reads: the planner's statistics leave skipped rows and NULL
+    texts (no document, no model work) out."""
+    lengths, kept = column.lengths(), column.present()
     if skipped is not None and len(skipped):
-        kept = pc.invert(pc.is_in(pa.array(range(len(lengths)), pa.int32()), value_set=skipped))
-        lengths = lengths.filter(kept)
-    return lengths.to_pylist()
+        kept = pc.and_(kept, pc.invert(pc.is_in(pa.array(range(len(lengths)), pa.int32()), value_set=skipped)))
+    return lengths.filter(kept).to_pylist()
 
 
 def find_oversized(policy: OversizedPolicy, plan: LogicalNode, tokens: Mapping[str, TokenColumn],
@@ -166,7 +166,7 @@ def prompt_spaces(plan: LogicalNode, tokenizer: Tokenizer, styles: tuple[PromptS
                                       max(_join_text(node.predicate, tokenizer, s) for s in styles)))
         elif isinstance(node, Classify):
             spaces.append(PromptSpace(node.prompt.aliases, max(_classify_text(node, tokenizer, s) for s in styles)))
-        elif isinstance(node, Score):
+        elif isinstance(node, Score | Verdict):
             spaces.append(PromptSpace(node.prompt.aliases, max(
                 len(preamble_ids(tokenizer, s)) + len(tail_ids(tokenizer, filter_tail(node.prompt, s), s))
                 for s in styles)))

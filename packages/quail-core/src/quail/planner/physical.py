@@ -24,6 +24,7 @@ from quail.logical.nodes import (
     Score,
     SemanticFilter,
     SemanticJoin,
+    Verdict,
     walk,
 )
 from quail.physical import nodes as ph
@@ -45,11 +46,12 @@ def plan_query(backend: str, region: ModelRegion, context: PlanningContext, styl
     optimized = optimize(region.root, context, style)
     assert context.tokenizer is not None
     calibration = content_free_documents(context.tokenizer) if calibrate else ()
-    builder = _GraphBuilder(context.tokenizer, style, optimized.decisions, calibration, answers)
+    builder = _GraphBuilder(context.tokenizer, style, optimized.decisions, calibration, answers,
+                            frozenset(a for a, n in context.null_documents.items() if n))
     graph = builder.build(optimized.logical)
     graph.validate()
     decisions = optimized.decisions
-    remarks = decisions.remarks + ((CALIBRATION_REMARK,) if calibrate else ())
+    remarks = decisions.remarks + ((CALIBRATION_REMARK,) if calibrate else ()) + optimized.logical.remarks
     return PhysicalCandidate(backend, graph, optimized.logical, decisions.estimated_seconds, decisions.sol_seconds,
                              remarks)
 
@@ -61,9 +63,13 @@ class _GraphBuilder:
     decisions: Decisions
     calibration: tuple[ph.TokenIds, ...] = ()
     answers: AnswerTokens | None = None
+    null_documents: frozenset[str] = frozenset()
+    """Aliases with a NULL document somewhere: the model's inputs skip those rows."""
     nodes: list[ph.PhysicalNode] = field(default_factory=list)
     edges: list[Edge] = field(default_factory=list)
     join_order: list[int] = field(default_factory=list)
+    nullable: set[str] = field(default_factory=set)
+    """Aliases whose row is NULL where a LEFT JOIN found no partner."""
 
     def anchored_again(self, position: int, anchor: str) -> bool:
         """Whether a join that runs after this one anchors on the same alias (its KV is then kept)."""
@@ -81,12 +87,26 @@ class _GraphBuilder:
         rows = self.rows(plan.child)
         if plan.limit is not None:
             rows = (self.add(ph.Limit("limit", count=plan.limit), rows=rows), "rows")
-        root = self.add(ph.Project("project", columns=plan.columns), rows=rows)
+        root = self.add(ph.Project("project", columns=plan.columns, statement=plan.statement,
+                                   relations=plan.relations), rows=rows)
         return PhysicalGraph(tuple(self.nodes), tuple(self.edges), root)
+
+    def documents(self, rows: Port, aliases: tuple[str, ...], distinct: bool = False) -> Port:
+        """`rows` as a model node's input: without the rows whose document of `aliases` is NULL, if any can be;
+        `distinct`: each document of the one alias once (rows repeat it after a join)."""
+        skipped = tuple(a for a in aliases if a in self.null_documents or a in self.nullable)
+        if not skipped and not distinct:
+            return rows
+        name = f"documents_{'_'.join(aliases if distinct else skipped)}"
+        count = sum(1 for n in self.nodes if n.id == name or n.id.startswith(f"{name}_"))
+        node_id = name if count == 0 else f"{name}_{count}"
+        node = ph.DropNullDocuments(node_id, aliases=aliases if distinct else skipped, distinct=distinct)
+        return self.add(node, rows=rows), "rows"
 
     def rows(self, node: LogicalNode) -> Port:
         if isinstance(node, Scan):
-            return self.add(ph.Scan(f"scan_{node.alias}", table=node.table, alias=node.alias)), "rows"
+            return self.add(ph.Scan(f"scan_{node.alias}", table=node.table, alias=node.alias,
+                                    where=node.where or "")), "rows"
         if isinstance(node, SemanticFilter):
             return self.filter(node)
         if isinstance(node, SemanticJoin):
@@ -99,6 +119,8 @@ class _GraphBuilder:
             return self.classify(node)
         if isinstance(node, Score):
             return self.score(node)
+        if isinstance(node, Verdict):
+            return self.verdict(node)
         raise TypeError(f"no physical operator for {type(node).__name__}")
 
     def filter(self, node: SemanticFilter) -> Port:
@@ -112,7 +134,8 @@ class _GraphBuilder:
                                      preamble=bound.preamble, frame=bound.frame, stages=stages,
                                      retain_kv=node.alias in self.decisions.retained,
                                      share_prefixes=node.alias in self.decisions.shared_prefixes,
-                                     calibration=self.calibration, answers=self.answers), rows=rows)
+                                     calibration=self.calibration, answers=self.answers),
+                         rows=self.documents(rows, (node.alias,)))
         return self.add(ph.RecombineFilter(f"survivors_{node.alias}", alias=node.alias),
                         rows=rows, answers=(model, "answers")), "rows"
 
@@ -121,20 +144,26 @@ class _GraphBuilder:
         predicate = node.predicate
         anchor = self.decisions.anchors.get(predicate.position, predicate.anchor) or predicate.aliases[0]
         bound = bind_join(predicate, anchor, self.tokenizer, self.style)
-        inputs: dict[str, Port] = {"left": left, "right": right}
+        read = predicate.aliases
+        inputs: dict[str, Port] = {"left": self.documents(left, _within(read, node.left.aliases)),
+                                   "right": self.documents(right, _within(read, node.right.aliases))}
         if node.equalities:
             pairs = self.add(ph.HashJoin(f"candidates_{predicate.position}", equalities=node.equalities),
-                             left=left, right=right)
+                             left=inputs["left"], right=inputs["right"])
             inputs["candidates"] = (pairs, "rows")
         selectivity, assumed = selectivity_of(predicate.selectivity)
+        # a LEFT join evaluates every candidate, as a full one does; only its recombination differs
+        semantics = "full" if node.semantics == "left" else node.semantics
         model = self.add(ph.AiJoin(f"join_{predicate.position}", self.join_estimate(predicate.position),
                                    predicate=predicate, anchor=bound.anchor, partners=bound.partners,
-                                   semantics=node.semantics, preamble=bound.preamble, frame=bound.frame,
+                                   semantics=semantics, preamble=bound.preamble, frame=bound.frame,
                                    labels=bound.labels, cue=bound.cue, selectivity=selectivity,
                                    assumed_selectivity=assumed,
                                    retain_anchor_kv=self.anchored_again(predicate.position, anchor),
                                    share_prefixes=anchor in self.decisions.shared_prefixes,
                                    calibration=self.calibration, answers=self.answers), **inputs)
+        if node.semantics == "left":
+            self.nullable.update(node.right.aliases)
         return self.add(ph.RecombineJoin(f"joined_{predicate.position}", semantics=node.semantics),
                         left=left, right=right, answers=(model, "answers")), "rows"
 
@@ -152,7 +181,7 @@ class _GraphBuilder:
         model = self.add(ph.AiClassify(f"classify_{node.output}", alias=alias, column=bound.column,
                                        output=node.output, position=node.position, labels=node.labels,
                                        preamble=bound.preamble, tail=bound.tail, label_tokens=bound.labels),
-                         rows=rows)
+                         rows=self.documents(rows, (alias,), len(node.child.aliases) > 1))
         return self.add(ph.RecombineLabels(f"labels_{node.output}", alias=alias, output=node.output,
                                            allowed=node.allowed), rows=rows, answers=(model, "answers")), "rows"
 
@@ -162,6 +191,25 @@ class _GraphBuilder:
         bound = bind_filters([AiPredicate(node.prompt, node.position)], self.tokenizer, self.style)
         model = self.add(ph.AiScore(f"score_{node.output}", alias=alias, column=bound.column, output=node.output,
                                     position=node.position, prompt=node.prompt, preamble=bound.preamble,
-                                    question=bound.frame + bound.questions[0], answers=self.answers), rows=rows)
+                                    question=bound.frame + bound.questions[0], answers=self.answers),
+                         rows=self.documents(rows, (alias,), len(node.child.aliases) > 1))
         return self.add(ph.RecombineScores(f"scores_{node.output}", alias=alias, output=node.output),
                         rows=rows, answers=(model, "answers")), "rows"
+
+    def verdict(self, node: Verdict) -> Port:
+        """AI_FILTER as a value: a one-stage AiFilter (it answers every row) whose answers become a column."""
+        rows = self.rows(node.child)
+        alias = node.prompt.aliases[0]
+        predicate = AiPredicate(node.prompt, node.position, node.selectivity)
+        bound = bind_filters([predicate], self.tokenizer, self.style)
+        stage = ph.FilterStage(predicate, bound.questions[0], *selectivity_of(node.selectivity))
+        model = self.add(ph.AiFilter(f"filter_{node.output}", alias=alias, column=bound.column,
+                                     preamble=bound.preamble, frame=bound.frame, stages=(stage,),
+                                     calibration=self.calibration, answers=self.answers),
+                         rows=self.documents(rows, (alias,), len(node.child.aliases) > 1))
+        return self.add(ph.RecombineVerdicts(f"verdicts_{node.output}", alias=alias, output=node.output),
+                        rows=rows, answers=(model, "answers")), "rows"
+
+
+def _within(read: tuple[str, ...], side: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(a for a in read if a in side)

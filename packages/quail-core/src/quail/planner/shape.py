@@ -1,15 +1,16 @@
 """The shape of a compiled logical plan, taken apart so the planner can reorder its pieces.
 
-A plan is Project ← AI outputs (Classify / Score) ← EXISTS / NOT EXISTS joins ← the FROM tree, a
-left-deep tree of Join / SemanticJoin over per-alias leaves (Scan with its SemanticFilter).
+A plan is Project ← AI outputs (Classify / Score / Verdict) ← EXISTS / NOT EXISTS / LEFT joins ← the
+FROM tree, a left-deep tree of Join / SemanticJoin over per-alias leaves (Scan with its SemanticFilter).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from quail.logical.expressions import AiPredicate, Equality
+from quail.logical.expressions import AiPredicate, Equality, Semantics
 from quail.logical.nodes import (
+    AiOutput,
     Classify,
     Join,
     LogicalNode,
@@ -18,6 +19,7 @@ from quail.logical.nodes import (
     Score,
     SemanticFilter,
     SemanticJoin,
+    Verdict,
 )
 
 
@@ -36,18 +38,18 @@ class Leaf:
 
 @dataclass(frozen=True)
 class SubqueryJoin:
-    """An EXISTS / NOT EXISTS join: the outer plan meets one inner alias."""
+    """An EXISTS / NOT EXISTS / LEFT join: the outer plan meets one inner alias."""
 
     leaf: Leaf
     predicate: AiPredicate
-    semantics: str
+    semantics: Semantics
     equalities: tuple[Equality, ...]
 
 
 @dataclass(frozen=True)
 class PlanShape:
     project: Project
-    outputs: tuple[Classify | Score, ...]
+    outputs: tuple[AiOutput, ...]
     subqueries: tuple[SubqueryJoin, ...]
     leaves: tuple[Leaf, ...]
     join_predicates: tuple[AiPredicate, ...]
@@ -68,8 +70,8 @@ def shape_of(plan: LogicalNode) -> PlanShape:
     if not isinstance(plan, Project):
         raise ValueError("a logical plan's root is a Project")
     node = plan.child
-    outputs: list[Classify | Score] = []
-    while isinstance(node, Classify | Score):
+    outputs: list[AiOutput] = []
+    while isinstance(node, Classify | Score | Verdict):
         outputs.append(node)
         node = node.child
     subqueries: list[SubqueryJoin] = []
@@ -119,8 +121,8 @@ def rebuild(shape: PlanShape, leaves: dict[str, LogicalNode], order: tuple[str, 
             tree = Join(tree, leaves[alias], restricting)
         joined = now
     for subquery in subqueries:
-        tree = SemanticJoin(tree, leaves[subquery.leaf.alias], subquery.predicate,
-                            "exists" if subquery.semantics == "exists" else "anti", subquery.equalities)
+        tree = SemanticJoin(tree, leaves[subquery.leaf.alias], subquery.predicate, subquery.semantics,
+                            subquery.equalities)
     for output in shape.outputs:
         tree = replace(output, child=tree)
     return replace(shape.project, child=tree)

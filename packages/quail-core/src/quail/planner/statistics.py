@@ -2,13 +2,15 @@
 
 Per alias: the token length of every document, the whole pages documents share with a neighbour
 (prefix sharing), and per column equality the fraction of candidate pairs it keeps. Nothing here
-reads a session: the caller hands in the providers, token columns and settings.
+reads a session: the caller hands in each alias's rows (its scan view), token columns and settings.
+A NULL document is no document: the lengths the planner prices are those of the documents there are.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import lru_cache
+from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -17,13 +19,19 @@ from quail.backends.base import OrderRule, PlanningContext, StoredAnswers
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
 from quail.config import EngineConfig, Switch
-from quail.data.providers import DocumentProvider
 from quail.data.tokenizer import Tokenizer
 from quail.data.tokens import TokenColumn
 from quail.logical.expressions import Equality
-from quail.logical.nodes import Classify, LogicalNode, Score, SemanticFilter, SemanticJoin, walk
+from quail.logical.nodes import Classify, LogicalNode, Score, SemanticFilter, SemanticJoin, Verdict, walk
 from quail.planner.oversize import taking_part
 from quail.planner.prefixes import shareable_tokens
+from quail.runtime.relational import RowSource
+
+
+class TableRows(RowSource, Protocol):
+    """An alias's rows as the planner reads them: by position, and whole columns (a scan view)."""
+
+    def to_table(self, columns: list[str]) -> pa.Table: ...
 
 
 def document_columns(plan: LogicalNode) -> dict[str, str]:
@@ -35,7 +43,7 @@ def document_columns(plan: LogicalNode) -> dict[str, str]:
             prompts = [p.prompt for p in node.predicates]
         elif isinstance(node, SemanticJoin):
             prompts = [node.predicate.prompt]
-        elif isinstance(node, Classify | Score):
+        elif isinstance(node, Classify | Score | Verdict):
             prompts = [node.prompt]
         for prompt in prompts:
             for column in prompt.columns:
@@ -43,7 +51,7 @@ def document_columns(plan: LogicalNode) -> dict[str, str]:
     return columns
 
 
-def equality_fractions(plan: LogicalNode, providers: Mapping[str, DocumentProvider]) -> dict[tuple[str, str], float]:
+def equality_fractions(plan: LogicalNode, providers: Mapping[str, TableRows]) -> dict[tuple[str, str], float]:
     """The fraction of candidate pairs each equality keeps, from the key columns' value counts."""
     fractions: dict[tuple[str, str], float] = {}
     for equality in (e for node in walk(plan) for e in getattr(node, "equalities", ())):
@@ -51,7 +59,7 @@ def equality_fractions(plan: LogicalNode, providers: Mapping[str, DocumentProvid
     return fractions
 
 
-def _pair_fraction(equality: Equality, providers: Mapping[str, DocumentProvider]) -> float:
+def _pair_fraction(equality: Equality, providers: Mapping[str, TableRows]) -> float:
     counts = []
     for ref in (equality.left, equality.right):
         column = providers[ref.alias].to_table([ref.column]).column(ref.column).combine_chunks()
@@ -73,15 +81,15 @@ def shared_prefixes(tokens: Mapping[str, TokenColumn], page_tokens: int, switch:
 
 @lru_cache(maxsize=64)
 def _shareable(column: TokenColumn, page_tokens: int) -> int:
-    return shareable_tokens(column.tokens.to_pylist(), page_tokens)
+    return shareable_tokens([t for t in column.tokens.to_pylist() if t is not None], page_tokens)
 
 
-def planning_context(plan: LogicalNode, providers: Mapping[str, DocumentProvider], tokens: Mapping[str, TokenColumn],
+def planning_context(plan: LogicalNode, providers: Mapping[str, TableRows], tokens: Mapping[str, TokenColumn],
                      tokenizer: Tokenizer, config: EngineConfig, model: ModelSpec, device: DeviceSpec,
                      order: OrderRule, skipped: Mapping[str, pa.Array],
                      stored: StoredAnswers | None = None) -> PlanningContext:
-    """Everything a backend's `plan` may consult, measured from the query's data (rows `skipped` left out)
-    and the answers stored."""
+    """Everything a backend's `plan` may consult, measured from the query's data: the rows its scans
+    kept, without those `skipped` (oversized) and without NULL documents; and the answers stored."""
     lengths = {alias: taking_part(tokens[alias], skipped.get(alias)) if alias in tokens else [0] * provider.num_rows
                for alias, provider in providers.items()}
     return PlanningContext(
@@ -91,4 +99,5 @@ def planning_context(plan: LogicalNode, providers: Mapping[str, DocumentProvider
         kv_page_tokens=config.kv_page_tokens, prefix_sharing=config.prefix_sharing,
         document_shared_prefix_tokens=shared_prefixes(tokens, config.kv_page_tokens, config.prefix_sharing),
         calibration=config.calibration, stored_answers=stored,
+        null_documents={a: c.null_count for a, c in tokens.items()},
     )

@@ -13,7 +13,7 @@ import pyarrow as pa
 from quail.backends.base import ModelRegion, PhysicalCandidate, PhysicalRequest, PortRef, TableInput
 from quail.cache.planning import stored_answers
 from quail.compute.base import Caller, ShardingProvider
-from quail.data.providers import DocumentProvider
+from quail.data.scan import ScanView
 from quail.data.tokens import TokenColumn
 from quail.errors import PlanEditError, Refusal, RefusalError
 from quail.physical import nodes as ph
@@ -21,9 +21,10 @@ from quail.physical.graph import PhysicalGraph
 from quail.planner.oversize import OversizedDocuments, find_oversized
 from quail.planner.partition import plan_partition
 from quail.planner.statistics import document_columns, planning_context
+from quail.runtime.duckdb_tail import DuckTail
 from quail.runtime.explain import explain_text, render_shards
 from quail.runtime.progress import ProgressListener
-from quail.runtime.report import QueryReport, minimum_tokens, model_token_totals, stages
+from quail.runtime.report import QueryReport, minimum_tokens, model_token_totals, null_inputs, stages
 from quail.runtime.results import QueryResult
 from quail.runtime.runner import RunInputs, Runner
 
@@ -31,9 +32,9 @@ if TYPE_CHECKING:
     from quail.session import Query, Session
 
 
-def providers_of(query: Query) -> dict[str, DocumentProvider]:
-    """alias → the registered provider it reads."""
-    return {alias: query.session.provider(table) for alias, table in query.aliases.items()}
+def providers_of(query: Query) -> dict[str, ScanView]:
+    """alias → the scan view it reads: its table after the query's column predicates, computed by DuckDB."""
+    return query.views()
 
 
 def token_columns(query: Query) -> dict[str, TokenColumn]:
@@ -99,7 +100,7 @@ def key_columns(graph: PhysicalGraph) -> dict[str, list[str]]:
     return keys
 
 
-def model_request(session: Session, graph: PhysicalGraph, providers: Mapping[str, DocumentProvider],
+def model_request(session: Session, graph: PhysicalGraph, providers: Mapping[str, ScanView],
                   tokens: Mapping[str, TokenColumn], skipped: Mapping[str, pa.Array]) -> PhysicalRequest:
     keys = key_columns(graph)
     tables = {alias: TableInput(alias, provider.num_rows, tokens.get(alias),
@@ -152,8 +153,8 @@ def run_query(query: Query, plan: PhysicalCandidate | PhysicalGraph | None) -> Q
     for node_id, metrics in response.metrics.nodes.items():
         for observer in registry.observers:
             observer(graph.node(node_id), metrics)
-    runner = Runner(graph, RunInputs(providers, tokens, skipped), backend=session.backend.name,
-                    observers=registry.observers)
+    runner = Runner(graph, RunInputs(providers, tokens, skipped, DuckTail(session.database)),
+                    backend=session.backend.name, observers=registry.observers)
     output = runner.run([(graph.root, "table")], known=response.tables)
     wall_s = time.perf_counter() - started
     node_metrics = {**response.metrics.nodes, **output.node_metrics}
@@ -167,6 +168,7 @@ def run_query(query: Query, plan: PhysicalCandidate | PhysicalGraph | None) -> Q
         fresh_tokens=fresh, cached_tokens=cached, minimum_tokens=minimum_tokens(graph, answers, tokens),
         stages=tuple(stages(graph, answers)), node_metrics=node_metrics, remarks=candidate.remarks,
         engine=response.metrics.notes, oversized_documents=oversized.report(), shards=response.metrics.shards,
+        null_inputs=null_inputs(graph, node_metrics),
     )
     rules = ", ".join(rule.name for rule in registry.logical_rules)
     text = explain_text(candidate.plan, candidate, query.order, rules, measured=node_metrics,

@@ -1,4 +1,5 @@
-"""Relational operators over row-position tables, with pyarrow / Acero. No backend code here."""
+"""Relational operators over row-position tables, with pyarrow / Acero: what the model part of a plan
+needs between its model nodes (the relational tail runs on DuckDB). No backend code here."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from quail.data.providers import Columns, Rows
-from quail.logical.expressions import Equality, OutputColumn, Semantics
+from quail.data.tokens import TokenColumn
+from quail.logical.expressions import Equality, Semantics
 
 ROW = pa.int32()
 
@@ -17,7 +19,7 @@ ROW = pa.int32()
 class RowSource(Protocol):
     """What generic nodes read of an alias: its row count and columns by row position.
 
-    A registered DocumentProvider at the caller; the `TableInput` sent as data on the far side.
+    The alias's scan view at the caller; the `TableInput` sent as data on the far side.
     """
 
     @property
@@ -39,7 +41,7 @@ def aliases_of(rows: pa.Table, known: Sequence[str]) -> list[str]:
 
 
 def _ordered(table: pa.Table, keys: Sequence[str]) -> pa.Table:
-    """Deterministic order: Acero joins do not preserve it."""
+    """Deterministic order: Acero joins do not preserve it (NULL rows of a LEFT join last)."""
     return table.sort_by([(k, "ascending") for k in keys]) if keys and table.num_rows else table
 
 
@@ -97,11 +99,12 @@ def _distinct(table: pa.Table) -> pa.Table:
 
 
 def recombine_join(left: pa.Table, right: pa.Table, answers: pa.Table, semantics: Semantics) -> pa.Table:
-    """Full: left ⋈ TRUE answers ⋈ right. Exists / anti: left rows with / without a TRUE answer."""
+    """Full: left ⋈ TRUE answers ⋈ right. Exists / anti: left rows with / without a TRUE answer.
+    Left: the full join, and every left row without a TRUE answer once, its right side NULL."""
     answer_aliases = [c for c in answers.column_names if c not in ("answer", "margin")]
     true = answers.filter(pc.field("answer")).select(answer_aliases)
     left_keys = [a for a in answer_aliases if a in left.column_names]
-    if semantics != "full":
+    if semantics in ("exists", "anti"):
         matched = true.select(left_keys).group_by(left_keys).aggregate([])
         join_type = "left semi" if semantics == "exists" else "left anti"
         return _ordered(left.join(matched, left_keys, join_type=join_type), left_keys)
@@ -110,33 +113,55 @@ def recombine_join(left: pa.Table, right: pa.Table, answers: pa.Table, semantics
     extra = [c for c in right.column_names if c not in through.column_names or c in right_keys]
     joined = through.join(right.select(extra), right_keys, join_type="inner")
     order = [*left.column_names, *[c for c in right.column_names if c not in left.column_names]]
-    return _ordered(joined.select(order), [c for c in order if joined.schema.field(c).type == ROW])
+    joined = joined.select(order)
+    if semantics == "left":
+        matched = joined.select(left.column_names).group_by(left.column_names).aggregate([])
+        alone = left.join(matched, left.column_names, join_type="left anti") if matched.num_rows else left
+        nulls = {c: pa.nulls(alone.num_rows, right.schema.field(c).type) for c in order if c not in left.column_names}
+        joined = pa.concat_tables([joined, pa.table({**{c: alone.column(c) for c in left.column_names}, **nulls})])
+    return _ordered(joined, [c for c in order if joined.schema.field(c).type == ROW])
 
 
 def add_labels(rows: pa.Table, answers: pa.Table, alias: str, output: str,
                allowed: Sequence[str] | None) -> pa.Table:
-    joined = rows.join(answers.select([alias, output]), alias, join_type="inner")
+    """The label of each row's document (NULL for a row the model did not answer: a NULL document)."""
+    joined = _add_column(rows, answers.select([alias, output]), alias, output)
     if allowed is not None:
         joined = joined.filter(pc.is_in(joined.column(output), pa.array(list(allowed), pa.string())))
-    return _ordered(joined.select([*rows.column_names, output]), aliases_of(rows, rows.column_names))
+    return joined
 
 
 def add_scores(rows: pa.Table, answers: pa.Table, alias: str, output: str) -> pa.Table:
-    joined = rows.join(answers.select([alias, output]), alias, join_type="inner")
+    """The score of each row's document (NULL for a row the model did not answer: a NULL document)."""
+    return _add_column(rows, answers.select([alias, output]), alias, output)
+
+
+def add_verdicts(rows: pa.Table, answers: pa.Table, alias: str, output: str) -> pa.Table:
+    """A one-stage filter's TRUE / FALSE per row as a column (NULL for a row the model did not answer)."""
+    verdicts = answers.select([alias, "answer"]).rename_columns([alias, output])
+    return _add_column(rows, verdicts, alias, output)
+
+
+def _add_column(rows: pa.Table, values: pa.Table, alias: str, output: str) -> pa.Table:
+    """`rows` with `values[output]` joined by the alias's row; every row kept, in the rows' order."""
+    joined = rows.join(values, alias, join_type="left outer")
     return _ordered(joined.select([*rows.column_names, output]), aliases_of(rows, rows.column_names))
 
 
-def project(rows: pa.Table, columns: Sequence[OutputColumn], providers: Mapping[str, RowSource]) -> pa.Table:
-    """Fetch each output column for the row positions; AI outputs come from the rows table."""
-    arrays: dict[str, pa.Array] = {}
-    fetched: dict[str, pa.Table] = {}
-    for column in columns:
-        if column.source is None:
-            arrays[column.name] = rows.column(column.name).combine_chunks()
-            continue
-        alias = column.source.alias
-        if alias not in fetched:
-            wanted = sorted({c.source.column for c in columns if c.source is not None and c.source.alias == alias})
-            fetched[alias] = providers[alias].take(rows.column(alias).combine_chunks(), wanted)
-        arrays[column.name] = fetched[alias].column(column.source.column).combine_chunks()
-    return pa.table(arrays) if arrays else pa.table({})
+def with_documents(tokens: Mapping[str, TokenColumn], aliases: Sequence[str]) -> dict[str, pa.Array]:
+    """Per alias: the rows that hold a document (their text is not NULL)."""
+    return {a: pc.indices_nonzero(tokens[a].present()).cast(ROW) for a in aliases if a in tokens}
+
+
+def present_documents(rows: pa.Table, present: Mapping[str, pa.Array], distinct: bool = False) -> pa.Table:
+    """The rows whose position is not NULL and holds a document (in `present`) for each alias named there —
+    the rows an AI function can read; with `distinct`, each row of the one alias once."""
+    keep = pa.array([True] * rows.num_rows, pa.bool_())
+    for alias, documents in present.items():
+        if alias in rows.column_names:
+            keep = pc.and_(keep, pc.fill_null(pc.is_in(rows.column(alias), value_set=documents), False))
+    kept = rows.filter(keep)
+    if not distinct:
+        return kept
+    (alias,) = present
+    return _ordered(kept.select([alias]).group_by(alias).aggregate([]), [alias])

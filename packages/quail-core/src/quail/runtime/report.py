@@ -165,6 +165,8 @@ class QueryReport:
     oversized_documents: Mapping[str, ReportValue] | None = None
     shards: tuple[ShardMetrics, ...] = ()
     """Per shard when the compute provider split the model work over workers."""
+    null_inputs: Mapping[str, int] | None = None
+    """Per model node: input rows skipped because their document is NULL (no model work; the answer is NULL)."""
 
     def kv(self) -> dict[str, int | None]:
         metrics = [m for m in self.node_metrics.values()]
@@ -214,6 +216,7 @@ class QueryReport:
             "order_rule": self.order_rule,
             "shards": [asdict(s) for s in self.shards],
             "retries": sum(s.retries for s in self.shards),
+            "null_inputs": dict(self.null_inputs or {}),
         }
 
 
@@ -223,3 +226,27 @@ def model_token_totals(graph: PhysicalGraph, metrics: Mapping[str, NodeMetrics])
     if not model:
         return 0, 0
     return _sum_known([m.fresh_tokens for m in model]), _sum_known([m.cached_tokens for m in model])
+
+
+def null_inputs(graph: PhysicalGraph, metrics: Mapping[str, NodeMetrics]) -> dict[str, int]:
+    """Model node id → rows whose document was NULL and that it therefore never saw."""
+    skipped: dict[str, int] = {}
+    for node in graph.nodes:
+        measured = metrics.get(node.id)
+        if not isinstance(node, ph.DropNullDocuments) or measured is None:
+            continue
+        dropped = (measured.rows_in or 0) - (measured.rows_out or 0)
+        for edge in graph.consumers_of(node.id):
+            if graph.node(edge.target).is_model_node or isinstance(graph.node(edge.target), ph.HashJoin):
+                target = _model_consumer(graph, edge.target)
+                skipped[target] = skipped.get(target, 0) + dropped
+    return skipped
+
+
+def _model_consumer(graph: PhysicalGraph, node_id: str) -> str:
+    """The model node fed by `node_id` (through a candidates HashJoin), or `node_id` itself."""
+    node = graph.node(node_id)
+    if node.is_model_node:
+        return node_id
+    consumers = [e.target for e in graph.consumers_of(node_id) if graph.node(e.target).is_model_node]
+    return consumers[0] if consumers else node_id

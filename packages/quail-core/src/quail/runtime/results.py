@@ -11,6 +11,7 @@ from quail.runtime.report import QueryReport, ReportValue
 
 if TYPE_CHECKING:
     import pandas as pd
+    import polars as pl
 
 ResultValue = None | bool | int | float | str | list["ResultValue"] | dict[str, "ResultValue"]
 
@@ -41,6 +42,16 @@ class QueryResult:
 
     def to_pandas(self) -> pd.DataFrame:
         return self._table.to_pandas()
+
+    def to_polars(self) -> pl.DataFrame:
+        """The rows as a polars DataFrame (polars is needed only for this: pip install polars)."""
+        try:
+            import polars
+        except ImportError as error:
+            raise ImportError("to_polars() needs polars: pip install polars") from error
+        frame = polars.from_arrow(self._table)
+        assert isinstance(frame, polars.DataFrame)
+        return frame
 
     def execute_stream(self, batch_rows: int = 1024) -> Iterator[pa.RecordBatch]:
         """The rows in bounded record batches."""

@@ -1,7 +1,8 @@
 """The runner: the one interpreter of physical plans, on both sides of the compute boundary.
 
 It runs the nodes that the requested output ports depend on, in topological order. Generic nodes
-(Scan, HashJoin, Recombine*, Limit, Project, Barrier) run here with pyarrow; model nodes run on a
+(Scan, HashJoin, Recombine*, DropNullDocuments, Limit, Barrier) run here with pyarrow,
+the root Project (the relational tail) on DuckDB; model nodes run on a
 started `ModelExecution`, with the documents they read attached as tokens. Far from the caller
 (inside a backend's `execute_request`) its row sources are `TableInput`s sent as data; at the
 caller they are the registered providers, and the tables the far side returned are `known`.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -19,6 +21,7 @@ import pyarrow.compute as pc
 from quail.backends import shapes
 from quail.backends.base import ModelExecution, NodeInputs, NodeMetrics, NodeOutput, PortRef
 from quail.data.tokens import TokenColumn
+from quail.errors import PlanEditError
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
 from quail.runtime import relational
@@ -28,14 +31,22 @@ from quail.runtime.relational import RowSource
 Observer = Callable[[ph.PhysicalNode, NodeMetrics], None]
 
 
+@runtime_checkable
+class Tail(Protocol):
+    """Runs the root: the relational tail over the model's rows and the aliases' scan views."""
+
+    def run(self, node: ph.Project, rows: pa.Table, views: Mapping[str, RowSource]) -> pa.Table: ...
+
+
 @dataclass(frozen=True)
 class RunInputs:
-    """Where rows and tokens come from, per alias."""
+    """Where rows and tokens come from, per alias, and what runs the relational tail (at the caller only)."""
 
     tables: Mapping[str, RowSource]
     tokens: Mapping[str, TokenColumn]
     skipped: Mapping[str, pa.Array] = field(default_factory=dict)
     """Rows of an alias that its Scan leaves out (oversized documents under oversized_documents="skip")."""
+    tail: Tail | None = None
 
 
 @dataclass
@@ -115,6 +126,10 @@ class Runner:
         return self._execution
 
     def _execute_model_node(self, node: ph.PhysicalNode, inputs: NodeInputs) -> NodeOutput:
+        nothing = shapes.empty_answers(node) if any(t.num_rows == 0 for t in inputs.ports.values()) else None
+        if nothing is not None:  # no row to read: no model work at all (not even calibration)
+            return NodeOutput({"answers": nothing}, NodeMetrics(0.0, rows_in=0, rows_out=0, fresh_tokens=0,
+                                                                cached_tokens=0))
         execution = self.execution()
         with reporting(execution, self._forward_progress(node)):
             return execution.execute(node, inputs)
@@ -145,7 +160,11 @@ class Runner:
         attached = {}
         for alias in node.document_aliases:
             rows = _distinct_rows(alias, inputs.values())
-            attached[alias] = pa.table({alias: rows, "tokens": self.inputs.tokens[alias].take(rows)})
+            tokens = self.inputs.tokens[alias].take(rows)
+            if tokens.null_count or rows.null_count:
+                raise PlanEditError(f"{node.kind} {node.id!r} would read NULL documents of {alias!r}: a plan "
+                                    "skips them with a DropNullDocuments node before the model node (was it removed?)")
+            attached[alias] = pa.table({alias: rows, "tokens": tokens})
         return attached
 
     def generic(self, node: ph.PhysicalNode, inputs: Mapping[str, pa.Table]) -> pa.Table:
@@ -162,12 +181,19 @@ class Runner:
             return relational.add_labels(inputs["rows"], inputs["answers"], node.alias, node.output, node.allowed)
         if isinstance(node, ph.RecombineScores):
             return relational.add_scores(inputs["rows"], inputs["answers"], node.alias, node.output)
+        if isinstance(node, ph.RecombineVerdicts):
+            return relational.add_verdicts(inputs["rows"], inputs["answers"], node.alias, node.output)
+        if isinstance(node, ph.DropNullDocuments):
+            present = relational.with_documents(self.inputs.tokens, node.aliases)
+            return relational.present_documents(inputs["rows"], present, node.distinct)
         if isinstance(node, ph.Limit):
             return inputs["rows"].slice(0, node.count)
         if isinstance(node, ph.Barrier):
             return inputs["rows"].combine_chunks()
         if isinstance(node, ph.Project):
-            return relational.project(inputs["rows"], node.columns, tables)
+            if self.inputs.tail is None:
+                raise RuntimeError("this runner has no relational tail: the root runs where the query was asked")
+            return self.inputs.tail.run(node, inputs["rows"], tables)
         raise TypeError(f"no runtime for {node.kind} {node.id!r}: is it a backend's node on the wrong backend?")
 
 

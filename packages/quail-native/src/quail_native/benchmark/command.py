@@ -234,9 +234,9 @@ def row_of(session: quail.Session, workload: Workload, samples: list[Sample], na
     result = samples[0].result
     report = result.report
     query = session.sql(workload.sql)
-    texts = {alias: session.provider(table).to_table([column]).column(column).to_pylist()
-             for alias, table in query.aliases.items()
-             for a, column in document_columns(query.logical_plan).items() if a == alias}
+    views = query.views()  # rows are addressed by position in each alias's scan view
+    texts = {alias: views[alias].to_table([column]).column(column).to_pylist()
+             for alias, column in document_columns(query.logical_plan).items()}
     baseline = naive.run(query.plan().graph, dict(result.answer_tables), texts)
     fresh = report["fresh_tokens"]
     flops = model_flops(report, params)

@@ -55,7 +55,7 @@ def tables(scale: str) -> dict[str, Callable[[], pa.Table]]:
 
 def _reviews(count: int) -> pa.Table:
     source = datasets.reviews() if count <= 64 else datasets.labeled_reviews()
-    return source.slice(0, count).select(["id", "title", "body"])
+    return source.slice(0, count).select(["id", "title", "body", "stars"])
 
 
 def selected(patterns: str | None) -> tuple[Workload, ...]:
@@ -85,6 +85,9 @@ WORKLOADS: tuple[Workload, ...] = (
     Workload("reviews: two joins sharing an anchor",
              f"SELECT r.id, a.aspect, m.aspect FROM reviews r JOIN aspects a ON AI_FILTER({ASPECT}, {{'anchor': 'r'}}) "
              f"JOIN aspects m ON AI_FILTER({MENTION}, {{'anchor': 'r'}})", ("reviews", "aspects")),
+    Workload("reviews: column pre-filter → filter → GROUP BY",
+             f"SELECT r.stars, COUNT(*) AS n FROM reviews r WHERE r.stars >= 3 AND AI_FILTER({POSITIVE}) "
+             "GROUP BY r.stars ORDER BY r.stars", ("reviews",)),
     Workload("reviews: classification",
              "SELECT r.id, AI_CLASSIFY(r.body, ['positive', 'negative', 'mixed']) AS sentiment FROM reviews r",
              ("reviews",)),

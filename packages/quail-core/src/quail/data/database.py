@@ -1,0 +1,227 @@
+"""The session's embedded DuckDB: registered tables as relations, scan views, the relational tail.
+
+Everything relational in Quail runs here, written as SQL by sqlglot: the column predicates pushed to a
+table's scan (a `ScanView` per alias), the checks that bind a query before any model work, and the
+relational tail over the model's answers. Registered tables are re-read when their files change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import tempfile
+import uuid
+import weakref
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from quail.data.providers import FileStamp, TableSchema
+from quail.data.scan import ScanView
+from quail.data.sources import Source, quoted
+from quail.errors import CompileError, QuailError
+
+VIEW_BATCH_ROWS = 65_536
+_CONTEXT = re.compile(r"\n\s*\nLINE \d+:.*", re.DOTALL)
+
+
+def duck_message(error: duckdb.Error) -> str:
+    """DuckDB's message without the echo of the (rewritten) SQL text, which is not what the user wrote."""
+    text = _CONTEXT.sub("", str(error)).strip()
+    return re.sub(r"\s*\n\s*", " ", text)
+
+
+@contextmanager
+def translated(prefix: str = "") -> Iterator[None]:
+    """DuckDB's errors as a CompileError naming the problem; Ctrl-C during a DuckDB call (which DuckDB
+    turns into an interruption of its query) as the KeyboardInterrupt it was."""
+    try:
+        yield
+    except duckdb.InterruptException:
+        raise KeyboardInterrupt from None
+    except duckdb.Error as error:
+        raise CompileError(f"{prefix}{duck_message(error)}") from None
+    except RuntimeError as error:
+        if "interrupted" in str(error).lower():
+            raise KeyboardInterrupt from None
+        raise
+
+
+@dataclass
+class _Registered:
+    source: Source
+    stamp: tuple[FileStamp, ...]
+    schema: TableSchema
+
+
+class Database:
+    """One in-memory DuckDB connection per session; `close()` removes the view files it wrote."""
+
+    def __init__(self) -> None:
+        self._connection = duckdb.connect(":memory:")
+        self._tables: dict[str, _Registered] = {}
+        self._generation = 0
+        self._views: dict[tuple[str, int], ScanView] = {}
+        self._directories: list[Path] = []
+        self._finalizer = weakref.finalize(self, _remove, self._connection, self._directories)
+
+    # -- registered tables ---------------------------------------------------------------------
+
+    def register(self, name: str, source: Source) -> TableSchema:
+        """Bind `source` under `name` (replacing an earlier one), check its ids, return its schema."""
+        self._check_open()
+        if name in self._tables:
+            self._unbind(name)
+        schema = self._bind(name, source)
+        self._tables[name] = _Registered(source, source.stamp(), schema)
+        self._generation += 1
+        return schema
+
+    @property
+    def catalog(self) -> dict[str, TableSchema]:
+        return {name: table.schema for name, table in self._tables.items()}
+
+    def schema(self, name: str) -> TableSchema | None:
+        table = self._tables.get(name)
+        return None if table is None else table.schema
+
+    @property
+    def generation(self) -> int:
+        """Changes whenever a table is registered or read again because its files changed."""
+        return self._generation
+
+    def refresh(self) -> None:
+        """Read again every table whose files changed since they were read; refuse one that no longer validates."""
+        for name, table in self._tables.items():
+            stamp = table.source.stamp()
+            if stamp == table.stamp:
+                continue
+            try:
+                schema = self._bind(name, table.source)
+            except (CompileError, OSError) as error:
+                raise CompileError(f"file changed since register: {table.source.origin}: {error}") from None
+            table.stamp, table.schema = stamp, schema
+            self._generation += 1
+
+    def _bind(self, name: str, source: Source) -> TableSchema:
+        with translated(f"cannot read {source.origin} as table {name!r}: "):
+            source.bind(self._connection, name)
+            arrow = self._connection.sql(f"SELECT * FROM {quoted(name)} LIMIT 0").to_arrow_table().schema
+            if source.id_column is not None and not source.validates_ids:
+                self._check_ids(name, source.id_column, arrow)
+        return TableSchema(name, tuple(arrow.names), source.id_column, arrow)
+
+    def _unbind(self, name: str) -> None:
+        with translated():
+            self._connection.execute(f"DROP VIEW IF EXISTS {quoted(name)}")
+        try:
+            self._connection.unregister(name)
+        except duckdb.InterruptException:
+            raise KeyboardInterrupt from None
+        except duckdb.Error:
+            pass  # a file's view was dropped above; there was no registered object to forget
+
+    def _check_ids(self, name: str, id_column: str, arrow: pa.Schema) -> None:
+        """Ids are non-null and unique, like a DocumentProvider's."""
+        if id_column not in arrow.names:
+            raise CompileError(f"id column {id_column!r} is missing; columns are {list(arrow.names)}")
+        table, column = quoted(name), quoted(id_column)
+        counts = f"SELECT count(*), count(*) - count({column}), count(DISTINCT {column}) FROM {table}"
+        rows, nulls, distinct = self._connection.execute(counts).fetchall()[0]
+        if nulls:
+            raise CompileError(f"id column {id_column!r} has {nulls} null value(s)")
+        if distinct != rows:
+            value, count = self._connection.execute(
+                f"SELECT {column}, count(*) AS n FROM {table} GROUP BY ALL HAVING n > 1 ORDER BY n DESC, 1 "
+                f"LIMIT 1").fetchall()[0]
+            raise CompileError(f"id column {id_column!r} repeats the value {value!r} ({count} rows)")
+
+    # -- relations of a query ------------------------------------------------------------------
+
+    def describe(self, sql: str) -> pa.Schema:
+        """The columns a query would return, bound but not run; CompileError with DuckDB's reason."""
+        self._check_open()
+        with translated():
+            return self._connection.sql(f"SELECT * FROM ({sql}) LIMIT 0").to_arrow_table().schema
+
+    def check(self, sql: str, relations: Mapping[str, pa.Schema]) -> pa.Schema:
+        """Bind `sql` over empty relations of these schemas: errors of names and types, before any model work."""
+        with self._relations({name: schema.empty_table() for name, schema in relations.items()}):
+            return self.describe(sql)
+
+    def view(self, sql: str) -> ScanView:
+        """The rows of a scan query, written once to a memory-mapped Arrow file (cached until a table changes)."""
+        self._check_open()
+        key = (sql, self._generation)
+        cached = self._views.get(key)
+        if cached is not None:
+            return cached
+        with translated("the scan failed: "):
+            reader = self._connection.sql(sql).to_arrow_reader(VIEW_BATCH_ROWS)
+            view = ScanView(_mapped(reader, self._directory() / _view_name(sql)), sql)
+        self._views[key] = view
+        return view
+
+    def run(self, sql: str, relations: Mapping[str, pa.Table]) -> pa.Table:
+        """Run `sql` with these Arrow tables as named relations."""
+        self._check_open()
+        with self._relations(relations), translated("the relational part failed: "):
+            return self._connection.sql(sql).to_arrow_table()
+
+    @contextmanager
+    def _relations(self, relations: Mapping[str, pa.Table]) -> Iterator[None]:
+        with translated():
+            for name, table in relations.items():
+                self._connection.register(name, table)
+        try:
+            yield
+        finally:
+            with translated():
+                for name in relations:
+                    self._connection.unregister(name)
+
+    # -- lifetime ------------------------------------------------------------------------------
+
+    def _directory(self) -> Path:
+        if not self._directories:
+            self._directories.append(Path(tempfile.mkdtemp(prefix="quail-views-")))
+        return self._directories[0]
+
+    def _check_open(self) -> None:
+        if not self._finalizer.alive:
+            raise QuailError("the session is closed")
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def close(self) -> None:
+        """Close the connection and remove the view files; safe to call twice."""
+        self._views.clear()
+        self._finalizer()
+
+
+def _view_name(sql: str) -> str:
+    return f"view-{hashlib.blake2b(sql.encode(), digest_size=8).hexdigest()}-{uuid.uuid4().hex[:8]}.arrow"
+
+
+def _mapped(reader: pa.RecordBatchReader, path: Path) -> pa.Table:
+    """Batch by batch into an Arrow file, then mapped: memory does not grow with the rows kept."""
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, reader.schema) as writer:
+        for batch in reader:
+            writer.write_batch(batch)
+    with pa.memory_map(str(path), "r") as source:
+        return pa.ipc.open_file(source).read_all()
+
+
+def _remove(connection: duckdb.DuckDBPyConnection, directories: list[Path]) -> None:
+    try:
+        connection.close()
+    finally:
+        for directory in directories:
+            shutil.rmtree(directory, ignore_errors=True)

@@ -1,0 +1,156 @@
+"""SQL text → one sqlglot tree, and the AI calls in it, in either dialect's spelling.
+
+Snowflake spells AI functions `AI_FILTER(...)`, `AI_CLASSIFY(...)`, `AI_SCORE(...)`; BigQuery
+`AI.IF(...)`, `AI.CLASSIFY(...)`, `AI.SCORE(...)`. Both are normalised to one `AiCall`, so one
+reader serves both dialects. Errors carry the line and column sqlglot recorded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.dialects.bigquery import BigQuery
+from sqlglot.dialects.snowflake import Snowflake
+from sqlglot.errors import ParseError, TokenError
+
+from quail.errors import CompileError
+from quail.frontend.spec import Where
+
+Dialect = Literal["snowflake", "bigquery"]
+AiKind = Literal["filter", "classify", "score"]
+
+
+class QuailBigQuery(BigQuery):
+    """BigQuery, except that `IF(...)` stays a plain call so `AI.IF(prompt)` parses."""
+
+    class Parser(BigQuery.Parser):
+        FUNCTIONS = {  # noqa: RUF012 - sqlglot's own extension point is a class attribute
+            **BigQuery.Parser.FUNCTIONS,
+            "IF": lambda args: exp.Anonymous(this="IF", expressions=args),
+        }
+
+
+DIALECTS: dict[str, type[sqlglot.Dialect]] = {"snowflake": Snowflake, "bigquery": QuailBigQuery}
+SNOWFLAKE_NAMES: dict[str, AiKind] = {"AI_FILTER": "filter", "AI_CLASSIFY": "classify", "AI_SCORE": "score"}
+BIGQUERY_NAMES: dict[str, AiKind] = {"IF": "filter", "CLASSIFY": "classify", "SCORE": "score"}
+CLAUSE_NAMES = {
+    "with_": "WITH (common table expressions)", "with": "WITH (common table expressions)",
+    "group": "GROUP BY", "having": "HAVING", "order": "ORDER BY", "distinct": "DISTINCT",
+    "qualify": "QUALIFY", "offset": "OFFSET", "windows": "WINDOW", "into": "SELECT ... INTO",
+    "connect": "CONNECT BY", "sample": "TABLESAMPLE", "pivots": "PIVOT / UNPIVOT", "laterals": "LATERAL",
+    "exclude": "SELECT * EXCLUDE", "sort": "SORT BY", "cluster": "CLUSTER BY", "distribute": "DISTRIBUTE BY",
+    "prewhere": "PREWHERE", "settings": "SETTINGS", "format": "FORMAT", "locks": "FOR UPDATE / SHARE",
+    "match": "MATCH_RECOGNIZE", "method": "NATURAL / ASOF join", "match_condition": "MATCH_CONDITION",
+    "using": "JOIN ... USING", "side": "OUTER JOIN", "version": "time travel (AT / BEFORE)",
+    "hint": "query hints", "hints": "table hints", "options": "OPTION (...)", "for_": "FOR XML / JSON",
+    "operation_modifiers": "operation modifiers", "joins": "joins inside a table reference",
+    "except_": "SELECT * EXCLUDE / EXCEPT", "replace": "SELECT * REPLACE", "rename": "SELECT * RENAME",
+    "ilike": "SELECT * ILIKE", "prior": "PRIOR", "limit": "LIMIT", "where": "WHERE",
+}
+
+
+def parse_one(text: str, dialect: Dialect) -> exp.Expression:
+    """The one statement of `text`, or CompileError with sqlglot's description and position."""
+    if not isinstance(text, str):
+        raise CompileError(f"the query must be a string, got {type(text).__name__}")
+    try:
+        statements = [s for s in sqlglot.parse(text, read=DIALECTS[dialect]) if s is not None]
+    except ParseError as error:
+        first = error.errors[0] if error.errors else {}
+        raise CompileError(f"syntax error: {first.get('description', error)}", line=first.get("line"),
+                           column=first.get("col")) from None
+    except TokenError as error:
+        raise CompileError(f"syntax error: {error}") from None
+    except RecursionError:
+        raise CompileError("the query nests too deeply to parse") from None
+    except Exception as error:  # sqlglot raises internal errors on some malformed input
+        raise CompileError(f"syntax error: {type(error).__name__}: {error}") from None
+    if len(statements) != 1:
+        raise CompileError(f"expected one SQL statement, got {len(statements)}")
+    return statements[0]
+
+
+def refuse_unknown_args(node: exp.Expression, allowed: set[str], hint: str = "") -> None:
+    """Refuse, by name, any clause sqlglot attached to `node` that Quail does not read."""
+    for key, value in node.args.items():
+        if key in allowed or value is None or value is False or value == []:
+            continue
+        construct = CLAUSE_NAMES.get(key, key.upper().rstrip("_"))
+        target = value if isinstance(value, exp.Expression) else node
+        raise unsupported(construct, target, hint)
+
+
+def safe_sql(node: exp.Expression, dialect: str | None = None) -> str:
+    """The node as SQL for a message; sqlglot cannot print every tree it parses."""
+    try:
+        return node.sql(dialect=DIALECTS.get(dialect or "", dialect))
+    except Exception:  # printing is best effort; the message must still be raised
+        return type(node).__name__.upper()
+
+
+def where_of(node: exp.Expression) -> Where:
+    """The first line/column sqlglot recorded inside `node`."""
+    for item in node.walk():
+        meta = item.meta
+        if "line" in meta:
+            return Where(meta["line"], meta["col"])
+    return Where()
+
+
+def unsupported(construct: str, node: exp.Expression, hint: str = "") -> CompileError:
+    where = where_of(node)
+    suffix = f"; {hint}" if hint else ""
+    return CompileError(f"{construct} is not supported{suffix}", line=where.line, column=where.column)
+
+
+def fail_at(message: str, node: exp.Expression) -> CompileError:
+    where = where_of(node)
+    return CompileError(message, line=where.line, column=where.column)
+
+
+@dataclass(frozen=True)
+class AiCall:
+    kind: AiKind
+    spelling: str
+    arguments: tuple[exp.Expression, ...]
+    node: exp.Expression
+
+
+def ai_call(node: exp.Expression) -> AiCall | None:
+    """The AI function `node` calls, in either dialect's spelling, or None."""
+    if isinstance(node, exp.AIClassify):
+        args = [node.this, node.args.get("categories"), node.args.get("config")]
+        return AiCall("classify", "AI_CLASSIFY", tuple(a for a in args if a is not None), node)
+    if isinstance(node, exp.Anonymous) and str(node.name).upper() in SNOWFLAKE_NAMES:
+        name = str(node.name).upper()
+        return AiCall(SNOWFLAKE_NAMES[name], name, tuple(node.expressions), node)
+    if isinstance(node, exp.Dot) and isinstance(node.this, exp.Identifier) and node.this.name.upper() == "AI":
+        inner = node.expression
+        name = str(inner.name).upper() if isinstance(inner, exp.Anonymous | exp.Func) else ""
+        if name not in BIGQUERY_NAMES:
+            raise unsupported(f"AI.{name or safe_sql(inner)}", node, "Quail offers AI.IF, AI.CLASSIFY and AI.SCORE")
+        arguments = tuple(inner.expressions) if isinstance(inner, exp.Anonymous) else tuple(inner.args.values())
+        return AiCall(BIGQUERY_NAMES[name], f"AI.{name}", arguments, node)
+    return None
+
+
+def ai_calls(node: exp.Expression) -> list[AiCall]:
+    """Every AI call inside `node` (itself included), outermost first."""
+    found = []
+    for item in node.walk():
+        call = ai_call(item)
+        if call is not None:
+            found.append(call)
+    return found
+
+
+def conjuncts(node: exp.Expression) -> list[exp.Expression]:
+    """The AND-ed terms of a condition, parentheses removed."""
+    if isinstance(node, exp.Paren):
+        return conjuncts(node.this)
+    if isinstance(node, exp.And):
+        return conjuncts(node.this) + conjuncts(node.expression)
+    return [node]
