@@ -402,6 +402,13 @@ CLI_CASES = [
     Exits("backends: four devices of a CPU", ("backends", "--gpus", "4"), "gpus"),
     Exits("backends: devices as text", ("backends", "--gpus", "x"), "'x'"),
     Exits("demo: unknown device", ("demo", "--device", "tpu"), "'tpu'"),
+    Exits("--table a ragged CSV", (*Q, "--table", "reviews={dir}/ragged.csv", *KEYWORD), "Expected 2 columns"),
+    Exits("--table a garbage Parquet", (*Q, "--table", "reviews={dir}/garbage.parquet", *KEYWORD),
+          "cannot read"),
+    Exits("--table a list-typed id column", (*Q, "--table", "reviews={dir}/listid.parquet", *KEYWORD),
+          "ids are numbers or text"),
+    Exits("--table a directory of mixed files", (*Q, "--table", "reviews={dir}/mixed", *KEYWORD),
+          "files of one format"),
     Exits("demo: unknown backend", ("demo", "--backend", "nope"), "'nope'"),
     Exits("bench: unknown scale", ("bench", "--scale", "huge"), "'huge'"),
 ]
@@ -425,6 +432,12 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (folder / "notes.txt").write_text("not a table")
     (folder / "folder").mkdir()
     (folder / "folder.csv").mkdir()
+    (folder / "ragged.csv").write_text("id,body\n1,a fine film\n2,a dull film,extra\n")
+    (folder / "garbage.parquet").write_bytes(b"these bytes are not a Parquet file")
+    pq.write_table(pa.table({"id": [[1], [2]], "body": ["a", "b"]}), folder / "listid.parquet")
+    (folder / "mixed").mkdir()
+    pa_csv.write_csv(REVIEWS, folder / "mixed" / "part-1.csv")
+    pq.write_table(REVIEWS, folder / "mixed" / "part-2.parquet")
     return folder
 
 
@@ -501,3 +514,20 @@ def test_a_second_table_under_one_name_never_silently_replaces_the_first(data, c
     code = main(["query", GOOD, "--table", f"reviews={data / 'reviews.parquet'}",
                  "--table", f"reviews={data / 'long.parquet'}", *KEYWORD])
     assert code == 2 and "given twice" in capsys.readouterr().err
+
+
+def test_tables_a_user_would_expect_to_just_work_do(tmp_path):
+    """A directory of CSVs, a header-only CSV (no rows, so no answers), a categorical text column."""
+    (tmp_path / "parts").mkdir()
+    pa_csv.write_csv(REVIEWS.slice(0, 2), tmp_path / "parts" / "a.csv")
+    pa_csv.write_csv(REVIEWS.slice(2), tmp_path / "parts" / "b.csv")
+    (tmp_path / "header.csv").write_text("id,body\n")
+    categorical = pa.table({"id": REVIEWS.column("id"), "body": REVIEWS.column("body").dictionary_encode()})
+    pq.write_table(categorical, tmp_path / "categorical.parquet")
+    expected = {"parts": REVIEWS.num_rows, "header.csv": 0, "categorical.parquet": REVIEWS.num_rows}
+    for name, rows in expected.items():
+        out = tmp_path / f"{name}.out.parquet"
+        code = main(["query", "SELECT r.id, AI.SCORE(PROMPT('Is {0} good?', r.body)) AS s FROM reviews r",
+                     "--table", f"reviews={tmp_path / name}", "--output", str(out), *KEYWORD])
+        assert code == 0, name
+        assert pq.read_table(out).num_rows == rows, name

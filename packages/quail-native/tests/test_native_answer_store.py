@@ -140,10 +140,34 @@ def test_other_weights_under_the_same_name_or_another_precision_read_no_stored_a
 # -- kill -9 ------------------------------------------------------------------------------------------------
 
 
+CHAT_TOKENS = ("<|im_start|>", "<|im_end|>", "<think>", "</think>")
+
+
 def hub_checkpoint(tiny: Path, home: Path) -> Path:
-    """The tiny checkpoint where the catalog's qwen3-0.6b is looked for: a Hugging Face hub cache snapshot."""
+    """The tiny checkpoint where the catalog's qwen3-0.6b is looked for: a Hugging Face hub cache snapshot.
+
+    The catalog's Qwen3 is a chat model, so its layout needs the chat control tokens a Qwen3 tokenizer
+    has: they are added to the tokenizer, and the embedding gains a (zero) row for each.
+    """
+    import torch
+    from safetensors.torch import load_file, save_file
+    from tokenizers import AddedToken, Tokenizer
+
     snapshot = home / "hub" / "models--Qwen--Qwen3-0.6B" / "snapshots" / "tiny"
     shutil.copytree(tiny, snapshot)
+    tokenizer = Tokenizer.from_file(str(snapshot / "tokenizer.json"))
+    tokenizer.add_special_tokens([AddedToken(token, special=True) for token in CHAT_TOKENS])
+    tokenizer.save(str(snapshot / "tokenizer.json"))
+    config = json.loads((snapshot / "config.json").read_text())
+    config["vocab_size"] = tokenizer.get_vocab_size()
+    (snapshot / "config.json").write_text(json.dumps(config))
+    weights = load_file(str(snapshot / "model.safetensors"))
+    for name, tensor in list(weights.items()):
+        if tensor.dim() == 2 and tensor.shape[0] == len(tensor) and name.endswith(("embed_tokens.weight",
+                                                                                   "lm_head.weight")):
+            extra = torch.zeros(config["vocab_size"] - tensor.shape[0], tensor.shape[1], dtype=tensor.dtype)
+            weights[name] = torch.cat((tensor, extra))
+    save_file(weights, str(snapshot / "model.safetensors"))
     return snapshot
 
 
@@ -167,6 +191,11 @@ def answers_in(store: Path) -> int:
 def report_value(output: str, key: str) -> str:
     [line] = [line for line in output.splitlines() if line.strip().startswith(f"{key}:")]
     return line.split(":", 1)[1].strip()
+
+
+def report_number(output: str, key: str) -> int:
+    """A count of the printed report (printed for people: with thousands separators)."""
+    return int(report_value(output, key).replace(",", ""))
 
 
 @pytest.mark.slow
@@ -199,10 +228,11 @@ def test_a_query_killed_part_way_resumes_with_what_it_committed(tiny_checkpoints
     whole = subprocess.run(query("off", tmp_path / "whole.json"), env=environment, capture_output=True, text=True,
                            timeout=600)
     assert resumed.returncode == 0 and whole.returncode == 0, resumed.stderr + whole.stderr
-    answers = re.fullmatch(r"(\d+) stored, (\d+) computed, (\d+) copied from identical prompts",
+    answers = re.fullmatch(r"([\d,]+) stored, ([\d,]+) computed, ([\d,]+) copied from identical prompts",
                            report_value(resumed.stdout, "answers"))
-    assert answers is not None
-    assert (int(answers[1]), int(answers[2])) == (committed, count - committed), "exactly what was not committed"
-    fresh, total = int(report_value(resumed.stdout, "fresh_tokens")), int(report_value(whole.stdout, "fresh_tokens"))
+    assert answers is not None, report_value(resumed.stdout, "answers")
+    stored, computed = (int(answers[k].replace(",", "")) for k in (1, 2))
+    assert (stored, computed) == (committed, count - committed), "exactly what was not committed"
+    fresh, total = report_number(resumed.stdout, "fresh_tokens"), report_number(whole.stdout, "fresh_tokens")
     assert abs(fresh / total - (count - committed) / count) < 0.05, (fresh, total, committed)
     assert json.loads((tmp_path / "resumed.json").read_text()) == json.loads((tmp_path / "whole.json").read_text())

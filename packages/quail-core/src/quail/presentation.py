@@ -38,7 +38,7 @@ def format_report(report: dict[str, ReportValue]) -> str:
     if isinstance(fresh, int) and isinstance(minimum, int) and minimum:
         lines.append(f"  fresh / minimum tokens: {fresh / minimum:.3f}")
     answers = report.get("answers")
-    if isinstance(answers, dict):
+    if isinstance(answers, dict) and answers.get("computed") is not None:
         lines.append(f"  answers: {human(answers['stored'])} stored, {human(answers['computed'])} computed, "
                      f"{human(answers['duplicates'])} copied from identical prompts")
     stages = report["stages"]

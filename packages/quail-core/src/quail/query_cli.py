@@ -66,12 +66,20 @@ class TableArgument:
                                f"{self.name}={self.path}:table")
         session.register(self.name, self.path, id_column=self.id_column, table=self.table)
 
+    def directory_suffix(self) -> str:
+        """The one file format a directory's files share (a directory is read as one table of them)."""
+        suffixes = {p.suffix.lower() for p in self.path.rglob("*") if p.is_file() and not p.name.startswith((".", "_"))}
+        if len(suffixes) != 1:
+            found = ", ".join(sorted(s or "(none)" for s in suffixes)) or "no files"
+            raise CompileError(f"--table {self.name}: the directory {self.path} must hold files of one format "
+                               f"({', '.join(sorted(READERS))}); it holds {found}")
+        return next(iter(suffixes))
+
     def provider(self) -> DocumentProvider:
         if not self.path.exists():
             raise CompileError(f"--table {self.name}: no file or directory {self.path}")
-        if self.path.is_dir():
-            return DocumentProvider.from_parquet(self.path, self.id_column or "id")
-        reader = READERS.get(self.path.suffix.lower())
+        suffix = self.directory_suffix() if self.path.is_dir() else self.path.suffix.lower()
+        reader = READERS.get(suffix)
         if reader is None:
             raise CompileError(f"--table {self.name}: cannot read {self.path.suffix or 'a file without suffix'}; "
                                f"use one of {', '.join(sorted([*READERS, *DATABASES]))}")

@@ -252,7 +252,15 @@ def _file_dataset(path: str | os.PathLike[str], file_format: str) -> ds.Dataset:
     location = Path(path)
     if not location.exists():
         raise FileNotFoundError(f"no such file or directory: {str(location)!r}")
-    return ds.dataset(str(location), format=file_format)
+    try:
+        return ds.dataset(str(location), format=file_format)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as error:
+        raise CompileError(f"cannot read {str(location)!r} as {file_format}: {_first_line(error)}") from None
+
+
+def _first_line(error: BaseException) -> str:
+    """pyarrow's message without its internal context lines."""
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
 def _batches(dataset: ds.Dataset, names: list[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
@@ -342,15 +350,21 @@ def _validate_ids(dataset: ds.Dataset, id_column: str) -> int:
     names = dataset.schema.names
     if id_column not in names:
         raise CompileError(f"id column {id_column!r} is missing; columns are {list(names)}")
+    kind = dataset.schema.field(id_column).type
+    if pa.types.is_nested(kind) or pa.types.is_dictionary(kind):
+        raise CompileError(f"id column {id_column!r} holds {kind}; ids are numbers or text, one per row")
     chunks: list[pa.Array] = []
     offset = 0
-    for batch in _batches(dataset, [id_column], _ID_BATCH_ROWS):
-        ids = batch.column(0)
-        if ids.null_count:
-            row = offset + pc.index(pc.is_null(ids), True).as_py()
-            raise CompileError(f"id column {id_column!r} has a null at row {row}")
-        chunks.append(ids)
-        offset += len(ids)
+    try:
+        for batch in _batches(dataset, [id_column], _ID_BATCH_ROWS):
+            ids = batch.column(0)
+            if ids.null_count:
+                row = offset + pc.index(pc.is_null(ids), True).as_py()
+                raise CompileError(f"id column {id_column!r} has a null at row {row}")
+            chunks.append(ids)
+            offset += len(ids)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as error:
+        raise CompileError(f"the table cannot be read: {_first_line(error)}") from None
     if offset > MAX_ROWS:
         raise CompileError(f"the table has {offset:,} rows; rows are addressed by int32, at most {MAX_ROWS:,}")
     _check_unique(pa.chunked_array(chunks, type=dataset.schema.field(id_column).type), id_column)

@@ -224,6 +224,10 @@ def _check_text(provider: DocumentSource, column: str) -> None:
     if column not in provider.columns:
         raise CompileError(f"unknown column {column!r}; columns are {list(provider.columns)}")
     kind = provider.arrow_schema.field(column).type
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type  # a categorical text column (pandas "category") is text
+    if pa.types.is_null(kind):
+        return  # no value at all (a header-only CSV, an all-NULL column): every document is NULL
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)):
         raise CompileError(f"column {column!r} holds {kind}, not text; AI functions read text columns")
 
