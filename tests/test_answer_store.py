@@ -266,7 +266,7 @@ class ShapelessBackend(KeywordBackend):
 
 def test_a_backend_answering_in_the_wrong_shape_is_a_clear_error_and_stores_nothing():
     with keyword_session(backend=ShapelessBackend(TOKENIZER)) as session, \
-            pytest.raises(RuntimeError, match="AiFilter 'filter_r' with expected a 'margin' column"):
+            pytest.raises(RuntimeError, match="AiFilter 'filter_r' with a table of the wrong shape: expected a 'ma"):
         session.sql(FILTER).run()
     with sqlite3.connect(os.environ[STORE_ENVIRONMENT]) as db:
         assert db.execute("SELECT count(*) FROM answers").fetchone()[0] == 0

@@ -39,7 +39,7 @@ from quail import col, prompt, score
 from quail.backends import shapes
 from quail.physical import codecs, editing
 from quail.physical import nodes as ph
-from quail.testing import ByteTokenizer, KeywordBackend
+from quail.testing import ByteTokenizer, KeywordBackend, KeywordExecution
 from quail.testing.rules import predicate_margin
 
 # -- prompts shared by the SQL, the builder and the oracle ------------------------------------------
@@ -1040,3 +1040,28 @@ def test_names_that_meet_internal_column_names_work_or_are_refused(session, sql,
     except quail.CompileError:
         return
     assert_matches_oracle(query.collect(), oracle)
+
+
+class _Misshapen(KeywordExecution):
+    """Answers filters without the margin column every filter answer table carries."""
+
+    def execute(self, node: ph.PhysicalNode, inputs: quail.NodeInputs) -> Any:
+        output = super().execute(node, inputs)
+        return replace(output, tables={"answers": output.tables["answers"].drop_columns(["margin"])})
+
+
+class _MisshapenBackend(KeywordBackend):
+    name = "misshapen"
+
+    def start(self, context: quail.GpuContext) -> _Misshapen:
+        return _Misshapen(self._tokenizer)
+
+
+@pytest.mark.parametrize("cache", ["off", "auto"])
+def test_a_backend_answering_in_the_wrong_shape_is_named_with_its_node_and_the_shape_expected(cache):
+    registry = quail.ExtensionRegistry.with_built_ins()
+    registry.register_backend(_MisshapenBackend(ByteTokenizer()))
+    with keyword_session(registry, backend="misshapen") as session:
+        session.config = replace(session.config, cache=cache)
+        with pytest.raises(RuntimeError, match=r"backend 'misshapen' answered AiFilter 'filter_r'.*'margin'"):
+            CASE_BY_ID["one_keyword_filter"].query(session).run()

@@ -92,7 +92,8 @@ def execute_request(backend: ModelBackend, context: BackendExecutionContext) -> 
     tokens = {alias: table.tokens for alias, table in context.tables.items() if table.tokens is not None}
     skipped = {alias: table.left_out for alias, table in context.tables.items() if table.left_out is not None}
     runner = Runner(context.graph, RunInputs(context.tables, tokens, skipped),
-                    lambda: CachedExecution(start, access, context.config.chunk_tokens), backend=backend.name,
+                    lambda: CachedExecution(start, access, context.config.chunk_tokens, backend.name),
+                    backend=backend.name,
                     progress=context.progress)
     try:
         output = runner.run(context.outputs, known=context.known)

@@ -33,8 +33,10 @@ COMMIT_PASSES = 8
 class CachedExecution:
     """Answers model nodes from the store where it can, from the backend (booted on first need) where not."""
 
-    def __init__(self, start: Callable[[], ModelExecution], access: StoredAnswerAccess, chunk_tokens: int) -> None:
+    def __init__(self, start: Callable[[], ModelExecution], access: StoredAnswerAccess, chunk_tokens: int,
+                 backend_name: str = "?") -> None:
         self._start = start
+        self.backend_name = backend_name
         self._backend: ModelExecution | None = None
         self.access = access
         self.commit_tokens: int | None = chunk_tokens * COMMIT_PASSES if access.active else None

@@ -115,8 +115,9 @@ class NodeRun:
         table = output.tables.get("answers")
         problem = "no 'answers' table" if not isinstance(table, pa.Table) else shapes.shape_problem(node, table)
         if problem is not None or table is None:
-            raise RuntimeError(f"the backend answered {node.kind} {node.id!r} with {problem}: every backend returns "
-                               f"the standard shapes of quail.backends.shapes")
+            raise RuntimeError(f"backend {self.execution.backend_name!r} answered {node.kind} {node.id!r} with a "
+                               f"table of the wrong shape: {problem} (every backend returns the standard shapes of "
+                               "quail.backends.shapes)")
         self.calls.append(output.metrics)
         self._keep_offsets(node, output.metrics)
         self.advance(items)
