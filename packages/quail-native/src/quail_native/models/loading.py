@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -43,11 +44,20 @@ def read_arch(path: Path) -> Arch:
 
 
 def load_tokenizer(path: Path, arch: Arch) -> HuggingFaceTokenizer:
+    """The checkpoint's tokenizer; parsed once per process (Gemma's 262k-entry file takes most of a second),
+    as planning and the engine both need it."""
+    tokenizer_path = path / "tokenizer.json"
+    stat = tokenizer_path.stat() if tokenizer_path.is_file() else None
+    return _tokenizer(path, arch.family, None if stat is None else (stat.st_size, stat.st_mtime_ns))
+
+
+@lru_cache(maxsize=8)
+def _tokenizer(path: Path, family: str, _version: tuple[int, int] | None) -> HuggingFaceTokenizer:
     tokenizer_path = path / "tokenizer.json"
     if not tokenizer_path.is_file():
         raise ModelLoadError(f"{path} has no tokenizer.json")
     config = HFConfig.read(path / "config.json")
-    bos = config.optional_integer("bos_token_id") if arch.family == "gemma3" else None
+    bos = config.optional_integer("bos_token_id") if family == "gemma3" else None
     return HuggingFaceTokenizer(tokenizer_path, bos)
 
 

@@ -200,7 +200,9 @@ class Transformer(nn.Module):
     def __init__(self, arch: Arch) -> None:
         super().__init__()
         self.arch = arch
-        self.embed_tokens = nn.Embedding(arch.vocab, arch.hidden)
+        # An explicit (uninitialised) weight: the loaded one replaces it, and drawing 168M random numbers —
+        # or, on the meta device, the first normal_ — would cost a second of start-up for nothing.
+        self.embed_tokens = nn.Embedding(arch.vocab, arch.hidden, _weight=torch.empty(arch.vocab, arch.hidden))
         self.layers = nn.ModuleList(Block(arch, kind) for kind in arch.layer_types)
         self.norm = RMSNorm(arch.hidden, arch.norm_eps, arch.gemma_norms)
         self.lm_head = None if arch.tied_embeddings else nn.Linear(arch.hidden, arch.vocab, bias=False)
