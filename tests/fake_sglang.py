@@ -153,6 +153,10 @@ class FakeSGLang:
     def shutdown(self) -> None:
         self.closed = True
 
+    def flush_cache(self) -> None:
+        """As `Engine.flush_cache`: the radix tree is emptied."""
+        self.radix.clear()
+
     # -- normalisation, as GenerateReqInput / TokenizerManager do it ------------------------------
 
     def _check_open(self) -> None:

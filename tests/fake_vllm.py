@@ -70,6 +70,11 @@ class FakeLLM:
     def shutdown(self) -> None:
         self.closed = True
 
+    def reset_prefix_cache(self) -> bool:
+        """As `LLM.reset_prefix_cache`: every cached block is dropped."""
+        self.cached_blocks.clear()
+        return True
+
     def check(self, prompt: dict[str, list[int]], params: SamplingParams) -> tuple[int, ...]:
         if self.closed:
             raise RuntimeError("the engine was shut down")

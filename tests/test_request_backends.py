@@ -264,3 +264,19 @@ def test_sql_around_the_ai_calls_runs_on_a_request_backend_as_on_the_keyword_bac
         teach(fake, query)
         got = query.run().collect()
     assert got.to_pylist() == keyword.sql(sql).run().collect().to_pylist()
+
+
+def test_forgetting_kv_caches_makes_the_next_run_compute_every_prefix_again():
+    """What `quail bench` does between timed runs: the engine stays booted, its prefix cache is emptied."""
+    from quail.compute.local import forget_kv_caches
+
+    fake = Fake(1 << 20)
+    with request_session(fake, STOCK) as session:
+        query = join_case().query(session)
+        teach(fake, query)
+        session.config = replace(session.config, cache="off")
+        first, again = query.run().report, query.run().report
+        forget_kv_caches()
+        cold = query.run().report
+    assert again["fresh_tokens"] < first["fresh_tokens"], "the prefix cache served the repeated run"
+    assert cold["fresh_tokens"] == first["fresh_tokens"] and cold["boot_kind"] == "warm"

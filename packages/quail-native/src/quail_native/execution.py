@@ -39,6 +39,9 @@ class NativeExecution:
     def set_progress(self, callback: Callable[[int, int], None] | None) -> None:
         self.state.progress = callback
 
+    def forget_kv(self) -> None:
+        self.state.forget()
+
     def close(self) -> None:
         self.state.forget()
 

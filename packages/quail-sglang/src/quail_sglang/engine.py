@@ -115,6 +115,10 @@ class SGLangEngine:
             asyncio.wait(set(self._pending), return_when=asyncio.FIRST_COMPLETED))
         return [_answer(self._pending.pop(task), task.result()) for task in done]
 
+    def forget_cached_prefixes(self) -> None:
+        """Flush the radix cache (`Engine.flush_cache`): the next requests compute every prefix again."""
+        self.engine.flush_cache()
+
     def close(self) -> None:
         """Cancel what is still in flight and shut the engine's scheduler and detokenizer down."""
         if self._closed:

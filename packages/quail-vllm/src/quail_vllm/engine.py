@@ -111,6 +111,9 @@ class VLLMEngine:
             answers.append(self._answer(key, self._labels.pop(key), output))
         return answers
 
+    def forget_cached_prefixes(self) -> None:
+        self.llm.reset_prefix_cache()
+
     def close(self) -> None:
         """Shut the engine core down and drop the model, so a later engine gets the memory back."""
         if self._closed:

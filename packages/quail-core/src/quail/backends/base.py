@@ -209,6 +209,14 @@ class ModelExecution(Protocol):
 
 
 @runtime_checkable
+class ForgetsKV(Protocol):
+    """Optional for a ModelExecution: drop every KV it keeps between queries (preambles, prefix caches), so
+    the next query computes every prefix again — what a benchmark comparing engines cold needs."""
+
+    def forget_kv(self) -> None: ...
+
+
+@runtime_checkable
 class DescribesEngine(Protocol):
     """Optional for a ModelExecution: what it decided when it booted (a precision chosen, a cache size),
     in words; every query it serves lists these among its report's remarks."""

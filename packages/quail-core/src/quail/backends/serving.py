@@ -25,6 +25,7 @@ from quail.backends.base import (
     BootKind,
     DescribesEngine,
     ExecutionMetrics,
+    ForgetsKV,
     ModelBackend,
     ModelExecution,
     PhysicalResponse,
@@ -140,6 +141,13 @@ def release(state: RuntimeState, key: EngineKey) -> None:
     found = state.pop(key, None)
     if isinstance(found, StartedEngine):
         found.execution.close()
+
+
+def forget_kv_all(state: RuntimeState) -> None:
+    """Every kept engine that can drops the KV it keeps between queries; the engines stay booted."""
+    for value in list(state.values()):
+        if isinstance(value, StartedEngine) and isinstance(value.execution, ForgetsKV):
+            value.execution.forget_kv()
 
 
 def release_all(state: RuntimeState) -> int:

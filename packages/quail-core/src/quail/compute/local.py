@@ -7,7 +7,7 @@ the same model without booting again.
 from __future__ import annotations
 
 from quail.backends.base import BackendExecutionContext, PhysicalRequest, PhysicalResponse, RuntimeState
-from quail.backends.serving import release_all
+from quail.backends.serving import forget_kv_all, release_all
 from quail.compute.base import Caller
 from quail.compute.lifetime import on_release
 
@@ -32,3 +32,9 @@ def _release() -> None:
 
 
 on_release(_release)
+
+
+def forget_kv_caches() -> None:
+    """Every engine this process keeps (the `local` provider's) computes every prefix again on its next
+    query: its KV and prefix caches are emptied, the engines stay booted. Benchmarks call it between runs."""
+    forget_kv_all(RUNTIME_STATE)

@@ -60,6 +60,10 @@ class RequestEngine(Protocol):
         """Advance the engine; the answers of the requests that finished in this step."""
         ...
 
+    def forget_cached_prefixes(self) -> None:
+        """Empty the prefix cache: the next requests compute every prefix again (cold-KV benchmarks)."""
+        ...
+
     def close(self) -> None: ...
 
 

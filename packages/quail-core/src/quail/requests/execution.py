@@ -63,6 +63,9 @@ class RequestModelExecution:
                               calibration_offsets=tuple(run.offsets.items()) or None)
         return NodeOutput({"answers": table}, metrics)
 
+    def forget_kv(self) -> None:
+        self.engine.forget_cached_prefixes()
+
     def close(self) -> None:
         self.engine.close()
 
