@@ -30,6 +30,7 @@ def test_bench_writes_report_results_and_chart_and_prints_the_ratio_lines_last(t
     assert len(results["rows"]) == 10 and all(r["backend"] == "native" for r in results["rows"])
     assert all(r["repeats"] == 2 and r["spread"] >= 0 for r in results["rows"])
     assert all(r["agreement"] >= 0.95 for r in results["rows"])
+    assert all(0 < r["sol_s"] <= r["wall_s"] for r in results["rows"]), "the limit is below what was measured"
     assert (tmp_path / "chart.png").read_bytes()[:4] == b"\x89PNG"
     assert "| workload | backend |" in (tmp_path / "report.md").read_text()
 
@@ -51,3 +52,13 @@ def test_bench_runs_ray_beside_local_and_prints_the_ratio_with_each_shards_time(
     assert all(len(r["shard_walls"]) == 2 for r in rows if r["compute"] == "ray")
     assert all(r["agreement"] >= 0.95 for r in rows)
     assert "| reviews: classification | native on ray |" in (tmp_path / "report.md").read_text()
+
+
+def test_speed_of_light_is_the_minimum_tokens_share_of_the_flops_at_the_measured_peak():
+    from quail_native.benchmark.command import speed_of_light
+
+    assert speed_of_light(4e9, fresh=200, minimum=100, peak=1e9) == pytest.approx(2.0)  # half the work was repeated
+    assert speed_of_light(4e9, fresh=100, minimum=100, peak=2e9) == pytest.approx(2.0)
+    assert speed_of_light(4e9, fresh=90, minimum=100, peak=1e9) == pytest.approx(4.0), "never above the work done"
+    assert speed_of_light(None, fresh=100, minimum=100, peak=1e9) is None
+    assert speed_of_light(4e9, fresh=0, minimum=0, peak=1e9) is None

@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
             session.close()
         quail.release_engines()
     peak = max(first_peak, device_peak(device)[0])  # measured again after the run: the better is the ceiling
-    rows = [replace(r, efficiency=None if r.efficiency is None else r.efficiency * first_peak / peak) for r in rows]
+    rows = [rescaled(r, first_peak / peak) for r in rows]
     notes.append(f"GEMM peak: torch {precision} on {device.type}, {peak / 1e9:.1f} GFLOP/s (the better of bf16 and "
                  f"fp32, measured before and after the run)")
     notes.append(f"each (workload, backend) warmed up once, then timed {args.repeats}× interleaved with the others; "
@@ -240,14 +240,28 @@ def row_of(session: quail.Session, workload: Workload, samples: list[Sample], na
     texts = {alias: views[alias].to_table([column]).column(column).to_pylist()
              for alias, column in document_columns(query.logical_plan).items()}
     baseline = naive.run(query.plan().graph, dict(result.answer_tables), texts)
-    fresh = report["fresh_tokens"]
+    fresh = report["fresh_tokens"] if isinstance(report["fresh_tokens"], int) else None
+    minimum = report["minimum_tokens"] if isinstance(report["minimum_tokens"], int) else None
     flops = model_flops(report, params)
     efficiency = flops / wall / peak if flops is not None and wall > 0 else None
     return Row(workload.name, session.backend.name, wall, (walls[-1] - walls[0]) / wall if wall else 0.0, len(walls),
-               baseline.seconds, fresh if isinstance(fresh, int) else None,
-               report["minimum_tokens"] if isinstance(report["minimum_tokens"], int) else None,
-               _float(report["sol_seconds"]), _float(report["estimated_seconds"]), baseline.agreement, efficiency,
-               result.count(), session.config.compute, shard_walls(report))
+               baseline.seconds, fresh, minimum, speed_of_light(flops, fresh, minimum, peak),
+               _float(report["estimated_seconds"]), baseline.agreement, efficiency, result.count(),
+               session.config.compute, shard_walls(report))
+
+
+def speed_of_light(flops: float | None, fresh: int | None, minimum: int | None, peak: float) -> float | None:
+    """Seconds the minimum model FLOPs take at the GEMM peak measured in this run: the run's own FLOPs scaled
+    to the minimum tokens (each distinct prefix once), so work the plan did twice is not counted as the limit."""
+    if flops is None or not fresh or minimum is None:
+        return None
+    return flops * min(minimum / fresh, 1.0) / peak
+
+
+def rescaled(row: Row, factor: float) -> Row:
+    """A row measured against a peak `factor` × the final one: efficiency and speed of light both scale."""
+    return replace(row, efficiency=None if row.efficiency is None else row.efficiency * factor,
+                   sol_s=None if row.sol_s is None else row.sol_s * factor)
 
 
 def model_flops(report: dict[str, ReportValue], params: int) -> float | None:
@@ -298,7 +312,7 @@ def chart(path: Path, rows: list[Row]) -> None:
     axis.barh([p + 0.2 for p in positions], [r.naive_s or 0 for r in rows], height=0.4, label="naive transformers")
     axis.barh([p - 0.2 for p in positions], [r.wall_s for r in rows], height=0.4, label="quail native")
     axis.scatter([r.sol_s or 0 for r in rows], [p - 0.2 for p in positions], marker="|", s=300, color="black",
-                 label="speed of light (estimate)", zorder=3)
+                 label="speed of light (minimum FLOPs at the measured peak)", zorder=3)
     axis.set_yticks(list(positions), names, fontsize=8)
     axis.set_xlabel("seconds")
     axis.invert_yaxis()

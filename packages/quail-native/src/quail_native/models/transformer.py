@@ -8,6 +8,7 @@ masks; it returns hidden states only at the rows whose answers are read, and the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -64,9 +65,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim) if gemma else torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        # In place where the buffer is ours: each pass over [tokens, hidden] costs as much as the arithmetic.
+        wide = x.float()
+        normed = wide * wide.pow(2).mean(-1, keepdim=True).add_(self.eps).rsqrt_()
         if self.gemma:
-            return (normed * (1.0 + self.weight.float())).type_as(x)
+            return normed.mul_(1.0 + self.weight.float()).type_as(x)
         return self.weight * normed.to(x.dtype)
 
 
@@ -77,16 +80,20 @@ def rope_tables(arch: Arch, positions: torch.Tensor, dtype: torch.dtype) -> dict
         exponents = torch.arange(0, arch.head_dim, 2, dtype=torch.float, device=positions.device) / arch.head_dim
         inverse = 1.0 / (arch.rope_theta[kind] ** exponents) / arch.rope_factor[kind]
         angles = positions[:, None].float() * inverse[None, :]
-        doubled = torch.cat((angles, angles), dim=-1)
-        tables[kind] = (doubled.cos().to(dtype), doubled.sin().to(dtype))
+        cos, sin = angles.cos(), angles.sin()
+        tables[kind] = (torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype))
     return tables
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on [heads, T, head_dim] with tables [T, head_dim] (the half-split convention)."""
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on [heads, T, head_dim] with tables [T, head_dim] (the half-split convention).
+
+    The sine table carries the rotation's sign (−sin on the first half), so the halves are only
+    swapped, not negated: one pass fewer over q and k.
+    """
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    return (x * cos).addcmul_(swapped, signed_sin)
 
 
 class Attention(nn.Module):
@@ -151,8 +158,26 @@ class MLP(nn.Module):
             gate, up = self.gate_proj(x), self.up_proj(x)
         else:
             gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
-        gate = F.silu(gate) if self.activation == "silu" else F.gelu(gate, approximate="tanh")
-        return self.down_proj(gate * up)
+        if self.activation == "silu":
+            return self.down_proj(F.silu(gate).mul_(up))
+        return self.down_proj(gelu_tanh_times(gate, up))
+
+
+SIGMOID_LINEAR = 2.0 * math.sqrt(2.0 / math.pi)
+SIGMOID_CUBIC = SIGMOID_LINEAR * 0.044715
+
+
+def gelu_tanh_times(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """GELU-tanh(gate) · up, as gate · σ(2u) with u = √(2/π)(gate + 0.044715 gate³).
+
+    The same function (0.5(1 + tanh u) = σ(2u)), written so that it runs in one buffer: torch's CPU
+    tanh is about three times slower than its sigmoid, and F.gelu(…, "tanh") · up was the largest
+    elementwise cost of a pass (measured 6.2 → 3.9 ms on [1024, 2048] fp32, 2 threads).
+    """
+    wide = gate.float()  # bf16 computes in fp32 like F.gelu does inside; fp32 is unchanged (no copy)
+    inner = wide * wide
+    inner.mul_(SIGMOID_CUBIC).add_(SIGMOID_LINEAR).mul_(wide)
+    return inner.sigmoid_().mul_(wide).to(gate.dtype).mul_(up)
 
 
 def _fuse(*linears: nn.Linear) -> torch.Tensor:
