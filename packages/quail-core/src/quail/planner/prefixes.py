@@ -3,7 +3,8 @@
 Documents that start with the same tokens (cumulative agent traces, templated records) have the
 same KV over that prefix. Sorted by tokens, documents with long common prefixes are neighbours, so
 a document can borrow its common prefix from a neighbour computed before it and compute only its
-tail — always at least one token, where its frame and question attach. Borrowing is token-granular
+tail — nothing of itself when it is a prefix of its lender (a cumulative trace's earlier step): its
+first item is then its frame and question alone. Borrowing is token-granular
 (the arena shares the lender's whole pages and copies the part-page), but only a prefix of at
 least one page is worth it: shorter ones would cost a wait and an attention segment of their own
 to save a few tokens.
@@ -43,9 +44,9 @@ def common_prefix(a: Tokens, b: Tokens) -> int:
 
 
 def borrowable(common: int, length: int, page_tokens: int) -> int:
-    """Tokens of a common prefix a document borrows: all of it but one token of its own, when that is
-    at least a page (0 otherwise)."""
-    tokens = min(common, length - 1)
+    """Tokens of a common prefix a document borrows: all of it (the whole document when it is a prefix of
+    its lender), when that is at least a page (0 otherwise)."""
+    tokens = min(common, length)
     return tokens if tokens >= page_tokens else 0
 
 

@@ -96,7 +96,7 @@ class _FilterRun:
         skip = self.lending.skipped(doc)
         body = doc.tokens[skip:]
         frame, question = self.layout.frame, self.layout.questions[0]
-        spans = ((0, len(body)),) if self.keeps_document(doc) else ()
+        spans = ((0, len(body)),) if self.keeps_document(doc) and body else ()
         spans += ((len(body), len(frame)),) if self.keeps_frame else ()
         parents = (self.pre, *self.lending.parents(doc))
         tokens = body + frame + question
@@ -156,11 +156,12 @@ class _FilterRun:
 
     def first_done(self, doc: FilterDocument, result: ItemResult) -> None:
         blocks = list(result.blocks)
-        if self.keeps_document(doc):
+        keep = self.keeps_document(doc)
+        if keep and self.lending.computes_body(doc):
             doc.doc_block = blocks.pop(0)
         if self.keeps_frame:
             doc.frame_block = blocks.pop(0)
-        doc.doc_block = self.lending.continued(doc, doc.doc_block)
+        doc.doc_block = self.lending.continued(doc, doc.doc_block, keep)
         if doc.loan.borrowers:
             assert doc.doc_block is not None  # a lender always keeps its document
             self.lending.lend(doc, doc.doc_block)

@@ -76,7 +76,7 @@ def run_join(state: SharedState, anchors: list[Anchor], layout: JoinLayout,
         skip = lending.skipped(anchor)
         body = anchor.tokens[skip:]
         return Item(body + frame, start + skip, (pre, *lending.parents(anchor)), (),
-                    ((0, len(body)), (len(body), len(frame))))
+                    ((0, len(body)), (len(body), len(frame))) if body else ((0, len(frame)),))
 
     def pages(anchor: Anchor, item: Item) -> int:
         kept = sum(state.arena.pages_for(length) for _, length in item.keep)
@@ -121,8 +121,8 @@ def run_join(state: SharedState, anchors: list[Anchor], layout: JoinLayout,
         anchor, rows = tag
         if rows is None:
             if anchor.doc_block is None:
-                document, anchor.frame_block = result.blocks
-                anchor.doc_block = lending.continued(anchor, document)
+                *document, anchor.frame_block = result.blocks  # no document block when it borrowed all of it
+                anchor.doc_block = lending.continued(anchor, document[0] if document else None, keep=True)
             else:
                 anchor.frame_block = result.blocks[0]
             if anchor.loan.borrowers:

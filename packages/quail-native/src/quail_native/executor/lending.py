@@ -77,16 +77,22 @@ class Lending(Generic[D]):
             return 0
         return self.state.arena.continuation_pages(doc.loan.borrowed, len(doc.tokens) - doc.loan.borrowed)
 
-    def continued(self, doc: D, block: int | None) -> int | None:
-        """The document's whole KV: its view followed by the block its first item kept (None: nothing kept)."""
+    @staticmethod
+    def computes_body(doc: D) -> bool:
+        """Whether the first item computes any of the document (not when all of it is borrowed)."""
+        return Lending.skipped(doc) < len(doc.tokens)
+
+    def continued(self, doc: D, block: int | None, keep: bool) -> int | None:
+        """The document's whole KV when it is kept: its view followed by the block its first item kept (the view
+        alone when it borrowed the whole document); None when it is not kept."""
         view = doc.loan.view
         if view is None:
             return block
         doc.loan.view = None
-        if block is None:
+        if not keep:
             self.state.arena.free(view)
             return None
-        return self.state.arena.concat(view, block)
+        return view if block is None else self.state.arena.concat(view, block)
 
     def lend(self, lender: D, block: int) -> None:
         """`block` holds the lender's document: every borrower gets a view of its prefix of it."""
