@@ -564,6 +564,28 @@ def test_classify_picks_the_label_of_highest_naive_log_probability(kind, chunk, 
     assert run.rows() == sorted((IDS["reviews"][r], chosen[r]) for r in keep)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_bf16_label_log_probabilities_stay_within_the_documented_tolerance_of_fp32(kind, open_run):
+    """A bf16 head is multiplied in bf16 over the whole vocabulary (not converted whole per row); the
+    answer's own logits and the largest ones are recomputed in fp32, so the bf16 tolerance still holds —
+    per label token, as a label's log-probability is the sum of one per token (README: precision)."""
+    labels = ", ".join(f"'{x}'" for x in LABELS)
+    run = open_run(kind, 160, f"SELECT r.id, AI.CLASSIFY(r.body, [{labels}]) AS topic FROM reviews r",
+                   dialect=BQ, engine={"precision": "bf16"})
+    node = run.node(ph.AiClassify)
+    worst = 0.0
+    for answer in run.answers(node.id):
+        prompt = node.preamble + run.doc("r", answer["r"]) + node.tail
+        scores = [run.naive.label_log_prob(prompt, label) for label in node.label_tokens]
+        worst = max(worst, *(abs(got - want) / len(label)
+                             for got, want, label in zip(answer["margins"], scores, node.label_tokens, strict=True)))
+        ranked = sorted(scores, reverse=True)
+        if ranked[0] - ranked[1] > 2 * BF16_TOL * max(map(len, node.label_tokens)):
+            assert answer["topic"] == LABELS[scores.index(ranked[0])]
+    print(f"\n[{kind} bf16] worst |label log-probability − fp32 naive| per label token {worst:.3g}")
+    assert worst <= BF16_TOL
+
+
 @pytest.mark.parametrize("chunk", CHUNKS)
 @pytest.mark.parametrize("kind", KINDS)
 def test_score_in_select_is_sigmoid_of_naive_margin(kind, chunk, open_run):

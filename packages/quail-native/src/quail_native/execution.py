@@ -142,12 +142,11 @@ class NativeExecution:
         model = self.loaded.model
 
         def first_tokens(result: ItemResult) -> list[float]:
-            logits = model.logits(result.hidden)
-            return torch.log_softmax(logits, dim=-1)[0, first.to(logits.device)].tolist()
+            return log_probabilities(model, result.hidden, first[None, :])[0].tolist()
 
         def continuation(result: ItemResult, label: Tokens) -> float:
             """Σ log p(label[j] | prefix, label[:j]) for j ≥ 1."""
-            return sum(log_probabilities(model, result.hidden, torch.tensor(label[1:])))
+            return float(log_probabilities(model, result.hidden, torch.tensor(label[1:])[:, None]).sum())
 
         layout = LabelLayout(node.preamble, node.tail, tuple(node.label_tokens))
         scores = run_labels(self.state, rows, inputs.tokens(node.alias), layout, first_tokens, continuation)

@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
                  "walls are medians, spread = (slowest − fastest) ÷ median")
     if cache_line is not None:
         notes.append(cache_line)
-    write_outputs(args.out, rows, notes, peak)
+    write_outputs(args.out, rows, notes, peak, precision)
     print_summary(rows, notes)
     return 0
 
@@ -279,10 +279,10 @@ def _float(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def write_outputs(out: Path, rows: list[Row], notes: list[str], peak: float) -> None:
-    (out / "results.json").write_text(json.dumps({"gemm_peak_flops": peak, "rows": [asdict(r) for r in rows],
-                                                  "notes": notes}, indent=1))
-    lines = ["# Quail benchmark", "", f"torch fp32 GEMM peak measured in this run: {peak / 1e9:.1f} GFLOP/s", "",
+def write_outputs(out: Path, rows: list[Row], notes: list[str], peak: float, precision: str) -> None:
+    (out / "results.json").write_text(json.dumps({"gemm_peak_flops": peak, "gemm_peak_precision": precision,
+                                                  "rows": [asdict(r) for r in rows], "notes": notes}, indent=1))
+    lines = ["# Quail benchmark", "", f"torch {precision} GEMM peak measured in this run: {peak / 1e9:.1f} GFLOP/s", "",
              "| workload | backend | wall s (median) | spread | naive s | native/naive | fresh | minimum | fresh/min | "
              "SoL s | agreement | % GEMM peak |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

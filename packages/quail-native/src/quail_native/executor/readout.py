@@ -29,9 +29,30 @@ def margins(model: Transformer, hidden: torch.Tensor, answers: AnswerColumns) ->
     return (logits[:, :split].max(dim=1).values - logits[:, split:].max(dim=1).values).tolist()
 
 
-def log_probabilities(model: Transformer, hidden: torch.Tensor, targets: torch.Tensor) -> list[float]:
-    """log p(target_r | row r) with the full vocabulary (classification needs the normaliser)."""
+REFINED = 64
+"""Logits recomputed in fp32 per row when the head is not fp32: the largest ones, which make the normaliser."""
+
+
+def log_probabilities(model: Transformer, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log p(targets[r, j] | row r) over the full vocabulary (classification needs the normaliser).
+
+    The whole head is multiplied in its own precision: converting a bf16 head (262k × 640) to fp32 on
+    every call cost more than the forward pass it reads. In bf16 the targets and the REFINED largest
+    logits are then recomputed in fp32, so the answer carries only the rounding of logits far below the
+    maximum, whose share of the normaliser is small.
+    """
+    targets = targets.to(hidden.device)
     if hidden.shape[0] == 0:
-        return []
-    logits = model.logits(hidden)
-    return torch.log_softmax(logits, dim=-1).gather(1, targets[:, None].to(hidden.device))[:, 0].tolist()
+        return torch.empty(targets.shape, dtype=torch.float32)
+    logits = model.logits(hidden, fp32=False).float()
+    if model.head_weight.dtype == torch.float32:
+        return torch.log_softmax(logits, dim=-1).gather(1, targets)
+    top = logits.topk(min(REFINED, logits.shape[1]), dim=1).indices
+    logits.scatter_(1, top, _exact(model, hidden, top))
+    return _exact(model, hidden, targets) - torch.logsumexp(logits, dim=-1, keepdim=True)
+
+
+def _exact(model: Transformer, hidden: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """fp32 logits of row r at its own `columns[r]` (rows × k)."""
+    weight = model.head_weight[columns].float()
+    return torch.einsum("rh,rkh->rk", hidden.float(), weight)

@@ -134,10 +134,49 @@ class Attention(nn.Module):
             rows = segment.rows
             keys = torch.cat((context[0].index_select(1, segment.context), k[:, rows]), dim=1)
             values = torch.cat((context[1].index_select(1, segment.context), v[:, rows]), dim=1)
-            out[:, rows] = F.scaled_dot_product_attention(
-                q[None, :, rows], keys[None], values[None], attn_mask=segment.masks[self.kind][None, None],
-                scale=arch.attention_scale, enable_gqa=arch.heads != arch.kv_heads)[0]
+            out[:, rows] = attend(q[:, rows], keys, values, segment.masks[self.kind], arch.attention_scale)
         return self.o_proj(out.transpose(0, 1).reshape(tokens, -1)), k, v
+
+
+ATTENTION_BLOCK = 256
+"""Query rows per attention call when a segment is longer."""
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+           scale: float) -> torch.Tensor:
+    """Masked attention of [heads, rows, dim] queries over [kv_heads, context + rows, dim] keys and values.
+
+    A segment's own rows are causal, so a block of query rows needs the keys only up to its last row:
+    blocks of ATTENTION_BLOCK rows skip the masked upper triangle that one dense call would compute
+    (a 663-row lender: 11.8 → 5.0 ms per layer in bf16 on a 2-core CPU).
+    """
+    rows = q.shape[1]
+    context = keys.shape[1] - rows
+    if rows <= ATTENTION_BLOCK:
+        return _attend_block(q, keys, values, mask, scale)
+    out = torch.empty_like(q)
+    for start in range(0, rows, ATTENTION_BLOCK):
+        stop = min(rows, start + ATTENTION_BLOCK)
+        reach = context + stop
+        out[:, start:stop] = _attend_block(q[:, start:stop], keys[:, :reach], values[:, :reach],
+                                           mask[start:stop, :reach], scale)
+    return out
+
+
+def _attend_block(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                  scale: float) -> torch.Tensor:
+    """On a CPU two batched GEMMs around an fp32 softmax, with the query heads that share a KV head
+    stacked into one GEMM: torch's CPU flash kernel measured 1.5–2.4× slower on these shapes in bf16
+    (equal in fp32). Elsewhere torch's fused kernel."""
+    heads, rows, dim = q.shape
+    kv_heads, columns = keys.shape[0], keys.shape[1]
+    if q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask[None, None],
+                                              scale=scale, enable_gqa=heads != kv_heads)[0]
+    grouped = q.reshape(kv_heads, heads // kv_heads * rows, dim)
+    scores = torch.bmm(grouped, keys.transpose(1, 2)).float().view(heads, rows, columns)
+    weights = scores.mul_(scale).masked_fill_(~mask, float("-inf")).softmax(dim=-1).to(values.dtype)
+    return torch.bmm(weights.view(kv_heads, -1, columns), values).view(heads, rows, dim)
 
 
 class MLP(nn.Module):
@@ -263,8 +302,11 @@ class Transformer(nn.Module):
         return ForwardOutput(self.norm(x[readout]), keys, values)
 
     @torch.inference_mode()
-    def logits(self, hidden: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
-        """Head logits at readout rows: only the given vocabulary `columns` when named."""
+    def logits(self, hidden: torch.Tensor, columns: torch.Tensor | None = None, fp32: bool = True) -> torch.Tensor:
+        """Head logits at readout rows: only the given vocabulary `columns` when named. In fp32, or with
+        `fp32=False` in the weights' own precision (a bf16 head is then not converted whole)."""
         weight = self.head_weight if columns is None else self.head_weight[columns]
+        if not fp32:
+            return hidden.to(weight.dtype) @ weight.T
         return hidden.float() @ weight.float().T
 
