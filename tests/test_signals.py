@@ -13,9 +13,14 @@ import sys
 import textwrap
 from pathlib import Path
 
+import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+from quail.data.database import translated
+from quail.errors import CompileError
+from quail.interrupts import Terminated
 
 REVIEWS = pa.table({"id": [1, 2, 3], "body": ["great acting", "dull plot", "the acting shines"]})
 FILTER = "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Does {0} mention \"acting\"?', r.body))"
@@ -73,3 +78,35 @@ def test_a_signal_while_the_model_works_cleans_up_and_exits_128_plus_n(tmp_path,
     assert list((tmp_path / "tmpdir").iterdir()) == []
     assert (tmp_path / "rows.json").read_text() == "previous rows\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["reviews.parquet", "rows.json", "tmpdir"]
+
+
+@pytest.mark.parametrize("interruption", [KeyboardInterrupt(), Terminated(15)], ids=["ctrl-c", "sigterm"])
+def test_a_signal_landing_while_duckdb_reads_python_data_is_that_signal_not_an_error_in_the_sql(interruption):
+    """DuckDB runs Python code while it reads a registered Arrow object and reports an exception raised
+    there as an input error: a Ctrl-C / SIGTERM that lands there must stay the interruption it was (the
+    command line exits 130 / 143), not become a CompileError (exit 2, "fix your SQL")."""
+    schema = pa.schema([("id", pa.int64())])
+
+    def batches():
+        yield pa.record_batch([pa.array([1, 2])], schema=schema)
+        raise interruption
+
+    connection = duckdb.connect()
+    connection.register("answers", pa.RecordBatchReader.from_batches(schema, batches()))
+    with pytest.raises(type(interruption)) as raised, translated():
+        connection.sql("SELECT * FROM answers").fetchall()
+    if isinstance(interruption, Terminated):
+        assert raised.value.signal_number == 15
+
+
+def test_a_python_error_inside_duckdb_is_still_a_compile_error_naming_it():
+    schema = pa.schema([("id", pa.int64())])
+
+    def batches():
+        yield pa.record_batch([pa.array([1])], schema=schema)
+        raise ValueError("the answers file is truncated")
+
+    connection = duckdb.connect()
+    connection.register("answers", pa.RecordBatchReader.from_batches(schema, batches()))
+    with pytest.raises(CompileError, match="the answers file is truncated"), translated():
+        connection.sql("SELECT * FROM answers").fetchall()

@@ -25,6 +25,7 @@ from quail.data.providers import FileStamp, TableSchema
 from quail.data.scan import ScanView
 from quail.data.sources import Source, quoted
 from quail.errors import CompileError, QuailError
+from quail.interrupts import Terminated
 
 VIEW_BATCH_ROWS = 65_536
 _CONTEXT = re.compile(r"\n\s*\nLINE \d+:.*", re.DOTALL)
@@ -36,20 +37,36 @@ def duck_message(error: duckdb.Error) -> str:
     return re.sub(r"\s*\n\s*", " ", text)
 
 
+_KEYBOARD_INTERRUPT = re.compile(r"failed: KeyboardInterrupt\b|^KeyboardInterrupt$", re.MULTILINE)
+_TERMINATED = re.compile(r"\bTerminated: terminated by signal (\d+)")
+
+
 @contextmanager
 def translated(prefix: str = "") -> Iterator[None]:
     """DuckDB's errors as a CompileError naming the problem; Ctrl-C during a DuckDB call (which DuckDB
-    turns into an interruption of its query) as the KeyboardInterrupt it was."""
+    turns into an interruption of its query) as the KeyboardInterrupt it was.
+
+    A signal can also land while DuckDB runs Python code — reading a registered Arrow object — and
+    DuckDB reports the exception raised there as an input error: that one is the interruption too.
+    """
     try:
         yield
     except duckdb.InterruptException:
         raise KeyboardInterrupt from None
     except duckdb.Error as error:
-        raise CompileError(f"{prefix}{duck_message(error)}") from None
+        raise _interruption(str(error)) or CompileError(f"{prefix}{duck_message(error)}") from None
     except RuntimeError as error:
         if "interrupted" in str(error).lower():
             raise KeyboardInterrupt from None
         raise
+
+
+def _interruption(text: str) -> BaseException | None:
+    """The KeyboardInterrupt or `Terminated` that a DuckDB error carries from Python code it called."""
+    if _KEYBOARD_INTERRUPT.search(text):
+        return KeyboardInterrupt()
+    terminated = _TERMINATED.search(text)
+    return Terminated(int(terminated.group(1))) if terminated else None
 
 
 @dataclass
