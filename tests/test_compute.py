@@ -26,6 +26,7 @@ from compute_setup import MARGINS_FILE, register_fakes, register_slow, save_marg
 from e2e_data import TABLES, arrow_table
 from request_helpers import TOKENIZER, classifies, teach
 from test_end_to_end import CASE_BY_ID, CASES, KEPT_ENGINES, assert_matches_oracle, keyword_session, result_rows
+from test_signals import ctrl_c_as_in_a_terminal
 
 import quail
 from quail.errors import RefusalError, WorkerLostError
@@ -285,7 +286,7 @@ def run_script(tmp_path: Path) -> tuple[subprocess.Popen[str], int]:
     script = tmp_path / "caller.py"
     script.write_text(textwrap.dedent(SCRIPT.format(paths=[p for p in sys.path if p])))
     caller = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+                              text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), preexec_fn=ctrl_c_as_in_a_terminal)
     assert caller.stdout is not None
     line = caller.stdout.readline()
     assert line.startswith("worker "), (line, caller.stderr.read() if caller.stderr else "")
@@ -303,8 +304,12 @@ def gone_within(pid: int, seconds: float) -> bool:
 
 def test_ctrl_c_in_the_caller_stops_its_worker(tmp_path):
     caller, worker = run_script(tmp_path)
-    caller.send_signal(signal.SIGINT)
-    _, errors = caller.communicate(timeout=30)
+    try:
+        caller.send_signal(signal.SIGINT)
+        _, errors = caller.communicate(timeout=30)
+    finally:
+        caller.kill()  # a caller that outlived the test would loop on for ever
+        caller.wait(timeout=10)
     assert caller.returncode != 0 and "KeyboardInterrupt" in errors
     assert gone_within(worker, 10.0)
 

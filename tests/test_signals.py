@@ -31,7 +31,13 @@ def run_script(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
     scratch.mkdir()
     env = {**os.environ, "TMPDIR": str(scratch), "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-c", textwrap.dedent(body)], capture_output=True, text=True,
-                          env=env, cwd=tmp_path, timeout=120, check=False)
+                          env=env, cwd=tmp_path, timeout=120, check=False, preexec_fn=ctrl_c_as_in_a_terminal)
+
+
+def ctrl_c_as_in_a_terminal() -> None:
+    """A child whose Ctrl-C behaves as in a terminal, even when the tests run as a background job (which
+    starts with SIGINT ignored, a disposition children inherit and Quail rightly respects)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_ctrl_c_while_the_libraries_load_exits_130_without_a_traceback(tmp_path):
