@@ -139,3 +139,42 @@ def test_model_flops_count_the_keys_each_query_sees_under_a_sliding_window():
         assert _keys_within(context, tokens, window) == sum(min(context + j + 1, window) for j in range(tokens))
 
     matches_brute_force()
+
+
+def test_model_flops_count_each_layer_row_by_row_with_only_the_read_rows_past_the_last_layers_kv():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from quail_native.executor.packing import item_flops
+    from quail_native.models.transformer import Arch
+
+    def arch(window: int | None, last: str) -> Arch:
+        kinds = ("sliding", "full", last)
+        return Arch(family="gemma3", vocab=50, hidden=8, layers=3, heads=2, kv_heads=1, head_dim=4, ffn=12,
+                    norm_eps=1e-6, layer_types=kinds, rope_theta={"full": 1e4, "sliding": 1e4},
+                    rope_factor={"full": 1.0, "sliding": 1.0}, sliding_window=window, attention_scale=0.5,
+                    activation="gelu_tanh", tied_embeddings=True, embed_scale=None, gemma_norms=True)
+
+    def brute_force(a: Arch, context: int, tokens: int, readout: tuple[int, ...]) -> float:
+        q_and_o, kv, mlp = 2 * a.hidden * a.head_dim * a.heads, a.hidden * a.head_dim * a.kv_heads, 3 * a.hidden * a.ffn
+        total = 0.0
+        for index, kind in enumerate(a.layer_types):
+            for row in range(tokens):
+                total += 2.0 * 2 * kv
+                if index == a.layers - 1 and row not in readout:
+                    continue
+                keys = context + row + 1
+                if kind == "sliding" and a.sliding_window:
+                    keys = min(keys, a.sliding_window)
+                total += 2.0 * (q_and_o + mlp) + 4.0 * a.heads * a.head_dim * keys
+        return total
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.integers(0, 40), st.integers(1, 40), st.sampled_from([None, 5, 60]), st.sampled_from(["full", "sliding"]),
+           st.data())
+    def matches(context: int, tokens: int, window: int | None, last: str, data: st.DataObject) -> None:
+        readout = tuple(sorted(data.draw(st.sets(st.integers(0, tokens - 1), max_size=tokens))))
+        a = arch(window, last)
+        assert item_flops(a, context, tokens, readout) == pytest.approx(brute_force(a, context, tokens, readout))
+
+    matches()

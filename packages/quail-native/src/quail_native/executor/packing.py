@@ -15,7 +15,7 @@ import torch
 
 from quail_native.executor.arena import KVArena
 from quail_native.executor.attention import ItemSpan, Segment, segments
-from quail_native.models.transformer import Arch, Transformer
+from quail_native.models.transformer import Arch, LayerType, Transformer
 
 Span = tuple[int, int]
 
@@ -50,17 +50,26 @@ class PassCounters:
         return self.passes, self.fresh_tokens, self.cached_tokens, self.model_flops
 
 
-def item_flops(arch: Arch, context: int, tokens: int) -> float:
-    """Model FLOPs of computing `tokens` new tokens after `context` resident ones: the dense projections
-    and MLP, and attention over the keys each query really sees (sliding layers at most `window`)."""
-    dense = 2.0 * arch.layers * (arch.hidden * arch.head_dim * (2 * arch.heads + 2 * arch.kv_heads)
-                                 + 3 * arch.hidden * arch.ffn)
+def item_flops(arch: Arch, context: int, tokens: int, readout: Sequence[int]) -> float:
+    """Model FLOPs of computing `tokens` new tokens after `context` resident ones, read at the `readout`
+    offsets: the dense projections and MLP, and attention over the keys each query really sees (sliding
+    layers at most `window`). The last layer gives every token its k and v but runs the rest only for
+    the read rows."""
+    kv = 2.0 * arch.hidden * arch.head_dim * 2 * arch.kv_heads
+    dense = 2.0 * (arch.hidden * arch.head_dim * (2 * arch.heads + 2 * arch.kv_heads) + 3 * arch.hidden * arch.ffn)
     per_pair = 4.0 * arch.heads * arch.head_dim
-    full = tokens * context + tokens * (tokens + 1) / 2
     window = arch.sliding_window or 0
-    sliding = _keys_within(context, tokens, window) if window else full
-    layers = sum(per_pair * (sliding if kind == "sliding" else full) for kind in arch.layer_types)
-    return dense * tokens + layers
+
+    def keys_seen(kind: LayerType) -> float:
+        if kind == "sliding" and window:
+            return _keys_within(context, tokens, window)
+        return tokens * context + tokens * (tokens + 1) / 2
+
+    *inner, last = arch.layer_types
+    reach = window if last == "sliding" and window else context + tokens
+    read_keys = sum(min(context + offset + 1, reach) for offset in readout)
+    return (sum(dense * tokens + per_pair * keys_seen(kind) for kind in inner)
+            + kv * tokens + (dense - kv) * len(readout) + per_pair * read_keys)
 
 
 def _keys_within(context: int, tokens: int, window: int) -> float:
@@ -139,7 +148,7 @@ class Packer:
         for item in items:
             context = sum(self.arena.get(b).length for b in item.parents)
             self.counters.cached_tokens += context
-            self.counters.model_flops += item_flops(self.model.arch, context, len(item.tokens))
+            self.counters.model_flops += item_flops(self.model.arch, context, len(item.tokens), item.readout)
 
     def _results(self, items: Sequence[Item], hidden: torch.Tensor, keys: list[torch.Tensor],
                  values: list[torch.Tensor]) -> list[ItemResult]:

@@ -114,28 +114,63 @@ class Attention(nn.Module):
         parameters become views of it (no extra memory)."""
         self.qkv = _fuse(self.q_proj, self.k_proj, self.v_proj)
 
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def project(self, x: torch.Tensor, queries: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q (at the `queries` rows when named, else every row), k and v (every row)."""
+        sizes = [self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features]
         if self.qkv is None:
-            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q, k, v = F.linear(x, self.qkv).split([self.q_proj.out_features, self.k_proj.out_features,
-                                               self.v_proj.out_features], dim=-1)
-        return q, k, v
+            return self.q_proj(x if queries is None else x[queries]), self.k_proj(x), self.v_proj(x)
+        if queries is None:
+            q, k, v = F.linear(x, self.qkv).split(sizes, dim=-1)
+            return q, k, v
+        k, v = F.linear(x, self.qkv[sizes[0]:]).split(sizes[1:], dim=-1)
+        return F.linear(x[queries], self.qkv[:sizes[0]]), k, v
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...], context: tuple[torch.Tensor, torch.Tensor],
-                segments: Sequence[AttentionSegment]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                segments: Sequence[AttentionSegment], queries: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Attention output ([query rows, hidden], after o_proj) and every row's new k and v.
+
+        With `queries`, only those rows ask (the last layer, where only the read-out rows go on), while
+        every row still gives its k and v to the cache."""
         arch, tokens = self.arch, x.shape[0]
-        q, k, v = self.project(x)
-        q = self.q_norm(q.reshape(tokens, arch.heads, arch.head_dim)).transpose(0, 1)
+        q, k, v = self.project(x, queries)
+        q = self.q_norm(q.reshape(q.shape[0], arch.heads, arch.head_dim)).transpose(0, 1)
         k = self.k_norm(k.reshape(tokens, arch.kv_heads, arch.head_dim)).transpose(0, 1)
         v = v.reshape(tokens, arch.kv_heads, arch.head_dim).transpose(0, 1)
-        q, k = rotate(q, *rope), rotate(k, *rope)
+        k = rotate(k, *rope)
+        if queries is None:
+            q = rotate(q, *rope)
+            out = torch.empty_like(q)
+            for segment in segments:
+                keys, values = _segment_kv(segment, context, k, v)
+                out[:, segment.rows] = attend(q[:, segment.rows], keys, values, segment.masks[self.kind],
+                                              arch.attention_scale)
+        else:
+            q = rotate(q, *(table[queries] for table in rope))
+            out = self._attend_queries(q, queries, context, k, v, segments)
+        return self.o_proj(out.transpose(0, 1).reshape(q.shape[1], arch.heads * arch.head_dim)), k, v
+
+    def _attend_queries(self, q: torch.Tensor, queries: torch.Tensor, context: tuple[torch.Tensor, torch.Tensor],
+                        k: torch.Tensor, v: torch.Tensor, segments: Sequence[AttentionSegment]) -> torch.Tensor:
+        """Attention of the `queries` rows only, each under its own row of its segment's mask."""
         out = torch.empty_like(q)
         for segment in segments:
-            rows = segment.rows
-            keys = torch.cat((context[0].index_select(1, segment.context), k[:, rows]), dim=1)
-            values = torch.cat((context[1].index_select(1, segment.context), v[:, rows]), dim=1)
-            out[:, rows] = attend(q[:, rows], keys, values, segment.masks[self.kind], arch.attention_scale)
-        return self.o_proj(out.transpose(0, 1).reshape(tokens, -1)), k, v
+            start, stop = segment.rows.start, segment.rows.stop
+            inside = ((queries >= start) & (queries < stop)).nonzero().squeeze(1)
+            if inside.numel() == 0:
+                continue
+            keys, values = _segment_kv(segment, context, k, v)
+            mask = segment.masks[self.kind][queries[inside] - start]
+            out[:, inside] = _attend_block(q[:, inside], keys, values, mask, self.arch.attention_scale)
+        return out
+
+
+def _segment_kv(segment: AttentionSegment, context: tuple[torch.Tensor, torch.Tensor], k: torch.Tensor,
+                v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys and values a segment's rows see: its context columns, then its own rows."""
+    keys = torch.cat((context[0].index_select(1, segment.context), k[:, segment.rows]), dim=1)
+    values = torch.cat((context[1].index_select(1, segment.context), v[:, segment.rows]), dim=1)
+    return keys, values
 
 
 ATTENTION_BLOCK = 256
@@ -244,8 +279,12 @@ class Block(nn.Module):
             self.post_feedforward_layernorm = RMSNorm(arch.hidden, arch.norm_eps, True)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...], context: tuple[torch.Tensor, torch.Tensor],
-                segments: Sequence[AttentionSegment]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        attended, k, v = self.self_attn(self.input_layernorm(x), rope, context, segments)
+                segments: Sequence[AttentionSegment], keep: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The layer's output rows (only the `keep` rows when named) and every row's new k and v."""
+        attended, k, v = self.self_attn(self.input_layernorm(x), rope, context, segments, keep)
+        if keep is not None:
+            x = x[keep]
         if self.gemma:
             x = x + self.post_attention_layernorm(attended)
             return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x))), k, v
@@ -295,11 +334,13 @@ class Transformer(nn.Module):
         x = self.embed(tokens)
         tables = rope_tables(self.arch, positions, x.dtype)
         keys, values = [], []
+        last = len(self.layers) - 1
         for index, block in enumerate(self.layers):
-            x, k, v = block(x, tables[block.kind], context[index], segments)
+            # Past the last layer's k and v only the read-out rows matter: the rest of it runs on them alone.
+            x, k, v = block(x, tables[block.kind], context[index], segments, readout if index == last else None)
             keys.append(k)
             values.append(v)
-        return ForwardOutput(self.norm(x[readout]), keys, values)
+        return ForwardOutput(self.norm(x), keys, values)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor, columns: torch.Tensor | None = None, fp32: bool = True) -> torch.Tensor:
