@@ -80,6 +80,7 @@ class NativeBackend:
         from quail_native.executor.arena import KVArena, KVShape
         from quail_native.executor.readout import AnswerColumns
         from quail_native.executor.state import Budget
+        from quail_native.models import kernels
         from quail_native.models.loading import load_model
         from quail_native.models.locate import model_directory
         from quail_native.precision import choose_precision
@@ -96,8 +97,11 @@ class NativeBackend:
         if budget is None:
             budget = config.chunk_tokens * DEFAULT_KV_CHUNKS * shape.bytes_per_token()
         arena = KVArena.from_budget(shape, budget, config.kv_page_tokens, device)
+        notes = [f"native engine computes in {precision.reason}"]
+        if device.type == "cpu":  # built here, at boot, when this machine has no build cached yet
+            notes.append(f"elementwise work: {kernels.status().detail}")
         return NativeExecution(loaded, AnswerColumns(tokens.true_ids, tokens.false_ids), arena,
-                               Budget(config.chunk_tokens), (f"native engine computes in {precision.reason}",))
+                               Budget(config.chunk_tokens), tuple(notes))
 
     def execute_request(self, context: BackendExecutionContext) -> PhysicalResponse:
         return serving.execute_request(self, context)

@@ -1,0 +1,92 @@
+/* Quail's fused elementwise kernels for the CPU, built once per machine by quail_native.models.kernels.
+ *
+ * One pass over memory where torch's eager ops make several: GELU-tanh(gate) · up reads gate and up
+ * once and writes the product once. Loops are written so the compiler vectorises them (-O3 -march=native),
+ * with an exp of our own: -ffast-math would vectorise libm's, but a library built with it switches the
+ * whole process's denormals to zero when it loads. Threads come from OpenMP, the runtime torch uses.
+ * bf16 values are the upper 16 bits of an fp32; results round to nearest even, as torch rounds.
+ */
+#include <stdint.h>
+#include <string.h>
+
+static inline float widen(uint16_t value) {
+    uint32_t bits = (uint32_t)value << 16;
+    float wide;
+    memcpy(&wide, &bits, sizeof wide);
+    return wide;
+}
+
+static inline uint16_t narrow(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+/* e^x for |x| <= 87 to about an ulp: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two so n ln2 is
+ * exact), e^r by its Taylor series to r^7 (remainder < 2e-8 relative), 2^n put into the exponent bits.
+ * Written without calls so that it vectorises. */
+static inline float exp_within_87(float x) {
+    const float round_shift = 12582912.0f; /* 1.5 · 2^23: adding and subtracting it rounds to an integer */
+    float n = (x * 1.4426950408889634f + round_shift) - round_shift;
+    float r = x - n * 0.693145751953125f;
+    r = r - n * 1.4286068203094173e-06f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t exponent = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &exponent, sizeof scale);
+    return p * scale;
+}
+
+/* σ(2u) · x with u = √(2/π)(x + 0.044715 x³), i.e. 0.5 (1 + tanh u) · x; past ±87 σ is 0 or 1 to fp32
+ * precision already. */
+static inline float gelu_tanh(float x) {
+    const float linear = 1.5957691216057308f; /* 2 √(2/π) */
+    const float cubic = 1.5957691216057308f * 0.044715f;
+    float z = x * (linear + cubic * x * x);
+    float clamped = z > 87.0f ? 87.0f : (z < -87.0f ? -87.0f : z);
+    float gelu = x / (1.0f + exp_within_87(-clamped));
+    return z < -87.0f ? x * 0.0f : gelu; /* σ is under fp32's normal range there: 0 (torch keeps a denormal) */
+}
+
+#define CHUNK 256
+
+/* out[r, :] = GELU-tanh(gate[r, :]) · up[r, :] for `rows` rows of `width`; gate and up rows are `stride`
+ * elements apart (both halves of one [rows, 2 width] projection), out is contiguous. As in torch, the
+ * bf16 GELU is rounded to bf16 before the product, which is rounded again. */
+void quail_gelu_tanh_times_bf16(const uint16_t *gate, const uint16_t *up, uint16_t *out, int64_t rows,
+                                int64_t width, int64_t stride) {
+    #pragma omp parallel for schedule(static)
+    for (int64_t row = 0; row < rows; row++) {
+        const uint16_t *g = gate + row * stride, *u = up + row * stride;
+        uint16_t *o = out + row * width;
+        float product[CHUNK];
+        for (int64_t start = 0; start < width; start += CHUNK) {
+            int64_t count = width - start < CHUNK ? width - start : CHUNK;
+            #pragma omp simd
+            for (int64_t j = 0; j < count; j++)
+                product[j] = widen(narrow(gelu_tanh(widen(g[start + j])))) * widen(u[start + j]);
+            for (int64_t j = 0; j < count; j++)
+                o[start + j] = narrow(product[j]);
+        }
+    }
+}
+
+void quail_gelu_tanh_times_f32(const float *gate, const float *up, float *out, int64_t rows, int64_t width,
+                               int64_t stride) {
+    #pragma omp parallel for schedule(static)
+    for (int64_t row = 0; row < rows; row++) {
+        const float *g = gate + row * stride, *u = up + row * stride;
+        float *o = out + row * width;
+        #pragma omp simd
+        for (int64_t j = 0; j < width; j++)
+            o[j] = gelu_tanh(g[j]) * u[j];
+    }
+}

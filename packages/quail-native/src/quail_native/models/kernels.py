@@ -1,0 +1,136 @@
+"""Fused elementwise kernels for the CPU: C built once per machine, eager torch where it cannot be.
+
+Eager torch makes one pass over memory per op, and on a 2-core CPU those passes were a fifth of a
+forward pass. GELU-tanh(gate) · up of a 1,439-row bf16 pass took 4.6–5.3 ms eager and 2.0 ms as one
+C loop (2 threads). torch.compile fuses the same, but compiled for 22 s on a cold machine; this file
+compiles in 0.3 s. The library is built from `kernels.c` beside this module by the system C compiler
+(`$CC`, else `cc`) for the CPU it runs on, and cached in Quail's cache directory under a key of the
+source, the flags, the compiler and the CPU's features. Without a compiler, when the build fails, or
+with `QUAIL_KERNELS=eager`, every call takes the eager path and `status()` says why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import math
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from quail.catalog.locations import quail_cache_home
+
+SOURCE = Path(__file__).with_name("kernels.c")
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC")
+BUILD_TIMEOUT_S = 120
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class KernelStatus:
+    fused: bool
+    detail: str  # the library's path, or why the eager path runs
+
+
+def status() -> KernelStatus:
+    return _library()[1]
+
+
+def gelu_tanh_times(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """GELU-tanh(gate) · up (the gated MLP's activation), fused on a CPU when the library is built."""
+    library = _library()[0]
+    kernel = None if library is None else _GELU_KERNELS.get(gate.dtype)
+    if kernel is None or not _rows_of_one_projection(gate, up):
+        return gelu_tanh_times_eager(gate, up)
+    out = torch.empty(gate.shape, dtype=gate.dtype)
+    getattr(library, kernel)(ctypes.c_void_p(gate.data_ptr()), ctypes.c_void_p(up.data_ptr()),
+                             ctypes.c_void_p(out.data_ptr()), ctypes.c_int64(gate.shape[0]),
+                             ctypes.c_int64(gate.shape[1]), ctypes.c_int64(gate.stride(0)))
+    return out
+
+
+SIGMOID_LINEAR = 2.0 * math.sqrt(2.0 / math.pi)
+SIGMOID_CUBIC = SIGMOID_LINEAR * 0.044715
+
+
+def gelu_tanh_times_eager(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """GELU-tanh(gate) · up, as gate · σ(2u) with u = √(2/π)(gate + 0.044715 gate³).
+
+    The same function (0.5(1 + tanh u) = σ(2u)), written so that it runs in one buffer: torch's CPU
+    tanh is about three times slower than its sigmoid, and F.gelu(…, "tanh") · up was the largest
+    elementwise cost of a pass (measured 6.2 → 3.9 ms on [1024, 2048] fp32, 2 threads).
+    """
+    wide = gate.float()  # bf16 computes in fp32 like F.gelu does inside; fp32 is unchanged (no copy)
+    inner = wide * wide
+    inner.mul_(SIGMOID_CUBIC).add_(SIGMOID_LINEAR).mul_(wide)
+    return inner.sigmoid_().mul_(wide).to(gate.dtype).mul_(up)
+
+
+_GELU_KERNELS = {torch.bfloat16: "quail_gelu_tanh_times_bf16", torch.float32: "quail_gelu_tanh_times_f32"}
+
+
+def _rows_of_one_projection(gate: torch.Tensor, up: torch.Tensor) -> bool:
+    """The layout the kernel reads: 2-D CPU rows, contiguous within a row, gate and up rows equally apart."""
+    return (gate.device.type == "cpu" and up.device == gate.device and gate.dim() == 2 and up.shape == gate.shape
+            and up.dtype == gate.dtype and gate.stride(1) == 1 and up.stride(1) == 1
+            and gate.stride(0) == up.stride(0) and not torch.is_grad_enabled())
+
+
+@functools.cache
+def _library() -> tuple[ctypes.CDLL | None, KernelStatus]:
+    if os.environ.get("QUAIL_KERNELS", "").strip().lower() == "eager":
+        return None, KernelStatus(False, "eager: QUAIL_KERNELS=eager")
+    compiler = shutil.which(os.environ.get("CC", "").strip() or "cc")
+    if compiler is None:
+        return None, KernelStatus(False, "eager: no C compiler ($CC or cc) to build the fused kernels")
+    try:
+        path = _built(compiler)
+        library = ctypes.CDLL(str(path))
+    except (OSError, subprocess.SubprocessError) as error:
+        log.warning("fused CPU kernels unavailable, using eager torch: %s", error)
+        return None, KernelStatus(False, f"eager: building the fused kernels failed ({error})")
+    return library, KernelStatus(True, f"fused C kernels ({path})")
+
+
+def _built(compiler: str) -> Path:
+    """The cached library for this source, compiler and CPU; built (atomically) when missing."""
+    directory = quail_cache_home() / "kernels"
+    path = directory / f"elementwise-{_build_key(compiler)}.so"
+    if path.is_file():
+        return path
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=directory) as scratch:
+        partial = Path(scratch) / path.name
+        run = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(partial)], capture_output=True,
+                             text=True, timeout=BUILD_TIMEOUT_S)
+        if run.returncode != 0:
+            raise subprocess.SubprocessError(f"{compiler} exited {run.returncode}: {run.stderr.strip()[-400:]}")
+        os.replace(partial, path)
+    return path
+
+
+def _build_key(compiler: str) -> str:
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    digest = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), version.encode(), _cpu_features().encode()):
+        digest.update(part)
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _cpu_features() -> str:
+    """The CPU's model and feature flags: `-march=native` code built on one CPU may not run on another."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return os.uname().machine
+    wanted = [line for line in lines if line.startswith(("model name", "flags", "Features"))]
+    return "\n".join(dict.fromkeys(wanted))

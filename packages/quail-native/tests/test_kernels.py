@@ -1,0 +1,109 @@
+"""The fused CPU kernels against float64 references and torch's eager ops; the eager fallback when
+they cannot be built."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from quail_native.models import kernels
+
+
+@pytest.fixture
+def fresh_build(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """Kernels built (or refused) from scratch into an empty cache directory; the process's own afterwards."""
+    monkeypatch.setenv("QUAIL_HOME", str(tmp_path))
+    kernels._library.cache_clear()
+    yield tmp_path
+    kernels._library.cache_clear()
+
+
+def reference_gelu_times(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    g = gate.double()
+    return 0.5 * g * (1 + torch.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g ** 3))) * up.double()
+
+
+def projection(rows: int, width: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """gate and up as the two halves of one [rows, 2 width] projection, with extreme values mixed in."""
+    generator = torch.Generator().manual_seed(seed)
+    both = torch.randn(rows, 2 * width, generator=generator) * 4
+    if rows and width:
+        both.view(-1)[:: 7] = torch.tensor([0.0, 1e-30, -1e-30, 90.0, -90.0, 1e6, -1e6]).repeat(
+            both.numel() // 49 + 1)[: both.view(-1)[:: 7].numel()]
+    gate, up = both.to(dtype).chunk(2, dim=-1)
+    return gate, up
+
+
+def test_a_machine_with_a_c_compiler_builds_the_fused_kernels(fresh_build: Path) -> None:
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler on this machine")
+    state = kernels.status()
+    assert state.fused, state.detail
+    built = list((fresh_build / "kernels").iterdir())
+    assert [p.suffix for p in built] == [".so"]  # the library, no build leftovers
+
+
+@pytest.mark.parametrize(("rows", "width"), [(1, 1), (3, 255), (7, 256), (64, 2048), (257, 700), (0, 16)])
+def test_fused_gelu_times_up_matches_float64_in_fp32(rows: int, width: int) -> None:
+    gate, up = projection(rows, width, torch.float32, rows * 1000 + width)
+    with torch.inference_mode():
+        got = kernels.gelu_tanh_times(gate, up)
+    want = reference_gelu_times(gate, up)
+    assert got.shape == gate.shape and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(("rows", "width"), [(1, 1), (3, 255), (64, 2048), (257, 700)])
+def test_fused_gelu_times_up_in_bf16_rounds_as_torch_does(rows: int, width: int) -> None:
+    gate, up = projection(rows, width, torch.bfloat16, rows + width)
+    with torch.inference_mode():
+        got = kernels.gelu_tanh_times(gate, up)
+        eager = kernels.gelu_tanh_times_eager(gate, up)
+    assert got.dtype == torch.bfloat16
+    # Both round GELU to bf16, then the product: equal but where fp32 GELUs straddle a rounding boundary
+    # (or where torch's σ is a denormal that the kernel flushes to 0).
+    differing = (got.float() - eager.float()).abs() > 1e-30
+    assert differing.float().mean() <= 0.002
+    ulp = eager.float().abs().clamp_min(1e-30) * 2.0 ** -7
+    assert bool(((got.float() - eager.float()).abs() <= 2 * ulp + 1e-30).all())
+
+
+def test_layouts_the_kernel_does_not_read_take_the_eager_path() -> None:
+    generator = torch.Generator().manual_seed(3)
+    cases = [torch.randn(6, 10, generator=generator).to(torch.float16), torch.randn(6, 10, generator=generator).T,
+             torch.randn(2, 3, 10, generator=generator), torch.randn(10, generator=generator)]
+    with torch.inference_mode():
+        for gate in cases:
+            up = torch.randn(gate.shape, generator=generator).to(gate.dtype)
+            torch.testing.assert_close(kernels.gelu_tanh_times(gate, up).double(), reference_gelu_times(gate, up),
+                                       rtol=1e-2 if gate.dtype == torch.float16 else 2e-6, atol=1e-3)
+
+
+def test_without_a_compiler_every_call_is_eager_and_status_says_why(fresh_build: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CC", "no-such-compiler-quail")
+    state = kernels.status()
+    assert not state.fused and "no C compiler" in state.detail
+    gate, up = projection(5, 40, torch.float32, 1)
+    torch.testing.assert_close(kernels.gelu_tanh_times(gate, up).double(), reference_gelu_times(gate, up),
+                               rtol=2e-6, atol=1e-6)
+
+
+def test_a_build_that_fails_is_reported_and_leaves_nothing_behind(fresh_build: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    failing = fresh_build / "failing-cc"
+    failing.write_text("#!/bin/sh\n[ \"$1\" = --version ] && exit 0\necho 'cc1: error: broken' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    monkeypatch.setenv("CC", str(failing))
+    state = kernels.status()
+    assert not state.fused and "broken" in state.detail
+    assert list((fresh_build / "kernels").iterdir()) == []
+
+
+def test_quail_kernels_eager_turns_them_off(fresh_build: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QUAIL_KERNELS", "eager")
+    assert kernels.status() == kernels.KernelStatus(False, "eager: QUAIL_KERNELS=eager")
