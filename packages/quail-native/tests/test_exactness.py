@@ -31,6 +31,7 @@ from quail.frontend.prompts import filter_tail
 from quail.logical.expressions import AiPredicate, ColumnRef, Prompt
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
+from quail_native.models import kernels
 from quail_native.precision import BF16_MARGIN
 
 TOL = 1e-4
@@ -335,20 +336,22 @@ def test_bf16_margins_stay_within_the_documented_tolerance_of_fp32(kind, open_ru
             assert answer["answer"] == (expected > 0)
     print(f"\n[{kind} bf16] worst |margin − fp32 naive| {worst:.3g} over {len(run.answers(node.id))} answers")
     assert worst <= BF16_TOL
-    assert run.report["engine"] == ["native engine computes in bf16 as configured"]
+    assert run.report["engine"][0] == "native engine computes in bf16 as configured"
 
 
 def test_auto_precision_names_its_choice_and_the_probe_in_the_report(open_run):
     run = open_run("qwen3", 4096, f"SELECT r.id FROM reviews r WHERE AI_FILTER({sql_prompt(ACTING, 'r.body')})",
                    engine={"precision": "auto"})
-    [note] = run.report["engine"]
+    note, *others = run.report["engine"]
     if DEVICE != "cpu":
+        assert not others
         assert note == "native engine computes in bf16 (auto on CUDA)"
         return
     found = re.search(r"in (\w+) \(auto: .* measured bf16 ([\d.e+-]+) vs fp32 ([\d.e+-]+) GFLOP/s", note)
     assert found, note
     chosen, bf16, fp32 = found.group(1), float(found.group(2)), float(found.group(3))
     assert chosen == ("bf16" if bf16 >= BF16_MARGIN * fp32 else "fp32")
+    assert others == [f"elementwise work: {kernels.status().detail}"]
 
 
 @pytest.mark.parametrize("order", ["by_cost", "as_written"])
