@@ -107,3 +107,74 @@ def test_a_build_that_fails_is_reported_and_leaves_nothing_behind(fresh_build: P
 def test_quail_kernels_eager_turns_them_off(fresh_build: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QUAIL_KERNELS", "eager")
     assert kernels.status() == kernels.KernelStatus(False, "eager: QUAIL_KERNELS=eager")
+
+
+def reference_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool,
+                       residual: torch.Tensor | None) -> torch.Tensor:
+    wide = x.double()
+    normed = wide / torch.sqrt(wide.pow(2).mean(-1, keepdim=True) + eps)
+    scaled = normed * ((1.0 + weight.double()) if gemma else weight.double())
+    return scaled if residual is None else residual.double() + scaled
+
+
+def norm_inputs(shape: tuple[int, ...], dtype: torch.dtype, heads_of_wider: bool,
+                seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x (optionally the first heads of a wider [tokens, width] projection, as q is), a weight, a residual."""
+    generator = torch.Generator().manual_seed(seed)
+    width = shape[-1]
+    if heads_of_wider:
+        tokens, heads, _ = shape
+        wider = torch.randn(tokens, (heads + 2) * width, generator=generator) * 3
+        x = wider.to(dtype)[:, : heads * width].reshape(tokens, heads, width)
+    else:
+        x = (torch.randn(shape, generator=generator) * 3).to(dtype)
+    weight = (torch.randn(width, generator=generator) * 0.3).to(dtype)
+    residual = torch.randn(shape, generator=generator).to(dtype)
+    return x, weight, residual
+
+
+NORM_CASES = [((5, 640), False), ((1, 7), False), ((33, 4, 256), True), ((9, 1, 256), True), ((0, 640), False)]
+
+
+@pytest.mark.parametrize(("shape", "heads_of_wider"), NORM_CASES)
+@pytest.mark.parametrize("gemma", [True, False])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_fused_rms_norm_matches_float64_in_fp32(shape, heads_of_wider, gemma, with_residual) -> None:
+    x, weight, residual = norm_inputs(shape, torch.float32, heads_of_wider, len(shape) * 100 + shape[-1])
+    residual = residual if with_residual else None
+    with torch.inference_mode():
+        got = kernels.rms_norm(x, weight, 1e-6, gemma, residual)
+    assert got.shape == x.shape and got.dtype == torch.float32 and got.is_contiguous()
+    torch.testing.assert_close(got.double(), reference_rms_norm(x, weight, 1e-6, gemma, residual), rtol=1e-5,
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize(("shape", "heads_of_wider"), NORM_CASES)
+@pytest.mark.parametrize("gemma", [True, False])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_fused_rms_norm_in_bf16_rounds_as_torch_does(shape, heads_of_wider, gemma, with_residual) -> None:
+    x, weight, residual = norm_inputs(shape, torch.bfloat16, heads_of_wider, shape[-1] + 7)
+    residual = residual if with_residual else None
+    with torch.inference_mode():
+        got = kernels.rms_norm(x, weight, 1e-6, gemma, residual)
+        eager = kernels.rms_norm_eager(x, weight, 1e-6, gemma, residual)
+    assert got.dtype == torch.bfloat16
+    # Same roundings in the same order; the fp32 sums of squares may differ in their last bits.
+    gap = (got.float() - eager.float()).abs()
+    assert (gap > 0).float().mean().item() <= 0.01 if gap.numel() else True
+    assert bool((gap <= eager.float().abs() * 2.0 ** -7 + 2.0 ** -7).all())
+
+
+def test_norm_layouts_the_kernel_does_not_read_take_the_eager_path() -> None:
+    generator = torch.Generator().manual_seed(4)
+    weight = torch.randn(6, generator=generator)
+    cases = [(torch.randn(6, 5, generator=generator).T, None),  # rows not contiguous
+             (torch.randn(2, 3, 4, 6, generator=generator), None),  # 4-D
+             (torch.randn(5, 6, generator=generator), torch.randn(6, 5, generator=generator).T),  # strided residual
+             (torch.randn(5, 6, generator=generator).to(torch.float16), None)]
+    with torch.inference_mode():
+        for x, residual in cases:
+            w = weight.to(x.dtype)
+            got = kernels.rms_norm(x, w, 1e-6, True, residual)
+            torch.testing.assert_close(got.double(), reference_rms_norm(x, w, 1e-6, True, residual),
+                                       rtol=1e-2 if x.dtype == torch.float16 else 1e-5, atol=1e-2)

@@ -6,6 +6,7 @@
  * whole process's denormals to zero when it loads. Threads come from OpenMP, the runtime torch uses.
  * bf16 values are the upper 16 bits of an fp32; results round to nearest even, as torch rounds.
  */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -90,3 +91,37 @@ void quail_gelu_tanh_times_f32(const float *gate, const float *up, float *out, i
             o[j] = gelu_tanh(g[j]) * u[j];
     }
 }
+
+/* RMSNorm of rows of `width`: row (o, g) starts at x + o · outer_stride + g · width; out is contiguous
+ * [outer, groups, width]. Gemma scales by `weight` = 1 + w in fp32 and rounds once; Qwen (`gemma` 0)
+ * rounds the normalised row first, then multiplies by its weight w and rounds again, as torch does.
+ * With `residual` (contiguous like out) the result is residual + norm, rounded once more. */
+#define RMS_NORM(NAME, T, LOAD, STORE)                                                                    \
+void NAME(const T *x, int64_t outer, int64_t outer_stride, int64_t groups, int64_t width,                \
+          const float *weight, float eps, int gemma, const T *residual, T *out) {                         \
+    _Pragma("omp parallel for schedule(static)")                                                          \
+    for (int64_t index = 0; index < outer * groups; index++) {                                            \
+        const T *row = x + (index / groups) * outer_stride + (index % groups) * width;                    \
+        T *o = out + index * width;                                                                       \
+        float squares = 0.0f;                                                                             \
+        _Pragma("omp simd reduction(+:squares)")                                                          \
+        for (int64_t j = 0; j < width; j++) { float v = LOAD(row[j]); squares += v * v; }                 \
+        float scale = 1.0f / sqrtf(squares / (float)width + eps);                                         \
+        if (gemma) {                                                                                      \
+            _Pragma("omp simd")                                                                           \
+            for (int64_t j = 0; j < width; j++) o[j] = STORE(LOAD(row[j]) * scale * weight[j]);           \
+        } else {                                                                                          \
+            _Pragma("omp simd")                                                                           \
+            for (int64_t j = 0; j < width; j++) o[j] = STORE(LOAD(STORE(LOAD(row[j]) * scale)) * weight[j]); \
+        }                                                                                                 \
+        if (residual) {                                                                                   \
+            const T *r = residual + index * width;                                                        \
+            _Pragma("omp simd")                                                                           \
+            for (int64_t j = 0; j < width; j++) o[j] = STORE(LOAD(r[j]) + LOAD(o[j]));                    \
+        }                                                                                                 \
+    }                                                                                                     \
+}
+
+static inline float same(float value) { return value; }
+RMS_NORM(quail_rms_norm_bf16, uint16_t, widen, narrow)
+RMS_NORM(quail_rms_norm_f32, float, same, same)

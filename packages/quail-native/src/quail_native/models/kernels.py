@@ -57,6 +57,35 @@ def gelu_tanh_times(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool,
+             residual: torch.Tensor | None = None) -> torch.Tensor:
+    """RMSNorm over the last dimension (Gemma's (1 + w) scale or Qwen's w), plus `residual` when given:
+    one pass on a CPU when the library is built."""
+    library = _library()[0]
+    kernel = None if library is None else _NORM_KERNELS.get(x.dtype)
+    rows = _norm_rows(x, residual)
+    if kernel is None or rows is None:
+        return rms_norm_eager(x, weight, eps, gemma, residual)
+    outer, outer_stride, groups = rows
+    scale = (1.0 + weight.float()) if gemma else weight.float()
+    out = torch.empty(x.shape, dtype=x.dtype)
+    getattr(library, kernel)(ctypes.c_void_p(x.data_ptr()), ctypes.c_int64(outer), ctypes.c_int64(outer_stride),
+                             ctypes.c_int64(groups), ctypes.c_int64(x.shape[-1]),
+                             ctypes.c_void_p(scale.contiguous().data_ptr()), ctypes.c_float(eps), ctypes.c_int(gemma),
+                             ctypes.c_void_p(None if residual is None else residual.data_ptr()),
+                             ctypes.c_void_p(out.data_ptr()))
+    return out
+
+
+def rms_norm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool,
+                   residual: torch.Tensor | None = None) -> torch.Tensor:
+    """The same in torch ops: in place where the buffer is ours (each pass costs as much as the arithmetic)."""
+    wide = x.float()
+    normed = wide * wide.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()
+    out = normed.mul_(1.0 + weight.float()).type_as(x) if gemma else weight * normed.to(x.dtype)
+    return out if residual is None else residual + out
+
+
 SIGMOID_LINEAR = 2.0 * math.sqrt(2.0 / math.pi)
 SIGMOID_CUBIC = SIGMOID_LINEAR * 0.044715
 
@@ -75,6 +104,21 @@ def gelu_tanh_times_eager(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 _GELU_KERNELS = {torch.bfloat16: "quail_gelu_tanh_times_bf16", torch.float32: "quail_gelu_tanh_times_f32"}
+_NORM_KERNELS = {torch.bfloat16: "quail_rms_norm_bf16", torch.float32: "quail_rms_norm_f32"}
+
+
+def _norm_rows(x: torch.Tensor, residual: torch.Tensor | None) -> tuple[int, int, int] | None:
+    """(outer, outer stride, groups) when x's rows are `groups` contiguous rows of width every outer stride
+    (a [tokens, hidden] tensor, or [tokens, heads, head_dim] heads cut from a wider projection); else None."""
+    if x.device.type != "cpu" or x.dim() not in (2, 3) or x.stride(-1) != 1 or torch.is_grad_enabled():
+        return None
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype
+                                 or residual.device != x.device or not residual.is_contiguous()):
+        return None
+    groups = x.shape[1] if x.dim() == 3 else 1
+    if x.dim() == 3 and x.stride(1) != x.shape[2]:
+        return None
+    return x.shape[0], x.stride(0), groups
 
 
 def _rows_of_one_projection(gate: torch.Tensor, up: torch.Tensor) -> bool:

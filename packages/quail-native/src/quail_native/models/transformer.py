@@ -65,13 +65,9 @@ class RMSNorm(nn.Module):
         self.gemma = gemma
         self.weight = nn.Parameter(torch.zeros(dim) if gemma else torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # In place where the buffer is ours: each pass over [tokens, hidden] costs as much as the arithmetic.
-        wide = x.float()
-        normed = wide * wide.pow(2).mean(-1, keepdim=True).add_(self.eps).rsqrt_()
-        if self.gemma:
-            return normed.mul_(1.0 + self.weight.float()).type_as(x)
-        return self.weight * normed.to(x.dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """norm(x), plus `residual` when given (one pass for both where the fused kernels run)."""
+        return kernels.rms_norm(x, self.weight, self.eps, self.gemma, residual)
 
 
 def rope_tables(arch: Arch, positions: torch.Tensor, dtype: torch.dtype) -> dict[LayerType, tuple[torch.Tensor, ...]]:
@@ -270,8 +266,8 @@ class Block(nn.Module):
         if keep is not None:
             x = x[keep]
         if self.gemma:
-            x = x + self.post_attention_layernorm(attended)
-            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x))), k, v
+            x = self.post_attention_layernorm(attended, residual=x)
+            return self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)), residual=x), k, v
         x = x + attended
         return x + self.mlp(self.post_attention_layernorm(x)), k, v
 
