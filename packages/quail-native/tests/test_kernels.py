@@ -178,3 +178,54 @@ def test_norm_layouts_the_kernel_does_not_read_take_the_eager_path() -> None:
             got = kernels.rms_norm(x, w, 1e-6, True, residual)
             torch.testing.assert_close(got.double(), reference_rms_norm(x, w, 1e-6, True, residual),
                                        rtol=1e-2 if x.dtype == torch.float16 else 1e-5, atol=1e-2)
+
+
+def reference_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool, cos: torch.Tensor,
+                        signed_sin: torch.Tensor) -> torch.Tensor:
+    normed = reference_rms_norm(x, weight, eps, gemma, None)
+    half = x.shape[-1] // 2
+    swapped = torch.cat((normed[..., half:], normed[..., :half]), dim=-1)
+    return normed * cos.double()[:, None] + swapped * signed_sin.double()[:, None]
+
+
+def tables(tokens: int, width: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    angles = torch.arange(tokens, dtype=torch.float64)[:, None] * (1e-4 ** (torch.arange(width // 2) / (width // 2)))
+    cos, sin = angles.cos(), angles.sin()
+    return torch.cat((cos, cos), -1).to(dtype), torch.cat((-sin, sin), -1).to(dtype)
+
+
+@pytest.mark.parametrize(("shape", "heads_of_wider"), [((33, 4, 256), True), ((9, 1, 256), True), ((5, 2, 8), False),
+                                                       ((0, 4, 256), True)])
+@pytest.mark.parametrize("gemma", [True, False])
+def test_fused_norm_and_rope_match_float64_in_fp32(shape, heads_of_wider, gemma) -> None:
+    x, weight, _ = norm_inputs(shape, torch.float32, heads_of_wider, shape[0] + shape[1])
+    cos, sin = tables(shape[0], shape[2], torch.float32)
+    with torch.inference_mode():
+        got = kernels.rms_norm_rope(x, weight, 1e-6, gemma, cos, sin)
+    assert got.shape == x.shape and got.is_contiguous()
+    torch.testing.assert_close(got.double(), reference_norm_rope(x, weight, 1e-6, gemma, cos, sin), rtol=1e-5,
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize("gemma", [True, False])
+def test_fused_norm_and_rope_in_bf16_round_as_torch_does(gemma) -> None:
+    x, weight, _ = norm_inputs((65, 4, 256), torch.bfloat16, True, 11)
+    cos, sin = tables(65, 256, torch.bfloat16)
+    with torch.inference_mode():
+        got = kernels.rms_norm_rope(x, weight, 1e-6, gemma, cos, sin)
+        eager = kernels.rotate(kernels.rms_norm_eager(x, weight, 1e-6, gemma), cos[:, None], sin[:, None])
+    gap = (got.float() - eager.float()).abs()
+    assert (gap > 0).float().mean().item() <= 0.01
+    assert bool((gap <= eager.float().abs() * 2.0 ** -6 + 2.0 ** -7).all())
+
+
+def test_norm_and_rope_the_kernel_does_not_read_take_the_eager_path() -> None:
+    x, weight, _ = norm_inputs((6, 2, 8), torch.float32, False, 2)
+    cos, sin = tables(6, 8, torch.float32)
+    want = reference_norm_rope(x, weight, 1e-6, True, cos, sin)
+    with torch.inference_mode():
+        for heads, c, s in [(x.transpose(0, 1).contiguous().transpose(0, 1), cos, sin),  # heads not rows
+                            (x, cos.T.contiguous().T, sin),  # a strided table
+                            (x, cos.to(torch.float64), sin)]:  # a table of another dtype
+            torch.testing.assert_close(kernels.rms_norm_rope(heads, weight, 1e-6, True, c, s).double(), want,
+                                       rtol=1e-5, atol=1e-5)

@@ -86,6 +86,39 @@ def rms_norm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: boo
     return out if residual is None else residual + out
 
 
+def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool, cos: torch.Tensor,
+                  signed_sin: torch.Tensor) -> torch.Tensor:
+    """RMSNorm of [tokens, heads, head_dim] heads, then RoPE with [tokens, head_dim] tables (see `rotate`):
+    one pass on a CPU when the library is built. Returns [tokens, heads, head_dim]."""
+    library = _library()[0]
+    kernel = None if library is None else _NORM_ROPE_KERNELS.get(x.dtype)
+    rows = _norm_rows(x, None) if x.dim() == 3 and x.shape[-1] <= MAX_ROPE_WIDTH else None
+    tables = all(table.dtype == x.dtype and table.is_contiguous() and table.shape == (x.shape[0], x.shape[-1])
+                 for table in (cos, signed_sin))
+    if kernel is None or rows is None or not tables:
+        return rotate(rms_norm_eager(x, weight, eps, gemma), cos[:, None], signed_sin[:, None])
+    outer, outer_stride, groups = rows
+    scale = (1.0 + weight.float()) if gemma else weight.float()
+    out = torch.empty(x.shape, dtype=x.dtype)
+    getattr(library, kernel)(ctypes.c_void_p(x.data_ptr()), ctypes.c_int64(outer), ctypes.c_int64(outer_stride),
+                             ctypes.c_int64(groups), ctypes.c_int64(x.shape[-1]),
+                             ctypes.c_void_p(scale.contiguous().data_ptr()), ctypes.c_float(eps), ctypes.c_int(gemma),
+                             ctypes.c_void_p(cos.data_ptr()), ctypes.c_void_p(signed_sin.data_ptr()),
+                             ctypes.c_void_p(out.data_ptr()))
+    return out
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """RoPE over the last dimension (the half-split convention) with tables broadcast against x.
+
+    The sine table carries the rotation's sign (−sin on the first half), so the halves are only
+    swapped, not negated: one pass fewer over q and k.
+    """
+    half = x.shape[-1] // 2
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    return (x * cos).addcmul_(swapped, signed_sin)
+
+
 SIGMOID_LINEAR = 2.0 * math.sqrt(2.0 / math.pi)
 SIGMOID_CUBIC = SIGMOID_LINEAR * 0.044715
 
@@ -105,6 +138,8 @@ def gelu_tanh_times_eager(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 _GELU_KERNELS = {torch.bfloat16: "quail_gelu_tanh_times_bf16", torch.float32: "quail_gelu_tanh_times_f32"}
 _NORM_KERNELS = {torch.bfloat16: "quail_rms_norm_bf16", torch.float32: "quail_rms_norm_f32"}
+_NORM_ROPE_KERNELS = {torch.bfloat16: "quail_rms_norm_rope_bf16", torch.float32: "quail_rms_norm_rope_f32"}
+MAX_ROPE_WIDTH = 1024  # the kernel's row buffer
 
 
 def _norm_rows(x: torch.Tensor, residual: torch.Tensor | None) -> tuple[int, int, int] | None:

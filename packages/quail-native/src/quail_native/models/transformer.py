@@ -69,6 +69,10 @@ class RMSNorm(nn.Module):
         """norm(x), plus `residual` when given (one pass for both where the fused kernels run)."""
         return kernels.rms_norm(x, self.weight, self.eps, self.gemma, residual)
 
+    def rotated(self, heads: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+        """norm, then RoPE, of [tokens, heads, head_dim] q or k heads with [tokens, head_dim] tables."""
+        return kernels.rms_norm_rope(heads, self.weight, self.eps, self.gemma, cos, signed_sin)
+
 
 def rope_tables(arch: Arch, positions: torch.Tensor, dtype: torch.dtype) -> dict[LayerType, tuple[torch.Tensor, ...]]:
     """cos / sin per layer type for the given token positions: [T, head_dim] each."""
@@ -80,17 +84,6 @@ def rope_tables(arch: Arch, positions: torch.Tensor, dtype: torch.dtype) -> dict
         cos, sin = angles.cos(), angles.sin()
         tables[kind] = (torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype))
     return tables
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on [heads, T, head_dim] with tables [T, head_dim] (the half-split convention).
-
-    The sine table carries the rotation's sign (−sin on the first half), so the halves are only
-    swapped, not negated: one pass fewer over q and k.
-    """
-    half = x.shape[-1] // 2
-    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
-    return (x * cos).addcmul_(swapped, signed_sin)
 
 
 class Attention(nn.Module):
@@ -131,19 +124,17 @@ class Attention(nn.Module):
         every row still gives its k and v to the cache."""
         arch, tokens = self.arch, x.shape[0]
         q, k, v = self.project(x, queries)
-        q = self.q_norm(q.reshape(q.shape[0], arch.heads, arch.head_dim)).transpose(0, 1)
-        k = self.k_norm(k.reshape(tokens, arch.kv_heads, arch.head_dim)).transpose(0, 1)
+        query_rope = rope if queries is None else tuple(table[queries] for table in rope)
+        q = self.q_norm.rotated(q.reshape(q.shape[0], arch.heads, arch.head_dim), *query_rope).transpose(0, 1)
+        k = self.k_norm.rotated(k.reshape(tokens, arch.kv_heads, arch.head_dim), *rope).transpose(0, 1)
         v = v.reshape(tokens, arch.kv_heads, arch.head_dim).transpose(0, 1)
-        k = rotate(k, *rope)
         if queries is None:
-            q = rotate(q, *rope)
             out = torch.empty_like(q)
             for segment in segments:
                 keys, values = _segment_kv(segment, context, k, v)
                 out[:, segment.rows] = attend(q[:, segment.rows], keys, values, segment.masks[self.kind],
                                               arch.attention_scale)
         else:
-            q = rotate(q, *(table[queries] for table in rope))
             out = self._attend_queries(q, queries, context, k, v, segments)
         return self.o_proj(out.transpose(0, 1).reshape(q.shape[1], arch.heads * arch.head_dim)), k, v
 
