@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,12 +47,11 @@ def status() -> KernelStatus:
 
 def gelu_tanh_times(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """GELU-tanh(gate) · up (the gated MLP's activation), fused on a CPU when the library is built."""
-    library = _library()[0]
-    kernel = None if library is None else _GELU_KERNELS.get(gate.dtype)
-    if kernel is None or not _rows_of_one_projection(gate, up):
+    kernel = _kernel(_GELU_KERNELS, gate.dtype, _rows_of_one_projection(gate, up))
+    if kernel is None:
         return gelu_tanh_times_eager(gate, up)
     out = torch.empty(gate.shape, dtype=gate.dtype)
-    getattr(library, kernel)(ctypes.c_void_p(gate.data_ptr()), ctypes.c_void_p(up.data_ptr()),
+    kernel(ctypes.c_void_p(gate.data_ptr()), ctypes.c_void_p(up.data_ptr()),
                              ctypes.c_void_p(out.data_ptr()), ctypes.c_int64(gate.shape[0]),
                              ctypes.c_int64(gate.shape[1]), ctypes.c_int64(gate.stride(0)))
     return out
@@ -61,15 +61,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool,
              residual: torch.Tensor | None = None) -> torch.Tensor:
     """RMSNorm over the last dimension (Gemma's (1 + w) scale or Qwen's w), plus `residual` when given:
     one pass on a CPU when the library is built."""
-    library = _library()[0]
-    kernel = None if library is None else _NORM_KERNELS.get(x.dtype)
     rows = _norm_rows(x, residual)
+    kernel = _kernel(_NORM_KERNELS, x.dtype, rows is not None)
     if kernel is None or rows is None:
         return rms_norm_eager(x, weight, eps, gemma, residual)
     outer, outer_stride, groups = rows
     scale = (1.0 + weight.float()) if gemma else weight.float()
     out = torch.empty(x.shape, dtype=x.dtype)
-    getattr(library, kernel)(ctypes.c_void_p(x.data_ptr()), ctypes.c_int64(outer), ctypes.c_int64(outer_stride),
+    kernel(ctypes.c_void_p(x.data_ptr()), ctypes.c_int64(outer), ctypes.c_int64(outer_stride),
                              ctypes.c_int64(groups), ctypes.c_int64(x.shape[-1]),
                              ctypes.c_void_p(scale.contiguous().data_ptr()), ctypes.c_float(eps), ctypes.c_int(gemma),
                              ctypes.c_void_p(None if residual is None else residual.data_ptr()),
@@ -90,17 +89,16 @@ def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool
                   signed_sin: torch.Tensor) -> torch.Tensor:
     """RMSNorm of [tokens, heads, head_dim] heads, then RoPE with [tokens, head_dim] tables (see `rotate`):
     one pass on a CPU when the library is built. Returns [tokens, heads, head_dim]."""
-    library = _library()[0]
-    kernel = None if library is None else _NORM_ROPE_KERNELS.get(x.dtype)
     rows = _norm_rows(x, None) if x.dim() == 3 and x.shape[-1] <= MAX_ROPE_WIDTH else None
     tables = all(table.dtype == x.dtype and table.is_contiguous() and table.shape == (x.shape[0], x.shape[-1])
                  for table in (cos, signed_sin))
-    if kernel is None or rows is None or not tables:
+    kernel = _kernel(_NORM_ROPE_KERNELS, x.dtype, rows is not None and tables)
+    if kernel is None or rows is None:
         return rotate(rms_norm_eager(x, weight, eps, gemma), cos[:, None], signed_sin[:, None])
     outer, outer_stride, groups = rows
     scale = (1.0 + weight.float()) if gemma else weight.float()
     out = torch.empty(x.shape, dtype=x.dtype)
-    getattr(library, kernel)(ctypes.c_void_p(x.data_ptr()), ctypes.c_int64(outer), ctypes.c_int64(outer_stride),
+    kernel(ctypes.c_void_p(x.data_ptr()), ctypes.c_int64(outer), ctypes.c_int64(outer_stride),
                              ctypes.c_int64(groups), ctypes.c_int64(x.shape[-1]),
                              ctypes.c_void_p(scale.contiguous().data_ptr()), ctypes.c_float(eps), ctypes.c_int(gemma),
                              ctypes.c_void_p(cos.data_ptr()), ctypes.c_void_p(signed_sin.data_ptr()),
@@ -161,6 +159,15 @@ def _rows_of_one_projection(gate: torch.Tensor, up: torch.Tensor) -> bool:
     return (gate.device.type == "cpu" and up.device == gate.device and gate.dim() == 2 and up.shape == gate.shape
             and up.dtype == gate.dtype and gate.stride(1) == 1 and up.stride(1) == 1
             and gate.stride(0) == up.stride(0) and not torch.is_grad_enabled())
+
+
+def _kernel(names: dict[torch.dtype, str], dtype: torch.dtype, fits: bool) -> Callable[..., object] | None:
+    """The library's kernel for `dtype` when the arguments fit it; the library is built on first need, so a
+    run with no CPU tensors never builds it."""
+    if not fits or dtype not in names:
+        return None
+    library = _library()[0]
+    return None if library is None else getattr(library, names[dtype])
 
 
 @functools.cache
