@@ -92,28 +92,33 @@ void quail_gelu_tanh_times_f32(const float *gate, const float *up, float *out, i
     }
 }
 
+/* One RMSNorm row into `o`: Gemma scales by `weight` = 1 + w in fp32 and rounds once; Qwen (`gemma` 0)
+ * rounds the normalised row first, then multiplies by its weight w and rounds again, as torch does. */
+#define NORMALIZE_ROW(NAME, T, LOAD, STORE)                                                               \
+static inline void NAME(const T *row, int64_t width, const float *weight, float eps, int gemma, T *o) {  \
+    float squares = 0.0f;                                                                                 \
+    _Pragma("omp simd reduction(+:squares)")                                                              \
+    for (int64_t j = 0; j < width; j++) { float v = LOAD(row[j]); squares += v * v; }                     \
+    float scale = 1.0f / sqrtf(squares / (float)width + eps);                                             \
+    if (gemma) {                                                                                          \
+        _Pragma("omp simd")                                                                               \
+        for (int64_t j = 0; j < width; j++) o[j] = STORE(LOAD(row[j]) * scale * weight[j]);               \
+    } else {                                                                                              \
+        _Pragma("omp simd")                                                                               \
+        for (int64_t j = 0; j < width; j++) o[j] = STORE(LOAD(STORE(LOAD(row[j]) * scale)) * weight[j]);  \
+    }                                                                                                     \
+}
+
 /* RMSNorm of rows of `width`: row (o, g) starts at x + o · outer_stride + g · width; out is contiguous
- * [outer, groups, width]. Gemma scales by `weight` = 1 + w in fp32 and rounds once; Qwen (`gemma` 0)
- * rounds the normalised row first, then multiplies by its weight w and rounds again, as torch does.
- * With `residual` (contiguous like out) the result is residual + norm, rounded once more. */
-#define RMS_NORM(NAME, T, LOAD, STORE)                                                                    \
+ * [outer, groups, width]. With `residual` (contiguous like out) the result is residual + norm, rounded
+ * once more. */
+#define RMS_NORM(NAME, NORMALIZE, T, LOAD, STORE)                                                         \
 void NAME(const T *x, int64_t outer, int64_t outer_stride, int64_t groups, int64_t width,                \
           const float *weight, float eps, int gemma, const T *residual, T *out) {                         \
     _Pragma("omp parallel for schedule(static)")                                                          \
     for (int64_t index = 0; index < outer * groups; index++) {                                            \
-        const T *row = x + (index / groups) * outer_stride + (index % groups) * width;                    \
         T *o = out + index * width;                                                                       \
-        float squares = 0.0f;                                                                             \
-        _Pragma("omp simd reduction(+:squares)")                                                          \
-        for (int64_t j = 0; j < width; j++) { float v = LOAD(row[j]); squares += v * v; }                 \
-        float scale = 1.0f / sqrtf(squares / (float)width + eps);                                         \
-        if (gemma) {                                                                                      \
-            _Pragma("omp simd")                                                                           \
-            for (int64_t j = 0; j < width; j++) o[j] = STORE(LOAD(row[j]) * scale * weight[j]);           \
-        } else {                                                                                          \
-            _Pragma("omp simd")                                                                           \
-            for (int64_t j = 0; j < width; j++) o[j] = STORE(LOAD(STORE(LOAD(row[j]) * scale)) * weight[j]); \
-        }                                                                                                 \
+        NORMALIZE(x + (index / groups) * outer_stride + (index % groups) * width, width, weight, eps, gemma, o); \
         if (residual) {                                                                                   \
             const T *r = residual + index * width;                                                        \
             _Pragma("omp simd")                                                                           \
@@ -122,44 +127,32 @@ void NAME(const T *x, int64_t outer, int64_t outer_stride, int64_t groups, int64
     }                                                                                                     \
 }
 
-static inline float same(float value) { return value; }
-RMS_NORM(quail_rms_norm_bf16, uint16_t, widen, narrow)
-RMS_NORM(quail_rms_norm_f32, float, same, same)
-
-/* RMSNorm then RoPE of q or k heads: rows as in the RMSNorm above, row (o, g) at position o takes the
- * tables' row o (cos, and sin with the rotation's sign on its first half). As torch computes it: the
- * normalised head is rounded, then n · cos rounded, then + swap(n) · sin rounded. width <= 1024. */
-#define RMS_NORM_ROPE(NAME, T, LOAD, STORE)                                                               \
+/* RMSNorm then RoPE of q or k heads: rows as above, row (o, g) at position o takes the tables' row o
+ * (cos, and sin with the rotation's sign on its first half). As torch computes it: the normalised head
+ * is rounded, then n · cos rounded, then + swap(n) · sin rounded; the halves rotate in place, in pairs. */
+#define RMS_NORM_ROPE(NAME, NORMALIZE, T, LOAD, STORE)                                                    \
 void NAME(const T *x, int64_t outer, int64_t outer_stride, int64_t groups, int64_t width,                \
           const float *weight, float eps, int gemma, const T *cos, const T *sin, T *out) {                \
     int64_t half = width / 2;                                                                             \
     _Pragma("omp parallel for schedule(static)")                                                          \
     for (int64_t index = 0; index < outer * groups; index++) {                                            \
         int64_t position = index / groups;                                                                \
-        const T *row = x + position * outer_stride + (index % groups) * width;                            \
         const T *c = cos + position * width, *s = sin + position * width;                                 \
         T *o = out + index * width;                                                                       \
-        float normed[1024];                                                                               \
-        float squares = 0.0f;                                                                             \
-        _Pragma("omp simd reduction(+:squares)")                                                          \
-        for (int64_t j = 0; j < width; j++) { float v = LOAD(row[j]); squares += v * v; }                 \
-        float scale = 1.0f / sqrtf(squares / (float)width + eps);                                         \
-        if (gemma) {                                                                                      \
-            _Pragma("omp simd")                                                                           \
-            for (int64_t j = 0; j < width; j++) normed[j] = LOAD(STORE(LOAD(row[j]) * scale * weight[j])); \
-        } else {                                                                                          \
-            _Pragma("omp simd")                                                                           \
-            for (int64_t j = 0; j < width; j++)                                                           \
-                normed[j] = LOAD(STORE(LOAD(STORE(LOAD(row[j]) * scale)) * weight[j]));                   \
+        NORMALIZE(x + position * outer_stride + (index % groups) * width, width, weight, eps, gemma, o);  \
+        _Pragma("omp simd")                                                                               \
+        for (int64_t j = 0; j < half; j++) {                                                              \
+            float first = LOAD(o[j]), second = LOAD(o[j + half]);                                         \
+            o[j] = STORE(LOAD(STORE(first * LOAD(c[j]))) + second * LOAD(s[j]));                          \
+            o[j + half] = STORE(LOAD(STORE(second * LOAD(c[j + half]))) + first * LOAD(s[j + half]));     \
         }                                                                                                 \
-        _Pragma("omp simd")                                                                               \
-        for (int64_t j = 0; j < half; j++)                                                                \
-            o[j] = STORE(LOAD(STORE(normed[j] * LOAD(c[j]))) + normed[j + half] * LOAD(s[j]));            \
-        _Pragma("omp simd")                                                                               \
-        for (int64_t j = half; j < width; j++)                                                            \
-            o[j] = STORE(LOAD(STORE(normed[j] * LOAD(c[j]))) + normed[j - half] * LOAD(s[j]));            \
     }                                                                                                     \
 }
 
-RMS_NORM_ROPE(quail_rms_norm_rope_bf16, uint16_t, widen, narrow)
-RMS_NORM_ROPE(quail_rms_norm_rope_f32, float, same, same)
+static inline float same(float value) { return value; }
+NORMALIZE_ROW(normalize_bf16, uint16_t, widen, narrow)
+NORMALIZE_ROW(normalize_f32, float, same, same)
+RMS_NORM(quail_rms_norm_bf16, normalize_bf16, uint16_t, widen, narrow)
+RMS_NORM(quail_rms_norm_f32, normalize_f32, float, same, same)
+RMS_NORM_ROPE(quail_rms_norm_rope_bf16, normalize_bf16, uint16_t, widen, narrow)
+RMS_NORM_ROPE(quail_rms_norm_rope_f32, normalize_f32, float, same, same)

@@ -65,15 +65,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool,
     kernel = _kernel(_NORM_KERNELS, x.dtype, rows is not None)
     if kernel is None or rows is None:
         return rms_norm_eager(x, weight, eps, gemma, residual)
-    outer, outer_stride, groups = rows
-    scale = (1.0 + weight.float()) if gemma else weight.float()
-    out = torch.empty(x.shape, dtype=x.dtype)
-    kernel(ctypes.c_void_p(x.data_ptr()), ctypes.c_int64(outer), ctypes.c_int64(outer_stride),
-                             ctypes.c_int64(groups), ctypes.c_int64(x.shape[-1]),
-                             ctypes.c_void_p(scale.contiguous().data_ptr()), ctypes.c_float(eps), ctypes.c_int(gemma),
-                             ctypes.c_void_p(None if residual is None else residual.data_ptr()),
-                             ctypes.c_void_p(out.data_ptr()))
-    return out
+    return _normalized(kernel, x, rows, weight, eps, gemma, None if residual is None else residual.data_ptr())
 
 
 def rms_norm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool,
@@ -89,20 +81,24 @@ def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool
                   signed_sin: torch.Tensor) -> torch.Tensor:
     """RMSNorm of [tokens, heads, head_dim] heads, then RoPE with [tokens, head_dim] tables (see `rotate`):
     one pass on a CPU when the library is built. Returns [tokens, heads, head_dim]."""
-    rows = _norm_rows(x, None) if x.dim() == 3 and x.shape[-1] <= MAX_ROPE_WIDTH else None
+    rows = _norm_rows(x, None) if x.dim() == 3 else None
     tables = all(table.dtype == x.dtype and table.is_contiguous() and table.shape == (x.shape[0], x.shape[-1])
                  for table in (cos, signed_sin))
     kernel = _kernel(_NORM_ROPE_KERNELS, x.dtype, rows is not None and tables)
     if kernel is None or rows is None:
         return rotate(rms_norm_eager(x, weight, eps, gemma), cos[:, None], signed_sin[:, None])
+    return _normalized(kernel, x, rows, weight, eps, gemma, cos.data_ptr(), signed_sin.data_ptr())
+
+
+def _normalized(kernel: Callable[..., object], x: torch.Tensor, rows: tuple[int, int, int], weight: torch.Tensor,
+                eps: float, gemma: bool, *operands: int | None) -> torch.Tensor:
+    """Call a norm kernel: x's rows, the weight as the kernel applies it, then its own `operands` (pointers)."""
     outer, outer_stride, groups = rows
-    scale = (1.0 + weight.float()) if gemma else weight.float()
+    scale = ((1.0 + weight.float()) if gemma else weight.float()).contiguous()
     out = torch.empty(x.shape, dtype=x.dtype)
-    kernel(ctypes.c_void_p(x.data_ptr()), ctypes.c_int64(outer), ctypes.c_int64(outer_stride),
-                             ctypes.c_int64(groups), ctypes.c_int64(x.shape[-1]),
-                             ctypes.c_void_p(scale.contiguous().data_ptr()), ctypes.c_float(eps), ctypes.c_int(gemma),
-                             ctypes.c_void_p(cos.data_ptr()), ctypes.c_void_p(signed_sin.data_ptr()),
-                             ctypes.c_void_p(out.data_ptr()))
+    kernel(ctypes.c_void_p(x.data_ptr()), ctypes.c_int64(outer), ctypes.c_int64(outer_stride), ctypes.c_int64(groups),
+           ctypes.c_int64(x.shape[-1]), ctypes.c_void_p(scale.data_ptr()), ctypes.c_float(eps), ctypes.c_int(gemma),
+           *(ctypes.c_void_p(operand) for operand in operands), ctypes.c_void_p(out.data_ptr()))
     return out
 
 
@@ -137,7 +133,6 @@ def gelu_tanh_times_eager(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 _GELU_KERNELS = {torch.bfloat16: "quail_gelu_tanh_times_bf16", torch.float32: "quail_gelu_tanh_times_f32"}
 _NORM_KERNELS = {torch.bfloat16: "quail_rms_norm_bf16", torch.float32: "quail_rms_norm_f32"}
 _NORM_ROPE_KERNELS = {torch.bfloat16: "quail_rms_norm_rope_bf16", torch.float32: "quail_rms_norm_rope_f32"}
-MAX_ROPE_WIDTH = 1024  # the kernel's row buffer
 
 
 def _norm_rows(x: torch.Tensor, residual: torch.Tensor | None) -> tuple[int, int, int] | None:
