@@ -7,7 +7,6 @@ from collections import deque
 from collections.abc import Callable, Mapping
 
 import pyarrow as pa
-import torch
 
 from quail.backends import shapes
 from quail.backends.base import NodeInputs, NodeMetrics, NodeOutput
@@ -138,18 +137,10 @@ class NativeExecution:
 
     def classify(self, node: ph.AiClassify, inputs: NodeInputs) -> pa.Table:
         rows = inputs.rows(node.alias)
-        first = torch.tensor([label[0] for label in node.label_tokens])
         model = self.loaded.model
-
-        def first_tokens(result: ItemResult) -> list[float]:
-            return log_probabilities(model, result.hidden, first[None, :])[0].tolist()
-
-        def continuation(result: ItemResult, label: Tokens) -> float:
-            """Σ log p(label[j] | prefix, label[:j]) for j ≥ 1."""
-            return float(log_probabilities(model, result.hidden, torch.tensor(label[1:])[:, None]).sum())
-
         layout = LabelLayout(node.preamble, node.tail, tuple(node.label_tokens))
-        scores = run_labels(self.state, rows, inputs.tokens(node.alias), layout, first_tokens, continuation)
+        scores = run_labels(self.state, rows, inputs.tokens(node.alias), layout,
+                            lambda hidden, targets: log_probabilities(model, hidden, targets))
         names = [label.name for label in node.labels]
         chosen = [names[shapes.choose_label(scores[r])] for r in rows]
         return shapes.label_answers(node.alias, node.output, rows, chosen, [scores[r] for r in rows])

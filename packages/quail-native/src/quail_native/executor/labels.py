@@ -6,6 +6,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import torch
+
 from quail_native.executor.packing import Item, ItemResult
 from quail_native.executor.state import SharedState, Tokens, drop, run_passes
 
@@ -29,12 +31,19 @@ class LabelLayout:
 LabelTag = tuple[LabelDocument, int | None]
 """A document's [doc][tail] item (None) or the continuation of one of its multi-token labels."""
 
+LabelReader = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""log p(targets[r, j] | row r) for hidden rows [rows, hidden] and targets [rows, k]
+(`readout.log_probabilities` over the engine's model)."""
+
 
 def run_labels(state: SharedState, rows: Sequence[int], documents: dict[int, Tokens], layout: LabelLayout,
-               first: Callable[[ItemResult], list[float]], rest: Callable[[ItemResult, Tokens], float]
-               ) -> dict[int, list[float]]:
+               read: LabelReader) -> dict[int, list[float]]:
     """Per row, each label's log-probability: the first token read after [doc][tail], the rest (labels of
-    two or more tokens) from a continuation over the kept [doc][tail] KV — all packed many to a pass."""
+    two or more tokens) from a continuation over the kept [doc][tail] KV — all packed many to a pass.
+
+    A pass's answers are read together once it has run: the full-vocabulary head (classification needs
+    the normaliser) is then one GEMM over all of its read rows instead of one per row, which on a CPU
+    reads the 262k-row head once per pass rather than once per document."""
     pre = state.preamble(layout.preamble)
     start = len(layout.preamble)
     longer = [k for k, label in enumerate(layout.labels) if len(label) > 1]
@@ -64,19 +73,54 @@ def run_labels(state: SharedState, rows: Sequence[int], documents: dict[int, Tok
             used += len(doc.tokens)
         return batch
 
-    def done(tag: LabelTag, result: ItemResult) -> None:
+    def settle(tag: LabelTag, result: ItemResult, found: list[float]) -> None:
         doc, k = tag
         if k is None:
-            doc.scores = first(result)
+            doc.scores = found
             doc.block = result.blocks[0] if result.blocks else None
             doc.waiting = len(longer)
             ready.extend((doc, j) for j in longer)
         else:
-            doc.scores[k] += rest(result, layout.labels[k])
+            doc.scores[k] += sum(found)
             doc.waiting -= 1
         if doc.waiting == 0:
             drop(state, doc.block)
             out[doc.row] = doc.scores
 
-    run_passes(state, next_items, done, lambda: state.report(len(out), len(rows)))
+    finished: list[tuple[LabelTag, ItemResult]] = []
+
+    def after_pass() -> None:
+        for (tag, result), found in zip(finished, _read_pass(finished, layout, read), strict=True):
+            settle(tag, result, found)
+        finished.clear()
+        state.report(len(out), len(rows))
+
+    run_passes(state, next_items, lambda tag, result: finished.append((tag, result)), after_pass)
+    return out
+
+
+def _read_pass(finished: Sequence[tuple[LabelTag, ItemResult]], layout: LabelLayout,
+               read: LabelReader) -> list[list[float]]:
+    """Per finished item, what it reads: every label's first-token log-probability after a document, or
+    the log-probabilities of a continued label's later tokens (one per read row), from one `read` call.
+
+    Each read row asks for as many targets as there are labels; a continuation row's one target fills
+    its row and only the first column of it is kept."""
+    width = len(layout.labels)
+    firsts = torch.tensor([label[0] for label in layout.labels], dtype=torch.long)
+    hidden, targets = [], []
+    for (_, k), result in finished:
+        hidden.append(result.hidden)
+        if k is None:
+            targets.append(firsts[None, :])
+        else:
+            later = torch.tensor(layout.labels[k][1:], dtype=torch.long)
+            targets.append(later[:, None].expand(-1, width))
+    found = read(torch.cat(hidden), torch.cat(targets)).cpu()
+    out: list[list[float]] = []
+    start = 0
+    for (_, k), result in finished:
+        rows = found[start:start + result.hidden.shape[0]]
+        start += rows.shape[0]
+        out.append(rows[0].tolist() if k is None else rows[:, 0].tolist())
     return out
