@@ -219,6 +219,31 @@ def test_fused_norm_and_rope_in_bf16_round_as_torch_does(gemma) -> None:
     assert bool((gap <= eager.float().abs() * 2.0 ** -6 + 2.0 ** -7).all())
 
 
+@pytest.mark.parametrize("gemma", [True, False])
+@pytest.mark.parametrize("scale", [256 ** -0.5, 128 ** -0.5])
+def test_a_query_scale_multiplies_the_normed_and_rotated_heads_on_both_paths(gemma, scale, monkeypatch) -> None:
+    """Attention folds its score scale into the queries here; fused and eager both carry it."""
+    x, weight, _ = norm_inputs((17, 4, 256), torch.float32, True, 5)
+    cos, sin = tables(17, 256, torch.float32)
+    want = reference_norm_rope(x, weight, 1e-6, gemma, cos, sin) * scale
+    with torch.inference_mode():
+        fused = kernels.rms_norm_rope(x, weight, 1e-6, gemma, cos, sin, scale)
+        monkeypatch.setattr(kernels, "_kernel", lambda *args: None)
+        eager = kernels.rms_norm_rope(x, weight, 1e-6, gemma, cos, sin, scale)
+    for got in (fused, eager):
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_power_of_two_query_scale_changes_no_bit_of_bf16_heads() -> None:
+    """Gemma's 1/16 is exact: the scaled heads are the unscaled ones times 1/16, bit for bit."""
+    x, weight, _ = norm_inputs((33, 4, 256), torch.bfloat16, True, 3)
+    cos, sin = tables(33, 256, torch.bfloat16)
+    with torch.inference_mode():
+        plain = kernels.rms_norm_rope(x, weight, 1e-6, True, cos, sin)
+        scaled = kernels.rms_norm_rope(x, weight, 1e-6, True, cos, sin, 1 / 16)
+    assert torch.equal(scaled, plain / 16)
+
+
 def test_norm_and_rope_the_kernel_does_not_read_take_the_eager_path() -> None:
     x, weight, _ = norm_inputs((6, 2, 8), torch.float32, False, 2)
     cos, sin = tables(6, 8, torch.float32)

@@ -68,35 +68,44 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool,
 
 
 def rms_norm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool,
-                   residual: torch.Tensor | None = None) -> torch.Tensor:
-    """The same in torch ops: in place where the buffer is ours (each pass costs as much as the arithmetic)."""
+                   residual: torch.Tensor | None = None, scale: float = 1.0) -> torch.Tensor:
+    """The same in torch ops: in place where the buffer is ours (each pass costs as much as the arithmetic).
+    `scale` multiplies the weight in fp32 (the attention scale folded into q, see `rms_norm_rope`)."""
     wide = x.float()
     normed = wide * wide.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()
-    out = normed.mul_(1.0 + weight.float()).type_as(x) if gemma else weight * normed.to(x.dtype)
+    if gemma:
+        out = normed.mul_((1.0 + weight.float()) * scale).type_as(x)
+    else:  # Qwen rounds the normalised row first, as its reference does
+        out = (weight.float() * scale * normed.to(x.dtype)).to(x.dtype)
     return out if residual is None else residual + out
 
 
 def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool, cos: torch.Tensor,
-                  signed_sin: torch.Tensor) -> torch.Tensor:
+                  signed_sin: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     """RMSNorm of [tokens, heads, head_dim] heads, then RoPE with [tokens, head_dim] tables (see `rotate`):
-    one pass on a CPU when the library is built. Returns [tokens, heads, head_dim]."""
+    one pass on a CPU when the library is built. Returns [tokens, heads, head_dim].
+
+    `scale` multiplies the norm's weight (RoPE is linear): attention passes its score scale here, so the
+    queries carry it and the scores need no pass of their own — and none in fp32, which is what lets a
+    bf16 softmax read the scores as the GEMM wrote them."""
     rows = _norm_rows(x, None) if x.dim() == 3 else None
     tables = all(table.dtype == x.dtype and table.is_contiguous() and table.shape == (x.shape[0], x.shape[-1])
                  for table in (cos, signed_sin))
     kernel = _kernel(_NORM_ROPE_KERNELS, x.dtype, rows is not None and tables)
     if kernel is None or rows is None:
-        return rotate(rms_norm_eager(x, weight, eps, gemma), cos[:, None], signed_sin[:, None])
-    return _normalized(kernel, x, rows, weight, eps, gemma, cos.data_ptr(), signed_sin.data_ptr())
+        return rotate(rms_norm_eager(x, weight, eps, gemma, scale=scale), cos[:, None], signed_sin[:, None])
+    return _normalized(kernel, x, rows, weight, eps, gemma, cos.data_ptr(), signed_sin.data_ptr(), scale=scale)
 
 
 def _normalized(kernel: Callable[..., object], x: torch.Tensor, rows: tuple[int, int, int], weight: torch.Tensor,
-                eps: float, gemma: bool, *operands: int | None) -> torch.Tensor:
-    """Call a norm kernel: x's rows, the weight as the kernel applies it, then its own `operands` (pointers)."""
+                eps: float, gemma: bool, *operands: int | None, scale: float = 1.0) -> torch.Tensor:
+    """Call a norm kernel: x's rows, the weight as the kernel applies it (times `scale`, in fp32), then its
+    own `operands` (pointers)."""
     outer, outer_stride, groups = rows
-    scale = ((1.0 + weight.float()) if gemma else weight.float()).contiguous()
+    applied = (((1.0 + weight.float()) if gemma else weight.float()) * scale).contiguous()
     out = torch.empty(x.shape, dtype=x.dtype)
     kernel(ctypes.c_void_p(x.data_ptr()), ctypes.c_int64(outer), ctypes.c_int64(outer_stride), ctypes.c_int64(groups),
-           ctypes.c_int64(x.shape[-1]), ctypes.c_void_p(scale.data_ptr()), ctypes.c_float(eps), ctypes.c_int(gemma),
+           ctypes.c_int64(x.shape[-1]), ctypes.c_void_p(applied.data_ptr()), ctypes.c_float(eps), ctypes.c_int(gemma),
            *(ctypes.c_void_p(operand) for operand in operands), ctypes.c_void_p(out.data_ptr()))
     return out
 
