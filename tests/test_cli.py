@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from quail.cli import main
 
@@ -33,3 +34,13 @@ def test_console_script_is_installed():
     result = subprocess.run([sys.executable, "-m", "quail.cli", "backends"], capture_output=True,
                             text=True, check=False)
     assert result.returncode == 0 and "native" in result.stdout
+
+
+def test_the_installed_console_script_exits_with_the_code_main_returns():
+    """`quail` is `entry_point`: main's exit code (0, or 2 for a user error with its message), then exit."""
+    script = Path(sys.executable).with_name("quail")
+    assert script.is_file(), "the quail console script is installed beside the interpreter"
+    ok = subprocess.run([str(script), "backends"], capture_output=True, text=True, check=False)
+    assert ok.returncode == 0 and "native" in ok.stdout
+    bad = subprocess.run([str(script), "backends", "--device", "tpu"], capture_output=True, text=True, check=False)
+    assert bad.returncode == 2 and "unknown device 'tpu'" in bad.stderr
