@@ -31,6 +31,7 @@ from quail.frontend.prompts import filter_tail
 from quail.logical.expressions import AiPredicate, ColumnRef, Prompt
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
+from quail_native.executor import labels as labels_scheduler
 from quail_native.models import kernels
 from quail_native.precision import BF16_MARGIN
 
@@ -548,10 +549,22 @@ LABELS = ("awful plot", "awful music", "boring story")  # chosen: mixed for both
 @pytest.mark.parametrize("chunk", CHUNKS)
 @pytest.mark.parametrize("kind", KINDS)
 def test_classify_picks_the_label_of_highest_naive_log_probability(kind, chunk, open_run):
-    labels = ", ".join(f"'{x}'" for x in LABELS)
-    sql = (f"SELECT r.id, AI.CLASSIFY(r.body, [{labels}]) AS topic FROM reviews r "
-           f"WHERE topic IN ('{LABELS[0]}', '{LABELS[2]}')")
-    run = open_run(kind, chunk, sql, dialect=BQ)
+    assert_classify_matches_naive(open_run(kind, chunk, CLASSIFY_SQL, dialect=BQ))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_classify_reads_a_pass_in_slices_of_read_rows_exactly(kind, open_run, monkeypatch):
+    """A pass's label rows are read in slices (READ_ROWS bounds the logits held at once): one row per
+    slice gives the same answers."""
+    monkeypatch.setattr(labels_scheduler, "READ_ROWS", 1)
+    assert_classify_matches_naive(open_run(kind, CHUNKS[-1], CLASSIFY_SQL, dialect=BQ))
+
+
+CLASSIFY_SQL = (f"SELECT r.id, AI.CLASSIFY(r.body, [{', '.join(repr(x) for x in LABELS)}]) AS topic FROM reviews r "
+                f"WHERE topic IN ('{LABELS[0]}', '{LABELS[2]}')")
+
+
+def assert_classify_matches_naive(run) -> None:
     node = run.node(ph.AiClassify)
     assert all(len(t) > 1 for t in node.label_tokens), "the labels must be multi-token"
     chosen = {}

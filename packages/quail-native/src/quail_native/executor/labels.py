@@ -35,6 +35,10 @@ LabelReader = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """log p(targets[r, j] | row r) for hidden rows [rows, hidden] and targets [rows, k]
 (`readout.log_probabilities` over the engine's model)."""
 
+READ_ROWS = 128
+"""Read rows per `read` call: a full-vocabulary call holds [rows, vocabulary] fp32 logits (128 × 262k:
+134 MB), so a pass of many short documents is read in slices of this many rows."""
+
 
 def run_labels(state: SharedState, rows: Sequence[int], documents: dict[int, Tokens], layout: LabelLayout,
                read: LabelReader) -> dict[int, list[float]]:
@@ -102,7 +106,8 @@ def run_labels(state: SharedState, rows: Sequence[int], documents: dict[int, Tok
 def _read_pass(finished: Sequence[tuple[LabelTag, ItemResult]], layout: LabelLayout,
                read: LabelReader) -> list[list[float]]:
     """Per finished item, what it reads: every label's first-token log-probability after a document, or
-    the log-probabilities of a continued label's later tokens (one per read row), from one `read` call.
+    the log-probabilities of a continued label's later tokens (one per read row), from `read` calls of at
+    most READ_ROWS rows.
 
     Each read row asks for as many targets as there are labels; a continuation row's one target fills
     its row and only the first column of it is kept."""
@@ -116,11 +121,13 @@ def _read_pass(finished: Sequence[tuple[LabelTag, ItemResult]], layout: LabelLay
         else:
             later = torch.tensor(layout.labels[k][1:], dtype=torch.long)
             targets.append(later[:, None].expand(-1, width))
-    found = read(torch.cat(hidden), torch.cat(targets)).cpu()
+    rows, wanted = torch.cat(hidden), torch.cat(targets)
+    found = torch.cat([read(rows[i:i + READ_ROWS], wanted[i:i + READ_ROWS]).cpu()
+                       for i in range(0, rows.shape[0], READ_ROWS)])
     out: list[list[float]] = []
     start = 0
     for (_, k), result in finished:
-        rows = found[start:start + result.hidden.shape[0]]
-        start += rows.shape[0]
-        out.append(rows[0].tolist() if k is None else rows[:, 0].tolist())
+        read_rows = found[start:start + result.hidden.shape[0]]
+        start += read_rows.shape[0]
+        out.append(read_rows[0].tolist() if k is None else read_rows[:, 0].tolist())
     return out
