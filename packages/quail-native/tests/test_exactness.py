@@ -544,6 +544,8 @@ def test_equality_restricted_join_evaluates_only_matching_pairs(kind, chunk, ope
 # -- classify and score ------------------------------------------------------------------------------
 
 LABELS = ("awful plot", "awful music", "boring story")  # chosen: mixed for both tiny models
+CLASSIFY_SQL = (f"SELECT r.id, AI.CLASSIFY(r.body, [{', '.join(repr(x) for x in LABELS)}]) AS topic FROM reviews r "
+                f"WHERE topic IN ('{LABELS[0]}', '{LABELS[2]}')")
 
 
 @pytest.mark.parametrize("chunk", CHUNKS)
@@ -558,10 +560,6 @@ def test_classify_reads_a_pass_in_slices_of_read_rows_exactly(kind, open_run, mo
     slice gives the same answers."""
     monkeypatch.setattr(labels_scheduler, "READ_ROWS", 1)
     assert_classify_matches_naive(open_run(kind, CHUNKS[-1], CLASSIFY_SQL, dialect=BQ))
-
-
-CLASSIFY_SQL = (f"SELECT r.id, AI.CLASSIFY(r.body, [{', '.join(repr(x) for x in LABELS)}]) AS topic FROM reviews r "
-                f"WHERE topic IN ('{LABELS[0]}', '{LABELS[2]}')")
 
 
 def assert_classify_matches_naive(run) -> None:
