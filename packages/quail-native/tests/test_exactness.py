@@ -32,7 +32,7 @@ from quail.logical.expressions import AiPredicate, ColumnRef, Prompt
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
 from quail_native.executor import labels as labels_scheduler
-from quail_native.models import kernels
+from quail_native.models import kernels, projection
 from quail_native.precision import BF16_MARGIN
 
 TOL = 1e-4
@@ -355,7 +355,9 @@ def test_auto_precision_names_its_choice_and_the_probe_in_the_report(open_run):
     ratio, rounding = bf16 / (BF16_MARGIN * fp32), 0.01
     if abs(ratio - 1) > rounding:
         assert chosen == ("bf16" if ratio > 1 else "fp32"), note
-    assert others == [f"elementwise work: {kernels.status().detail}"]
+    dtype = torch.bfloat16 if chosen == "bf16" else torch.float32
+    assert others == [f"elementwise work: {kernels.status().detail}",
+                      f"projections: {projection.describe(torch.device('cpu'), dtype)}"]
 
 
 @pytest.mark.parametrize("order", ["by_cost", "as_written"])

@@ -80,7 +80,7 @@ class NativeBackend:
         from quail_native.executor.arena import KVArena, KVShape
         from quail_native.executor.readout import AnswerColumns
         from quail_native.executor.state import Budget
-        from quail_native.models import kernels
+        from quail_native.models import kernels, projection
         from quail_native.models.loading import load_model
         from quail_native.models.locate import model_directory
         from quail_native.precision import choose_precision
@@ -100,6 +100,7 @@ class NativeBackend:
         notes = [f"native engine computes in {precision.reason}"]
         if device.type == "cpu":  # built here, at boot, when this machine has no build cached yet
             notes.append(f"elementwise work: {kernels.status().detail}")
+        notes.append(f"projections: {projection.describe(device, dtype)}")
         return NativeExecution(loaded, AnswerColumns(tokens.true_ids, tokens.false_ids), arena,
                                Budget(config.chunk_tokens), tuple(notes))
 

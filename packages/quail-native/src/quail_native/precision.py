@@ -16,6 +16,7 @@ from functools import lru_cache
 import torch
 
 from quail.config import Precision
+from quail_native.models.projection import Projection
 
 BF16_MARGIN = 1.15
 """bf16 must beat fp32 by this factor to be chosen: its rounding is only worth a clear speed-up."""
@@ -51,16 +52,17 @@ def choose_precision(requested: Precision, device: torch.device, hidden: int, wi
 
 @lru_cache(maxsize=16)
 def gemm_rate(dtype: torch.dtype, device: torch.device, hidden: int, width: int) -> float:
-    """Best FLOP/s of [PROBE_TOKENS × hidden] @ [hidden × width] — the shape of the model's MLP projection.
+    """Best FLOP/s of [PROBE_TOKENS × hidden] @ [hidden × width] — the shape of the model's MLP projection,
+    multiplied the way the model multiplies it (`Projection`: prepacked where oneDNN takes the dtype).
 
     Measured once per process and shape: the engine, the answer store's model identity and the bench must
     all see the same choice."""
     a = torch.randn(PROBE_TOKENS, hidden, device=device).to(dtype)
-    b = torch.randn(hidden, width, device=device).to(dtype)
-    a @ b  # warm-up: the first call of a dtype pays for kernel selection
+    project = Projection(torch.randn(width, hidden, device=device).to(dtype))
+    project(a)  # warm-up: the first call of a dtype pays for kernel selection
     best = 0.0
     for _ in range(PROBE_REPEATS):
         started = time.perf_counter()
-        a @ b
+        project(a)
         best = max(best, 2.0 * PROBE_TOKENS * hidden * width / max(time.perf_counter() - started, 1e-9))
     return best

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from quail_native.models import kernels
+from quail_native.models.projection import Projection
 
 LayerType = Literal["full", "sliding"]
 Activation = Literal["silu", "gelu_tanh"]
@@ -99,23 +100,30 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(arch.heads * arch.head_dim, arch.hidden, bias=False)
         self.q_norm = RMSNorm(arch.head_dim, arch.norm_eps, arch.gemma_norms)
         self.k_norm = RMSNorm(arch.head_dim, arch.norm_eps, arch.gemma_norms)
-        self.qkv: torch.Tensor | None = None
+        self.fused: _AttentionProjections | None = None
 
     def fuse(self) -> None:
         """One [q; k; v] weight, so the three projections are one bigger (faster) GEMM; the three
-        parameters become views of it (no extra memory)."""
-        self.qkv = _fuse(self.q_proj, self.k_proj, self.v_proj)
+        parameters become views of it (no extra memory). The q and [k; v] parts get their own
+        projections for the last layer, where only the read-out rows ask."""
+        qkv = _fuse(self.q_proj, self.k_proj, self.v_proj)
+        queries = self.q_proj.out_features
+        self.fused = _AttentionProjections(Projection(qkv), Projection(qkv[:queries]),
+                                           Projection(qkv[queries:]), Projection(self.o_proj.weight))
 
     def project(self, x: torch.Tensor, queries: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (at the `queries` rows when named, else every row), k and v (every row)."""
         sizes = [self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features]
-        if self.qkv is None:
+        if self.fused is None:
             return self.q_proj(x if queries is None else x[queries]), self.k_proj(x), self.v_proj(x)
         if queries is None:
-            q, k, v = F.linear(x, self.qkv).split(sizes, dim=-1)
+            q, k, v = self.fused.qkv(x).split(sizes, dim=-1)
             return q, k, v
-        k, v = F.linear(x, self.qkv[sizes[0]:]).split(sizes[1:], dim=-1)
-        return F.linear(x[queries], self.qkv[:sizes[0]]), k, v
+        k, v = self.fused.kv(x).split(sizes[1:], dim=-1)
+        return self.fused.q(x[queries]), k, v
+
+    def output(self, attended: torch.Tensor) -> torch.Tensor:
+        return self.o_proj(attended) if self.fused is None else self.fused.o(attended)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...], context: tuple[torch.Tensor, torch.Tensor],
                 segments: Sequence[AttentionSegment], queries: torch.Tensor | None = None
@@ -138,7 +146,7 @@ class Attention(nn.Module):
                 out[:, segment.rows] = attend(q[:, segment.rows], keys, values, segment.masks[self.kind])
         else:
             out = self._attend_queries(q, queries, context, k, v, segments)
-        return self.o_proj(out.transpose(0, 1).reshape(q.shape[1], arch.heads * arch.head_dim)), k, v
+        return self.output(out.transpose(0, 1).reshape(q.shape[1], arch.heads * arch.head_dim)), k, v
 
     def _attend_queries(self, q: torch.Tensor, queries: torch.Tensor, context: tuple[torch.Tensor, torch.Tensor],
                         k: torch.Tensor, v: torch.Tensor, segments: Sequence[AttentionSegment]) -> torch.Tensor:
@@ -205,6 +213,14 @@ def _attend_block(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mas
     return torch.bmm(weights.view(kv_heads, -1, columns), values).view(heads, rows, dim)
 
 
+@dataclass(frozen=True)
+class _AttentionProjections:
+    qkv: Projection
+    q: Projection
+    kv: Projection
+    o: Projection
+
+
 class MLP(nn.Module):
     def __init__(self, arch: Arch) -> None:
         super().__init__()
@@ -212,20 +228,24 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(arch.hidden, arch.ffn, bias=False)
         self.down_proj = nn.Linear(arch.ffn, arch.hidden, bias=False)
         self.activation = arch.activation
-        self.gate_up: torch.Tensor | None = None
+        self.gate_up: Projection | None = None
+        self.down: Projection | None = None
 
     def fuse(self) -> None:
         """One [gate; up] weight: one GEMM of twice the width instead of two."""
-        self.gate_up = _fuse(self.gate_proj, self.up_proj)
+        self.gate_up = Projection(_fuse(self.gate_proj, self.up_proj))
+        self.down = Projection(self.down_proj.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up is None:
+        if self.gate_up is None or self.down is None:
             gate, up = self.gate_proj(x), self.up_proj(x)
+            down = self.down_proj
         else:
-            gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
+            gate, up = self.gate_up(x).chunk(2, dim=-1)
+            down = self.down
         if self.activation == "silu":
-            return self.down_proj(F.silu(gate).mul_(up))
-        return self.down_proj(kernels.gelu_tanh_times(gate, up))
+            return down(F.silu(gate).mul_(up))
+        return down(kernels.gelu_tanh_times(gate, up))
 
 
 def _fuse(*linears: nn.Linear) -> torch.Tensor:
@@ -285,7 +305,9 @@ class Transformer(nn.Module):
         self.lm_head = None if arch.tied_embeddings else nn.Linear(arch.hidden, arch.vocab, bias=False)
 
     def fuse_projections(self) -> None:
-        """Fewer, wider GEMMs per layer (q/k/v and gate/up); call once the weights are loaded."""
+        """Fewer, wider GEMMs per layer (q/k/v and gate/up), with weights prepacked for the CPU's GEMM
+        where it can take them (`projection.py`); call once the weights are loaded, on their device and
+        in their dtype."""
         for block in self.layers:
             block.self_attn.fuse()
             block.mlp.fuse()
