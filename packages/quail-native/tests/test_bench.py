@@ -62,3 +62,28 @@ def test_speed_of_light_is_the_minimum_tokens_share_of_the_flops_at_the_measured
     assert speed_of_light(4e9, fresh=90, minimum=100, peak=1e9) == pytest.approx(4.0), "never above the work done"
     assert speed_of_light(None, fresh=100, minimum=100, peak=1e9) is None
     assert speed_of_light(4e9, fresh=0, minimum=0, peak=1e9) is None
+
+
+@pytest.mark.parametrize(("squares", "winner"), [({"bf16": 300e9, "fp32": 150e9}, "bf16"),
+                                                 ({"bf16": 0.2e9, "fp32": 150e9}, "fp32")])
+def test_the_peak_is_the_best_of_squares_and_model_projections_in_the_faster_dtype(monkeypatch, squares, winner):
+    """The model's projections can outrun square GEMMs (the ceiling must not sit below what the model
+    reaches), and they are measured only in the dtype whose squares won: never a model-sized bf16 GEMM
+    on a CPU that multiplies bf16 at 0.2 GFLOP/s."""
+    import torch
+
+    from quail_native.benchmark import command
+
+    names = {torch.bfloat16: "bf16", torch.float32: "fp32"}
+    measured: list[tuple[str, int, int]] = []
+    monkeypatch.setattr(command, "gemm_peak", lambda device, dtype, sizes, repeats=8: squares[names[dtype]])
+
+    def projection_rate(dtype, device, rows, inputs, outputs, repeats):
+        measured.append((names[dtype], inputs, outputs))
+        return 1.5 * squares[winner] if (inputs, outputs) == (640, 4096) else 0.5 * squares[winner]
+
+    monkeypatch.setattr(command, "projection_rate", projection_rate)
+    peak, name = command.device_peak(torch.device("cpu"), hidden=640, ffn=2048)
+    assert name == winner
+    assert peak == 1.5 * squares[winner]
+    assert measured == [(winner, 640, 4096), (winner, 2048, 640)]

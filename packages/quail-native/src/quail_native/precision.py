@@ -52,17 +52,27 @@ def choose_precision(requested: Precision, device: torch.device, hidden: int, wi
 
 @lru_cache(maxsize=16)
 def gemm_rate(dtype: torch.dtype, device: torch.device, hidden: int, width: int) -> float:
-    """Best FLOP/s of [PROBE_TOKENS × hidden] @ [hidden × width] — the shape of the model's MLP projection,
-    multiplied the way the model multiplies it (`Projection`: prepacked where oneDNN takes the dtype).
+    """Best FLOP/s of [PROBE_TOKENS × hidden] @ [hidden × width] — the shape of the model's MLP projection.
 
     Measured once per process and shape: the engine, the answer store's model identity and the bench must
     all see the same choice."""
-    a = torch.randn(PROBE_TOKENS, hidden, device=device).to(dtype)
-    project = Projection(torch.randn(width, hidden, device=device).to(dtype))
-    project(a)  # warm-up: the first call of a dtype pays for kernel selection
+    return projection_rate(dtype, device, PROBE_TOKENS, hidden, width, PROBE_REPEATS)
+
+
+def projection_rate(dtype: torch.dtype, device: torch.device, rows: int, inputs: int, outputs: int,
+                    repeats: int) -> float:
+    """Best FLOP/s, measured now, of [rows × inputs] @ [inputs × outputs] multiplied the way the model
+    multiplies it (`Projection`: prepacked where oneDNN takes the dtype)."""
+    x = torch.randn(rows, inputs, device=device).to(dtype)
+    project = Projection(torch.randn(outputs, inputs, device=device).to(dtype))
+    project(x)  # warm-up: the first call of a dtype pays for kernel selection
     best = 0.0
-    for _ in range(PROBE_REPEATS):
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         started = time.perf_counter()
-        project(a)
-        best = max(best, 2.0 * PROBE_TOKENS * hidden * width / max(time.perf_counter() - started, 1e-9))
+        project(x)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = max(best, 2.0 * rows * inputs * outputs / max(time.perf_counter() - started, 1e-9))
     return best
