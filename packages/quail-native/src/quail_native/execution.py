@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import pyarrow as pa
 
@@ -14,11 +14,12 @@ from quail.errors import Refusal, RefusalError
 from quail.physical import nodes as ph
 from quail.runtime.relational import candidate_tuples
 from quail_native.executor.arena import KVArena
+from quail_native.executor.calibration import Calibration
 from quail_native.executor.filters import FilterLayout, run_filter
 from quail_native.executor.joins import Anchor, JoinLayout, run_join
 from quail_native.executor.labels import LabelLayout, run_labels
 from quail_native.executor.memory import Memory, RecomputeCost
-from quail_native.executor.packing import Item, ItemResult, Packer
+from quail_native.executor.packing import ItemResult, Packer
 from quail_native.executor.readout import AnswerColumns, log_probabilities, margins
 from quail_native.executor.state import Budget, SharedState
 from quail_native.models.loading import LoadedModel
@@ -51,13 +52,12 @@ class NativeExecution:
         started = time.perf_counter()
         before = self.state.packer.counters.snapshot()
         kv_before = self.state.counters.snapshot()
-        offsets: tuple[tuple[int, float], ...] | None = None
+        calibrated = isinstance(node, ph.AiFilter | ph.AiJoin)
+        calibration = Calibration(node.calibration_prompts() if calibrated else {}, self.margin)
         if isinstance(node, ph.AiFilter):
-            offsets = self.filter_offsets(node)
-            table = self.filter(node, inputs, dict(offsets))
+            table = self.filter(node, inputs, calibration)
         elif isinstance(node, ph.AiJoin):
-            offsets = self.join_offsets(node)
-            table = self.join(node, inputs, dict(offsets))
+            table = self.join(node, inputs, calibration)
         elif isinstance(node, ph.AiClassify):
             table = self.classify(node, inputs)
         elif isinstance(node, ph.AiScore):
@@ -73,47 +73,29 @@ class NativeExecution:
                               fresh_tokens=int(fresh), cached_tokens=int(cached), chunks=int(passes),
                               model_flops=flops, kv_hits=hits,
                               kv_misses=misses, kv_evictions=evictions, recomputed_tokens=recomputed,
-                              calibration_offsets=offsets or None)
+                              calibration_offsets=calibration.reported())
         return NodeOutput({"answers": table}, metrics)
 
     # -- filters ------------------------------------------------------------------------------
 
-    def filter(self, node: ph.AiFilter, inputs: NodeInputs, offsets: Mapping[int, float]) -> pa.Table:
+    def filter(self, node: ph.AiFilter, inputs: NodeInputs, calibration: Calibration) -> pa.Table:
         rows = inputs.rows(node.alias)
         stages = node.stages
         layout = FilterLayout(node.preamble, node.frame, tuple(s.question for s in stages))
 
         def holds(stage: int, margin: float) -> bool:
             predicate = stages[stage].predicate
-            return shapes.predicate_holds(predicate, margin, offsets.get(predicate.position, 0.0))
+            return shapes.predicate_holds(predicate, margin, calibration.offset(predicate.position))
 
         found = run_filter(self.state, node.alias, rows, inputs.tokens(node.alias), layout, holds, self.margin,
-                           node.retain_kv, share=node.share_prefixes)
+                           node.retain_kv, share=node.share_prefixes, lead=calibration.lead(self.state, node.preamble))
         return shapes.filter_answers(node.alias, [f.row for f in found],
                                      [stages[f.stage].predicate.position for f in found],
                                      [f.answer for f in found], [f.margin for f in found])
 
-    # -- calibration: mean margins on content-free documents ----------------------------------
-
-    def filter_offsets(self, node: ph.AiFilter) -> tuple[tuple[int, float], ...]:
-        return self.mean_margins(node.preamble, node.calibration_prompts())
-
-    def join_offsets(self, node: ph.AiJoin) -> tuple[tuple[int, float], ...]:
-        return self.mean_margins(node.preamble, node.calibration_prompts())
-
-    def mean_margins(self, preamble: Tokens, prompts: Mapping[int, list[Tokens]]) -> tuple[tuple[int, float], ...]:
-        """(position, mean margin of its prompts); the shared preamble is computed once for all of them."""
-        if not any(prompts.values()):
-            return ()
-        pre = self.state.preamble(preamble)
-        start = len(preamble)
-        items = [Item(p[start:], start, (pre,), (len(p) - start - 1,)) for group in prompts.values() for p in group]
-        found = iter(self.margin(result) for result in self.state.run(items))
-        return tuple((position, sum(next(found) for _ in group) / len(group)) for position, group in prompts.items())
-
     # -- joins --------------------------------------------------------------------------------
 
-    def join(self, node: ph.AiJoin, inputs: NodeInputs, offsets: Mapping[int, float]) -> pa.Table:
+    def join(self, node: ph.AiJoin, inputs: NodeInputs, calibration: Calibration) -> pa.Table:
         aliases = [c.alias for c in node.predicate.prompt.columns]
         texts = {alias: inputs.tokens(alias) for alias in aliases}
         anchor_alias = node.anchor.alias
@@ -124,10 +106,12 @@ class NativeExecution:
             suffix = node.suffix([texts[partner][item[aliases.index(partner)]] for partner in partner_aliases])
             anchor = anchors.setdefault(row, Anchor(anchor_alias, row, texts[anchor_alias][row], deque()))
             anchor.pending.append((item, suffix))
+        offset = calibration.offset
         found = run_join(self.state, [anchors[r] for r in sorted(anchors)],
                          JoinLayout(node.preamble, node.frame, node.semantics), self.margin,
-                         lambda m: shapes.predicate_holds(node.predicate, m, offsets.get(node.predicate.position, 0.0)),
-                         retain=node.retain_anchor_kv, share=node.share_prefixes)
+                         lambda m: shapes.predicate_holds(node.predicate, m, offset(node.predicate.position)),
+                         retain=node.retain_anchor_kv, share=node.share_prefixes,
+                         lead=calibration.lead(self.state, node.preamble))
         columns = {alias: [f.rows[i] for f in found] for i, alias in enumerate(aliases)}
         return shapes.join_answers(columns, [f.answer for f in found], [f.margin for f in found], anchor=anchor_alias,
                                    partners=partner_aliases, semantics=node.semantics,

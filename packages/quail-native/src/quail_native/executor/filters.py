@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from quail_native.executor.lending import Lending, Loan
 from quail_native.executor.packing import Item, ItemResult
-from quail_native.executor.state import SharedState, Tokens, drop, run_passes
+from quail_native.executor.state import Lead, SharedState, Tokens, drop, run_passes
 
 
 class FilterAnswer(NamedTuple):
@@ -47,13 +47,14 @@ class FilterLayout:
 
 def run_filter(state: SharedState, alias: str, rows: Sequence[int], documents: dict[int, Tokens],
                layout: FilterLayout, answer: Callable[[int, float], bool], margin_of: Callable[[ItemResult], float],
-               retain: bool, share: bool = False) -> list[FilterAnswer]:
-    """Every evaluated (document, stage), in the order they were answered."""
+               retain: bool, share: bool = False, lead: Lead | None = None) -> list[FilterAnswer]:
+    """Every evaluated (document, stage), in the order they were answered; the `lead` items (calibration)
+    ride in the first pass, ahead of the documents."""
     if retain:
         state.release(alias)
     run = _FilterRun(state, alias, layout, answer, margin_of, retain)
     run.schedule(rows, documents, share)
-    run_passes(state, run.next_items, run.done, run.after_pass)
+    run_passes(state, run.next_items, run.done, run.after_pass, lead)
     return run.out
 
 

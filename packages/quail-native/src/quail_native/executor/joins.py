@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from quail_native.executor.lending import Lending, Loan
 from quail_native.executor.packing import Item, ItemResult
-from quail_native.executor.state import SharedState, Tokens, drop, run_passes
+from quail_native.executor.state import Lead, SharedState, Tokens, drop, run_passes
 
 
 class JoinAnswer(NamedTuple):
@@ -54,8 +54,8 @@ class JoinLayout:
 
 def run_join(state: SharedState, anchors: list[Anchor], layout: JoinLayout,
              margin_of: Callable[[ItemResult], float], answer: Callable[[float], bool], retain: bool = False,
-             share: bool = False) -> list[JoinAnswer]:
-    """Every evaluated candidate, anchor by anchor.
+             share: bool = False, lead: Lead | None = None) -> list[JoinAnswer]:
+    """Every evaluated candidate, anchor by anchor; the `lead` items (calibration) ride in the first pass.
 
     `retain` keeps the document KV of each anchor that reaches the next join anchored on the same
     alias (one with a TRUE answer, or none under anti semantics); `share` lets anchors borrow the
@@ -147,7 +147,7 @@ def run_join(state: SharedState, anchors: list[Anchor], layout: JoinLayout,
                 drop(state, anchor.doc_block)
 
     total = sum(len(a.pending) for a in anchors)
-    run_passes(state, next_items, done, lambda: state.report(len(out), total))
+    run_passes(state, next_items, done, lambda: state.report(len(out), total), lead)
     if anchors and not retain:
         state.release(anchors[0].alias)
     return out
