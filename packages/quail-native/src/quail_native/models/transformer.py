@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -113,17 +113,13 @@ class Attention(nn.Module):
 
     def project(self, x: torch.Tensor, queries: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (at the `queries` rows when named, else every row), k and v (every row)."""
+        fused = _fused(self.fused)
         sizes = [self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features]
-        if self.fused is None:
-            return self.q_proj(x if queries is None else x[queries]), self.k_proj(x), self.v_proj(x)
         if queries is None:
-            q, k, v = self.fused.qkv(x).split(sizes, dim=-1)
+            q, k, v = fused.qkv(x).split(sizes, dim=-1)
             return q, k, v
-        k, v = self.fused.kv(x).split(sizes[1:], dim=-1)
-        return self.fused.q(x[queries]), k, v
-
-    def output(self, attended: torch.Tensor) -> torch.Tensor:
-        return self.o_proj(attended) if self.fused is None else self.fused.o(attended)
+        k, v = fused.kv(x).split(sizes[1:], dim=-1)
+        return fused.q(x[queries]), k, v
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...], context: tuple[torch.Tensor, torch.Tensor],
                 segments: Sequence[AttentionSegment], queries: torch.Tensor | None = None
@@ -146,7 +142,7 @@ class Attention(nn.Module):
                 out[:, segment.rows] = attend(q[:, segment.rows], keys, values, segment.masks[self.kind])
         else:
             out = self._attend_queries(q, queries, context, k, v, segments)
-        return self.output(out.transpose(0, 1).reshape(q.shape[1], arch.heads * arch.head_dim)), k, v
+        return _fused(self.fused).o(out.transpose(0, 1).reshape(q.shape[1], arch.heads * arch.head_dim)), k, v
 
     def _attend_queries(self, q: torch.Tensor, queries: torch.Tensor, context: tuple[torch.Tensor, torch.Tensor],
                         k: torch.Tensor, v: torch.Tensor, segments: Sequence[AttentionSegment]) -> torch.Tensor:
@@ -221,6 +217,22 @@ class _AttentionProjections:
     o: Projection
 
 
+@dataclass(frozen=True)
+class _MLPProjections:
+    gate_up: Projection
+    down: Projection
+
+
+Fused = TypeVar("Fused", _AttentionProjections, _MLPProjections)
+
+
+def _fused(projections: Fused | None) -> Fused:
+    if projections is None:
+        raise RuntimeError("the model's projections are not fused yet: call fuse_projections() once the weights "
+                           "are loaded")
+    return projections
+
+
 class MLP(nn.Module):
     def __init__(self, arch: Arch) -> None:
         super().__init__()
@@ -228,24 +240,18 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(arch.hidden, arch.ffn, bias=False)
         self.down_proj = nn.Linear(arch.ffn, arch.hidden, bias=False)
         self.activation = arch.activation
-        self.gate_up: Projection | None = None
-        self.down: Projection | None = None
+        self.fused: _MLPProjections | None = None
 
     def fuse(self) -> None:
         """One [gate; up] weight: one GEMM of twice the width instead of two."""
-        self.gate_up = Projection(_fuse(self.gate_proj, self.up_proj))
-        self.down = Projection(self.down_proj.weight)
+        self.fused = _MLPProjections(Projection(_fuse(self.gate_proj, self.up_proj)), Projection(self.down_proj.weight))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up is None or self.down is None:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-            down = self.down_proj
-        else:
-            gate, up = self.gate_up(x).chunk(2, dim=-1)
-            down = self.down
+        fused = _fused(self.fused)
+        gate, up = fused.gate_up(x).chunk(2, dim=-1)
         if self.activation == "silu":
-            return down(F.silu(gate).mul_(up))
-        return down(kernels.gelu_tanh_times(gate, up))
+            return fused.down(F.silu(gate).mul_(up))
+        return fused.down(kernels.gelu_tanh_times(gate, up))
 
 
 def _fuse(*linears: nn.Linear) -> torch.Tensor:
