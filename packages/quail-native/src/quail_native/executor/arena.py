@@ -146,14 +146,11 @@ class KVArena:
             if self._references[page] == 0:
                 self._free.append(page)
 
-    def gather(self, block_ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer (keys, values) of the blocks laid end to end, as the attention context."""
-        if not block_ids:
-            empty = torch.zeros(self.shape.kv_heads, 0, self.shape.head_dim, dtype=self.shape.dtype,
-                                device=self.keys[0].device)
-            return [(empty, empty)] * self.shape.layers
-        rows = torch.cat([self._rows(self._blocks[b].pages, self._blocks[b].length) for b in block_ids])
-        return [(k.index_select(1, rows), v.index_select(1, rows)) for k, v in zip(self.keys, self.values, strict=True)]
+    def slots(self, block_id: int) -> torch.Tensor:
+        """The rows of the per-layer `keys` / `values` that hold a block's tokens, in order: attention
+        reads a block in place through them (no copy of the context per pass)."""
+        block = self._blocks[block_id]
+        return self._rows(block.pages, block.length)
 
     def __contains__(self, block_id: int) -> bool:
         return block_id in self._blocks

@@ -97,7 +97,7 @@ class Packer:
         order = sorted(range(len(items)), key=lambda i: items[i].parents)
         ordered = [items[i] for i in order]
         block_ids = list(dict.fromkeys(b for item in ordered for b in item.parents))
-        context = self._context(block_ids)
+        context = list(zip(self.arena.keys, self.arena.values, strict=True))  # read in place at block slots
         rows = self._rows(ordered)
         layout = segments(self._spans(ordered, block_ids), self.model.arch.sliding_window)
         layout = [Segment(s.rows, s.context.to(self.device), {k: m.to(self.device) for k, m in s.masks.items()})
@@ -112,12 +112,7 @@ class Packer:
         return [r for r in back if r is not None]
 
     def _spans(self, items: Sequence[Item], block_ids: list[int]) -> list[ItemSpan]:
-        columns: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        offset = 0
-        for block_id in block_ids:
-            block = self.arena.get(block_id)
-            columns[block_id] = (torch.arange(offset, offset + block.length), block.positions)
-            offset += block.length
+        columns = {b: (self.arena.slots(b), self.arena.get(b).positions) for b in block_ids}
         spans, row = [], 0
         for item in items:
             parts = [columns[b] for b in item.parents]
@@ -127,9 +122,6 @@ class Packer:
                                   index, positions))
             row += len(item.tokens)
         return spans
-
-    def _context(self, block_ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return self.arena.gather(block_ids)
 
     @staticmethod
     def _rows(items: Sequence[Item]) -> _Rows:
