@@ -68,11 +68,15 @@ def projection_rate(dtype: torch.dtype, device: torch.device, rows: int, inputs:
     project(x)  # warm-up: the first call of a dtype pays for kernel selection
     best = 0.0
     for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize(device)
         started = time.perf_counter()
         project(x)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize(device)
         best = max(best, 2.0 * rows * inputs * outputs / max(time.perf_counter() - started, 1e-9))
     return best
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (a CUDA GEMM returns before it has run), so a timing covers it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -22,7 +22,7 @@ from quail_native.backend import NativeBackend
 from quail_native.benchmark.computes import compute_lines, computes_of, labelled, shard_walls
 from quail_native.benchmark.naive import NaiveModel
 from quail_native.benchmark.workloads import Workload, selected, tables
-from quail_native.precision import choose_precision, projection_rate
+from quail_native.precision import choose_precision, projection_rate, synchronize
 
 
 @dataclass(frozen=True)
@@ -66,17 +66,12 @@ def gemm_peak(device: torch.device, dtype: torch.dtype, sizes: tuple[int, ...] =
         b = torch.randn(size, size, device=device).to(dtype)
         a @ b
         for _ in range(repeats):
-            _synchronize(device)
+            synchronize(device)
             started = time.perf_counter()
             a @ b
-            _synchronize(device)
+            synchronize(device)
             best = max(best, 2 * size ** 3 / (time.perf_counter() - started))
     return best
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 PEAK_ROWS = 1024
