@@ -100,7 +100,7 @@ class NativeBackend:
         notes = [f"native engine computes in {precision.reason}"]
         if device.type == "cpu":  # built here, at boot, when this machine has no build cached yet
             notes.append(f"elementwise work: {kernels.status().detail}")
-        notes.append(f"projections: {projection.describe(device, dtype)}")
+            notes.append(f"projections: {projection.describe(device, dtype)}")
         return NativeExecution(loaded, AnswerColumns(tokens.true_ids, tokens.false_ids), arena,
                                Budget(config.chunk_tokens), tuple(notes))
 

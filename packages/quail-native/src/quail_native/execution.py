@@ -24,8 +24,6 @@ from quail_native.executor.readout import AnswerColumns, log_probabilities, marg
 from quail_native.executor.state import Budget, SharedState
 from quail_native.models.loading import LoadedModel
 
-Tokens = tuple[int, ...]
-
 
 class NativeExecution:
     def __init__(self, loaded: LoadedModel, answers: AnswerColumns, arena: KVArena, budget: Budget,

@@ -21,7 +21,7 @@ from quail_native.models.transformer import LayerType
 @dataclass(frozen=True)
 class Segment:
     rows: slice
-    context: torch.Tensor  # long [columns] into the pass's context KV
+    context: torch.Tensor  # long [columns]: the arena slots (rows of each layer's KV) its queries read
     masks: dict[LayerType, torch.Tensor]  # bool [rows, columns + rows], True = may attend
 
 
