@@ -357,7 +357,8 @@ def test_auto_precision_names_its_choice_and_the_probe_in_the_report(open_run):
         assert chosen == ("bf16" if ratio > 1 else "fp32"), note
     dtype = torch.bfloat16 if chosen == "bf16" else torch.float32
     assert others == [f"elementwise work: {kernels.status().detail}",
-                      f"projections: {projection.describe(torch.device('cpu'), dtype)}"]
+                      f"projections: {projection.describe(torch.device('cpu'), dtype)}",
+                      f"attention: {kernels.attention_status(dtype)}"]
 
 
 @pytest.mark.parametrize("order", ["by_cost", "as_written"])

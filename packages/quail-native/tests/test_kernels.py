@@ -254,3 +254,117 @@ def test_norm_and_rope_the_kernel_does_not_read_take_the_eager_path() -> None:
                             (x, cos.to(torch.float64), sin)]:  # a table of another dtype
             torch.testing.assert_close(kernels.rms_norm_rope(heads, weight, 1e-6, True, c, s).double(), want,
                                        rtol=1e-5, atol=1e-5)
+
+
+def segment_operands(rows: int, context: int, heads: int, kv_heads: int, dim: int, window: int | None,
+                     asked: list[int] | None, seed: int) -> dict[str, torch.Tensor]:
+    """A segment as a pass hands it over: an arena of kv heads read at scattered slots, the segment's own
+    rows of k and v (v cut from a wider projection, as the model's are), queries already scaled, and a
+    causal mask (with a sliding window, and only the `asked` rows, when given)."""
+    generator = torch.Generator().manual_seed(seed)
+    arena = tuple(torch.randn(kv_heads, context + 40, dim, generator=generator).to(torch.bfloat16) for _ in "kv")
+    slots = torch.randperm(context + 40, generator=generator)[:context]
+    keys = torch.randn(rows, kv_heads, dim, generator=generator).to(torch.bfloat16)
+    values = torch.randn(rows, 2 * kv_heads * dim, generator=generator).to(torch.bfloat16)[:, :kv_heads * dim]
+    q = (torch.randn(rows, heads, dim, generator=generator) * dim ** -0.5).to(torch.bfloat16)
+    mask = torch.cat((torch.ones(rows, context, dtype=torch.bool), torch.ones(rows, rows, dtype=torch.bool).tril()), 1)
+    if window is not None:
+        position = torch.arange(context + rows)
+        mask &= (position[context:, None] - position[None, :]) < window
+    if asked is not None:
+        q, mask = q[asked], mask[asked].contiguous()
+    return {"q": q, "context_keys": arena[0], "context_values": arena[1], "slots": slots, "keys": keys,
+            "values": values.reshape(rows, kv_heads, dim), "mask": mask}
+
+
+def reference_attention(operands: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Softmax attention in float64, head by head, each query head on its group's kv head."""
+    slots = operands["slots"]
+    keys = torch.cat((operands["context_keys"][:, slots].transpose(0, 1), operands["keys"])).double()
+    values = torch.cat((operands["context_values"][:, slots].transpose(0, 1), operands["values"])).double()
+    q, mask = operands["q"].double(), operands["mask"]
+    group = q.shape[1] // keys.shape[1]
+    heads = [(q[:, h] @ keys[:, h // group].T).masked_fill(~mask, float("-inf")).softmax(-1) @ values[:, h // group]
+             for h in range(q.shape[1])]
+    return torch.stack(heads, dim=1)
+
+
+def fused_attention(operands: dict[str, torch.Tensor]) -> tuple[bool, torch.Tensor]:
+    out = torch.full_like(operands["q"], float("nan"))
+    with torch.inference_mode():
+        ran = kernels.attention(operands["q"], (operands["context_keys"], operands["context_values"]),
+                                operands["slots"], operands["keys"], operands["values"], operands["mask"], out)
+    return ran, out
+
+
+needs_fused_attention = pytest.mark.skipif(
+    not kernels.attention_status(torch.bfloat16).startswith("fused"),
+    reason=f"attention here: {kernels.attention_status(torch.bfloat16)}")
+
+
+@needs_fused_attention
+@pytest.mark.parametrize(("rows", "context", "heads", "kv_heads", "dim", "window", "asked"), [
+    (1, 0, 4, 1, 256, None, None),  # one token, nothing before it
+    (5, 3, 4, 1, 256, None, None),
+    (85, 4, 4, 1, 256, None, None),  # a review over the preamble (the bench's segments)
+    (20, 437, 4, 1, 256, None, None),  # a question tail over a long document
+    (300, 0, 4, 1, 256, 100, None),  # a sliding window: whole blocks before it are skipped
+    (37, 101, 4, 2, 32, None, None),  # grouped query heads, 32-wide heads (the tiny test models)
+    (40, 17, 2, 1, 64, None, None),  # fewer query heads than the kernel computes together
+    (64, 300, 8, 2, 96, 50, None),
+    (70, 40, 4, 1, 256, None, [5, 30, 69]),  # only the read-out rows ask (the last layer)
+])
+def test_fused_attention_matches_float64_within_bf16_rounding(rows, context, heads, kv_heads, dim, window,
+                                                              asked) -> None:
+    operands = segment_operands(rows, context, heads, kv_heads, dim, window, asked, rows + context + dim)
+    ran, got = fused_attention(operands)
+    assert ran
+    want = reference_attention(operands)
+    # Two bf16 roundings: the weights (relative 2^-9 each, so at most 2^-9 max|v| in the sum) and the output.
+    bound = 2.0 ** -9 * operands["values"].double().abs().max() + 2.0 ** -8 * want.abs() + 1e-6
+    assert bool(((got.double() - want).abs() <= bound).all())
+
+
+@needs_fused_attention
+def test_fused_attention_is_closer_to_float64_than_the_gemm_path() -> None:
+    """Scores and softmax stay in fp32 inside the kernel; torch's bf16 GEMMs round the scores first."""
+    from quail_native.models.transformer import attend
+
+    operands = segment_operands(120, 60, 4, 1, 256, None, None, 7)
+    ran, got = fused_attention(operands)
+    slots = operands["slots"]
+    keys = torch.cat((operands["context_keys"][:, slots], operands["keys"].transpose(0, 1)), dim=1)
+    values = torch.cat((operands["context_values"][:, slots], operands["values"].transpose(0, 1)), dim=1)
+    with torch.inference_mode():
+        gemms = attend(operands["q"].transpose(0, 1), keys, values, operands["mask"]).transpose(0, 1)
+    want = reference_attention(operands)
+    assert ran
+    assert (got.double() - want).abs().mean() < (gemms.double() - want).abs().mean()
+
+
+def test_attention_the_kernel_does_not_run_is_left_to_the_caller() -> None:
+    """fp32 (the kernel is bf16 only), heads not a multiple of 32 wide, or a mask of the wrong width: False,
+    and `out` untouched."""
+    cases = []
+    fp32 = segment_operands(9, 4, 4, 1, 64, None, None, 1)
+    cases.append({name: t.float() if t.is_floating_point() else t for name, t in fp32.items()})
+    cases.append(segment_operands(9, 4, 4, 1, 48, None, None, 2))
+    narrow = segment_operands(9, 4, 4, 1, 64, None, None, 3)
+    cases.append({**narrow, "mask": narrow["mask"][:, 1:].contiguous()})
+    for operands in cases:
+        ran, out = fused_attention(operands)
+        assert not ran
+        assert bool(out.isnan().all())
+
+
+def test_a_cpu_with_avx512_bf16_attends_with_the_fused_kernel_and_the_report_says_so() -> None:
+    flags = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("flags"):
+            flags.update(line.split(":", 1)[1].split())
+    capable = {"avx512_bf16", "avx512bw", "avx512vl"} <= flags and kernels.status().fused
+    assert kernels.attention_status(torch.bfloat16) == ("fused bf16 kernel (AVX-512 BF16)" if capable else (
+        "two GEMMs around a softmax (the fused kernel needs AVX-512 BF16, which this CPU lacks)"
+        if kernels.status().fused else f"two GEMMs around a softmax ({kernels.status().detail})"))
+    assert kernels.attention_status(torch.float32) == \
+        "two GEMMs around a softmax (the fused kernel is bf16 only, this pass is fp32)"

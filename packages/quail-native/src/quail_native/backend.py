@@ -101,6 +101,7 @@ class NativeBackend:
         if device.type == "cpu":  # built here, at boot, when this machine has no build cached yet
             notes.append(f"elementwise work: {kernels.status().detail}")
             notes.append(f"projections: {projection.describe(device, dtype)}")
+            notes.append(f"attention: {kernels.attention_status(dtype)}")
         return NativeExecution(loaded, AnswerColumns(tokens.true_ids, tokens.false_ids), arena,
                                Budget(config.chunk_tokens), tuple(notes))
 

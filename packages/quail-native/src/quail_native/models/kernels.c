@@ -1,4 +1,5 @@
-/* Quail's fused elementwise kernels for the CPU, built once per machine by quail_native.models.kernels.
+/* Quail's fused CPU kernels (elementwise work, and attention in bf16), built once per machine by
+ * quail_native.models.kernels.
  *
  * One pass over memory where torch's eager ops make several: GELU-tanh(gate) · up reads gate and up
  * once and writes the product once. Loops are written so the compiler vectorises them (-O3 -march=native),
@@ -156,3 +157,204 @@ RMS_NORM(quail_rms_norm_bf16, normalize_bf16, uint16_t, widen, narrow)
 RMS_NORM(quail_rms_norm_f32, normalize_f32, float, same, same)
 RMS_NORM_ROPE(quail_rms_norm_rope_bf16, normalize_bf16, uint16_t, widen, narrow)
 RMS_NORM_ROPE(quail_rms_norm_rope_f32, normalize_f32, float, same, same)
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#include <immintrin.h>
+#include <stdlib.h>
+
+/* Attention of one segment in bf16, on CPUs with AVX-512 BF16 (vdpbf16ps: pairs of bf16 products summed
+ * into fp32). torch's two GEMMs around a softmax compute every (row, column) score, half of them under the
+ * causal mask, and take four more passes over the scores (mask, softmax, two roundings); here each row
+ * stops at its last visible column, scores and the softmax stay in fp32 (one rounding, of the weights), and
+ * nothing is gathered or transposed first: the context is read at its arena slots. 2–3× faster on the
+ * segments of a pass on a 2-core EPYC, and closer to an fp32 reference. */
+
+#define ATTENTION_HEADS 4 /* query heads computed together: each key and value load feeds four products */
+
+static inline __m512 exp_within_87_x16(__m512 x) {
+    const __m512 round_shift = _mm512_set1_ps(12582912.0f);
+    __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.4426950408889634f), round_shift), round_shift);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.4286068203094173e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    __m512i exponent = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(exponent));
+}
+
+/* Which of the 16 columns from `column` (below `stop`) the mask row lets the query see. */
+static inline __mmask16 visible16(const uint8_t *mask, int64_t column, int64_t stop) {
+    int64_t left = stop - column;
+    __mmask16 inside = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+    __m128i bytes = _mm_maskz_loadu_epi8(inside, mask + column);
+    return _mm_mask_test_epi8_mask(inside, bytes, bytes);
+}
+
+/* weights[c] = the softmax of scores[c] over the visible columns of [start, stop), rounded to bf16 once;
+ * 0 at hidden columns. `start` is a multiple of 16 and the buffers run 16 columns past `stop`. */
+static void softmax_to_bf16(float *scores, const uint8_t *mask, int64_t start, int64_t stop, uint16_t *weights) {
+    __m512 top = _mm512_set1_ps(-INFINITY);
+    for (int64_t c = start; c < stop; c += 16)
+        top = _mm512_mask_max_ps(top, visible16(mask, c, stop), top, _mm512_load_ps(scores + c));
+    __m512 peak = _mm512_set1_ps(_mm512_reduce_max_ps(top)), floor = _mm512_set1_ps(-87.0f);
+    __m512 total = _mm512_setzero_ps();
+    for (int64_t c = start; c < stop; c += 16) {
+        __m512 shifted = _mm512_max_ps(_mm512_sub_ps(_mm512_load_ps(scores + c), peak), floor);
+        __m512 e = _mm512_maskz_mov_ps(visible16(mask, c, stop), exp_within_87_x16(shifted));
+        _mm512_store_ps(scores + c, e);
+        total = _mm512_add_ps(total, e);
+    }
+    __m512 inverse = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
+    for (int64_t c = start; c < stop; c += 16)
+        _mm256_store_si256((__m256i *)(weights + c),
+                           (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(scores + c), inverse)));
+}
+
+/* One kv head's keys and values in the layouts vdpbf16ps reads: keys as [column blocks of 16][dim / 2][16]
+ * [2] (a block's 16 columns side by side, two dimensions each), values as [column pairs][dim][2]; columns
+ * past the last (to whole blocks, plus one block) are zero. Column c < `context` is arena slot slots[c],
+ * column context + j the segment's own row j. */
+static void pack_kv(const uint16_t *context_keys, const uint16_t *context_values, const int64_t *slots,
+                    int64_t context, const uint16_t *keys, int64_t key_stride, const uint16_t *values,
+                    int64_t value_stride, int64_t columns, int64_t padded, int64_t dim, uint16_t *packed_keys, uint16_t *packed_values) {
+    int64_t half = dim / 2;
+    #pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < padded; c++) {
+        const uint16_t *k = NULL, *v = NULL;
+        if (c < context) {
+            k = context_keys + slots[c] * dim;
+            v = context_values + slots[c] * dim;
+        } else if (c < columns) {
+            k = keys + (c - context) * key_stride;
+            v = values + (c - context) * value_stride;
+        }
+        uint32_t *key_pairs = (uint32_t *)(packed_keys + (c / 16) * half * 32) + c % 16;
+        uint16_t *value_column = packed_values + (c / 2) * dim * 2 + c % 2;
+        for (int64_t p = 0; p < half; p++) {
+            uint32_t pair = 0;
+            if (k) memcpy(&pair, k + 2 * p, 4);
+            key_pairs[p * 16] = pair;
+        }
+        for (int64_t d = 0; d < dim; d++) value_column[2 * d] = v ? v[d] : 0;
+    }
+}
+
+/* scores[h][c] = q_h · key c for four query heads and the column blocks [first, last), two blocks a step
+ * (eight independent sums hide vdpbf16ps's latency). Rows of `scores` are `width` floats apart. */
+static void scores4(const uint16_t *const q[ATTENTION_HEADS], const uint16_t *packed_keys, int64_t first,
+                    int64_t last, int64_t dim, float *scores, int64_t width) {
+    int64_t half = dim / 2;
+    for (int64_t b = first; b < last; b += 2) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+        __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps(), b2 = _mm512_setzero_ps(), b3 = _mm512_setzero_ps();
+        const uint16_t *block = packed_keys + b * half * 32, *next = block + half * 32;
+        for (int64_t p = 0; p < half; p++) {
+            __m512bh x = (__m512bh)_mm512_load_si512((const void *)(block + p * 32));
+            __m512bh y = (__m512bh)_mm512_load_si512((const void *)(next + p * 32));
+            int32_t q0, q1, q2, q3;
+            memcpy(&q0, q[0] + 2 * p, 4);
+            memcpy(&q1, q[1] + 2 * p, 4);
+            memcpy(&q2, q[2] + 2 * p, 4);
+            memcpy(&q3, q[3] + 2 * p, 4);
+            __m512bh w0 = (__m512bh)_mm512_set1_epi32(q0), w1 = (__m512bh)_mm512_set1_epi32(q1);
+            __m512bh w2 = (__m512bh)_mm512_set1_epi32(q2), w3 = (__m512bh)_mm512_set1_epi32(q3);
+            a0 = _mm512_dpbf16_ps(a0, x, w0); b0 = _mm512_dpbf16_ps(b0, y, w0);
+            a1 = _mm512_dpbf16_ps(a1, x, w1); b1 = _mm512_dpbf16_ps(b1, y, w1);
+            a2 = _mm512_dpbf16_ps(a2, x, w2); b2 = _mm512_dpbf16_ps(b2, y, w2);
+            a3 = _mm512_dpbf16_ps(a3, x, w3); b3 = _mm512_dpbf16_ps(b3, y, w3);
+        }
+        float *s = scores + b * 16;
+        _mm512_store_ps(s, a0); _mm512_store_ps(s + 16, b0);
+        _mm512_store_ps(s + width, a1); _mm512_store_ps(s + width + 16, b1);
+        _mm512_store_ps(s + 2 * width, a2); _mm512_store_ps(s + 2 * width + 16, b2);
+        _mm512_store_ps(s + 3 * width, a3); _mm512_store_ps(s + 3 * width + 16, b3);
+    }
+}
+
+/* out_h[d0, d0 + 16 vectors) = Σ_c weights[h][c] · value c over the column pairs [first, last) for four
+ * heads (up to sixteen sums); only the first `heads` outputs are written, rounded to bf16. */
+static inline void weighted_values4(const uint16_t *weights, int64_t width, const uint16_t *packed_values,
+                                    int64_t first, int64_t last, int64_t dim, int64_t d0, int vectors,
+                                    int64_t heads, uint16_t *const out[ATTENTION_HEADS]) {
+    __m512 sums[ATTENTION_HEADS][4];
+    for (int h = 0; h < ATTENTION_HEADS; h++)
+        for (int j = 0; j < vectors; j++) sums[h][j] = _mm512_setzero_ps();
+    for (int64_t p = first; p < last; p++) {
+        const uint16_t *pair = packed_values + p * dim * 2 + d0 * 2;
+        __m512bh v[4];
+        for (int j = 0; j < vectors; j++) v[j] = (__m512bh)_mm512_load_si512((const void *)(pair + 32 * j));
+        for (int h = 0; h < ATTENTION_HEADS; h++) {
+            int32_t both;
+            memcpy(&both, weights + h * width + 2 * p, 4);
+            __m512bh w = (__m512bh)_mm512_set1_epi32(both);
+            for (int j = 0; j < vectors; j++) sums[h][j] = _mm512_dpbf16_ps(sums[h][j], v[j], w);
+        }
+    }
+    for (int64_t h = 0; h < heads; h++)
+        for (int j = 0; j < vectors; j++)
+            _mm256_storeu_si256((__m256i *)(out[h] + d0 + 16 * j), (__m256i)_mm512_cvtneps_pbh(sums[h][j]));
+}
+
+/* Masked attention of `rows` queries ([rows][heads][dim] bf16, rows q_stride apart, already scaled) over
+ * `context` arena slots plus `own` new rows of keys and values ([own][kv_heads][dim], rows key_stride and
+ * value_stride apart); the arena holds [kv_heads][slots][dim] (kv heads arena_head_stride apart). mask: bool
+ * [rows][context + own], true = may attend. out: [rows][heads][dim], rows out_stride apart. Query head h reads
+ * kv head h / (heads / kv_heads). dim is a multiple of 32. */
+void quail_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *context_keys,
+                          const uint16_t *context_values, int64_t arena_head_stride, const int64_t *slots,
+                          int64_t context, const uint16_t *keys, int64_t key_stride, const uint16_t *values,
+                          int64_t value_stride, int64_t own, const uint8_t *mask, uint16_t *out, int64_t out_stride, int64_t rows,
+                          int64_t heads, int64_t kv_heads, int64_t dim) {
+    int64_t columns = context + own, blocks = (columns + 15) / 16, padded = (blocks + 1) * 16;
+    int64_t group = heads / kv_heads, width = padded;
+    uint16_t *packed_keys = aligned_alloc(64, (size_t)(kv_heads * padded * dim) * sizeof(uint16_t));
+    uint16_t *packed_values = aligned_alloc(64, (size_t)(kv_heads * padded * dim) * sizeof(uint16_t));
+    for (int64_t g = 0; g < kv_heads; g++)
+        pack_kv(context_keys + g * arena_head_stride, context_values + g * arena_head_stride, slots, context,
+                keys + g * dim, key_stride, values + g * dim, value_stride, columns, padded, dim,
+                packed_keys + g * padded * dim, packed_values + g * padded * dim);
+    #pragma omp parallel
+    {
+        float *scores = aligned_alloc(64, (size_t)(ATTENTION_HEADS * width) * sizeof(float));
+        uint16_t *weights = aligned_alloc(64, (size_t)(ATTENTION_HEADS * width) * sizeof(uint16_t));
+        #pragma omp for schedule(dynamic, 4)
+        for (int64_t r = 0; r < rows; r++) {
+            const uint8_t *visible = mask + r * columns;
+            int64_t stop = columns, start = 0;
+            while (stop > 0 && !visible[stop - 1]) stop--;
+            while (start < stop && !visible[start]) start++;
+            start -= start % 16; /* sliding layers skip whole blocks before the window */
+            for (int64_t g = 0; g < kv_heads; g++) {
+                const uint16_t *packed_k = packed_keys + g * padded * dim, *packed_v = packed_values + g * padded * dim;
+                for (int64_t h0 = g * group; h0 < (g + 1) * group; h0 += ATTENTION_HEADS) {
+                    int64_t count = (g + 1) * group - h0 < ATTENTION_HEADS ? (g + 1) * group - h0 : ATTENTION_HEADS;
+                    const uint16_t *query[ATTENTION_HEADS];
+                    uint16_t *target[ATTENTION_HEADS];
+                    for (int64_t h = 0; h < ATTENTION_HEADS; h++) { /* missing heads repeat the first */
+                        query[h] = q + r * q_stride + (h0 + (h < count ? h : 0)) * dim;
+                        target[h] = out + r * out_stride + (h0 + (h < count ? h : 0)) * dim;
+                    }
+                    scores4(query, packed_k, start / 16, (stop + 15) / 16, dim, scores, width);
+                    for (int64_t h = 0; h < count; h++)
+                        softmax_to_bf16(scores + h * width, visible, start, stop, weights + h * width);
+                    for (int64_t d0 = 0; d0 < dim; d0 += 64) { /* 64 dimensions a step, then 32 */
+                        int vectors = dim - d0 >= 64 ? 4 : 2;
+                        weighted_values4(weights, width, packed_v, start / 2, (stop + 1) / 2, dim, d0, vectors,
+                                         count, target);
+                    }
+                }
+            }
+        }
+        free(scores);
+        free(weights);
+    }
+    free(packed_keys);
+    free(packed_values);
+}
+#endif

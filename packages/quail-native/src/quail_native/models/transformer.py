@@ -124,7 +124,8 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...], context: tuple[torch.Tensor, torch.Tensor],
                 segments: Sequence[AttentionSegment], queries: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Attention output ([query rows, hidden], after o_proj) and every row's new k and v.
+        """Attention output ([query rows, hidden], after o_proj) and every row's new k and v
+        ([kv_heads, rows, head_dim]).
 
         With `queries`, only those rows ask (the last layer, where only the read-out rows go on), while
         every row still gives its k and v to the cache."""
@@ -132,38 +133,47 @@ class Attention(nn.Module):
         q, k, v = self.project(x, queries)
         query_rope = rope if queries is None else tuple(table[queries] for table in rope)
         q = self.q_norm.rotated(q.reshape(q.shape[0], arch.heads, arch.head_dim), *query_rope,
-                                scale=arch.attention_scale).transpose(0, 1)
-        k = self.k_norm.rotated(k.reshape(tokens, arch.kv_heads, arch.head_dim), *rope).transpose(0, 1)
-        v = v.reshape(tokens, arch.kv_heads, arch.head_dim).transpose(0, 1)
-        if queries is None:
-            out = torch.empty_like(q)
-            for segment in segments:
-                keys, values = _segment_kv(segment, context, k, v)
-                out[:, segment.rows] = attend(q[:, segment.rows], keys, values, segment.masks[self.kind])
-        else:
-            out = self._attend_queries(q, queries, context, k, v, segments)
-        return _fused(self.fused).o(out.transpose(0, 1).reshape(q.shape[1], arch.heads * arch.head_dim)), k, v
-
-    def _attend_queries(self, q: torch.Tensor, queries: torch.Tensor, context: tuple[torch.Tensor, torch.Tensor],
-                        k: torch.Tensor, v: torch.Tensor, segments: Sequence[AttentionSegment]) -> torch.Tensor:
-        """Attention of the `queries` rows only, each under its own row of its segment's mask."""
+                                scale=arch.attention_scale)
+        k = self.k_norm.rotated(k.reshape(tokens, arch.kv_heads, arch.head_dim), *rope)
+        v = v.reshape(tokens, arch.kv_heads, arch.head_dim)
         out = torch.empty_like(q)
         for segment in segments:
+            mask = segment.masks[self.kind]
+            if queries is None:
+                _attend_segment(q[segment.rows], context, segment, k, v, mask, out[segment.rows])
+                continue
             start, stop = segment.rows.start, segment.rows.stop
             inside = ((queries >= start) & (queries < stop)).nonzero().squeeze(1)
-            if inside.numel() == 0:
-                continue
-            keys, values = _segment_kv(segment, context, k, v)
-            mask = segment.masks[self.kind][queries[inside] - start]
-            out[:, inside] = _attend_block(q[:, inside], keys, values, mask)
-        return out
+            if inside.numel():
+                asked = torch.empty_like(q[inside])
+                _attend_segment(q[inside], context, segment, k, v, mask[queries[inside] - start], asked)
+                out[inside] = asked
+        attended = _fused(self.fused).o(out.reshape(q.shape[0], arch.heads * arch.head_dim))
+        return attended, k.transpose(0, 1), v.transpose(0, 1)
 
 
-def _segment_kv(segment: AttentionSegment, context: tuple[torch.Tensor, torch.Tensor], k: torch.Tensor,
-                v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The keys and values a segment's rows see: its context columns, then its own rows."""
-    keys = torch.cat((context[0].index_select(1, segment.context), k[:, segment.rows]), dim=1)
-    values = torch.cat((context[1].index_select(1, segment.context), v[:, segment.rows]), dim=1)
+def _attend_segment(q: torch.Tensor, context: tuple[torch.Tensor, torch.Tensor], segment: AttentionSegment,
+                    k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, out: torch.Tensor) -> None:
+    """Attention of [rows, heads, head_dim] queries of one segment into `out` (the same shape), under `mask`
+    (one row per query): over the segment's context slots and its own rows of the pass's [tokens, kv_heads,
+    head_dim] k and v. The fused kernel where it runs (`kernels.attention`), else two GEMMs around a
+    softmax."""
+    own_keys, own_values = k[segment.rows], v[segment.rows]
+    if kernels.attention(q, context, segment.context, own_keys, own_values, mask, out):
+        return
+    keys, values = _segment_kv(segment, context, own_keys.transpose(0, 1), own_values.transpose(0, 1))
+    queries = q.transpose(0, 1)
+    attended = attend(queries, keys, values, mask) if q.shape[0] == mask.shape[0] == own_keys.shape[0] \
+        else _attend_block(queries, keys, values, mask)
+    out.copy_(attended.transpose(0, 1))
+
+
+def _segment_kv(segment: AttentionSegment, context: tuple[torch.Tensor, torch.Tensor], own_keys: torch.Tensor,
+                own_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The [kv_heads, columns, head_dim] keys and values a segment's rows see: its context columns, then its
+    own rows (given [kv_heads, rows, head_dim])."""
+    keys = torch.cat((context[0].index_select(1, segment.context), own_keys), dim=1)
+    values = torch.cat((context[1].index_select(1, segment.context), own_values), dim=1)
     return keys, values
 
 
