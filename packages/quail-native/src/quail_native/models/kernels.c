@@ -216,33 +216,31 @@ static void softmax_to_bf16(float *scores, const uint8_t *mask, int64_t start, i
                            (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(scores + c), inverse)));
 }
 
-/* One kv head's keys and values in the layouts vdpbf16ps reads: keys as [column blocks of 16][dim / 2][16]
- * [2] (a block's 16 columns side by side, two dimensions each), values as [column pairs][dim][2]; columns
- * past the last (to whole blocks, plus one block) are zero. Column c < `context` is arena slot slots[c],
- * column context + j the segment's own row j. */
-static void pack_kv(const uint16_t *context_keys, const uint16_t *context_values, const int64_t *slots,
-                    int64_t context, const uint16_t *keys, int64_t key_stride, const uint16_t *values,
-                    int64_t value_stride, int64_t columns, int64_t padded, int64_t dim, uint16_t *packed_keys, uint16_t *packed_values) {
-    int64_t half = dim / 2;
-    #pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < padded; c++) {
-        const uint16_t *k = NULL, *v = NULL;
-        if (c < context) {
-            k = context_keys + slots[c] * dim;
-            v = context_values + slots[c] * dim;
-        } else if (c < columns) {
-            k = keys + (c - context) * key_stride;
-            v = values + (c - context) * value_stride;
-        }
-        uint32_t *key_pairs = (uint32_t *)(packed_keys + (c / 16) * half * 32) + c % 16;
-        uint16_t *value_column = packed_values + (c / 2) * dim * 2 + c % 2;
-        for (int64_t p = 0; p < half; p++) {
-            uint32_t pair = 0;
-            if (k) memcpy(&pair, k + 2 * p, 4);
-            key_pairs[p * 16] = pair;
-        }
-        for (int64_t d = 0; d < dim; d++) value_column[2 * d] = v ? v[d] : 0;
+/* Column c of one kv head's keys and values, in the layouts vdpbf16ps reads: keys as [column blocks of 16]
+ * [dim / 2][16][2] (a block's 16 columns side by side, two dimensions each), values as [column pairs][dim][2].
+ * Column c < `context` is arena slot slots[c], column context + j the segment's own row j; columns past
+ * the last are zero. */
+static inline void pack_column(int64_t c, const uint16_t *context_keys, const uint16_t *context_values,
+                               const int64_t *slots, int64_t context, const uint16_t *keys, int64_t key_stride,
+                               const uint16_t *values, int64_t value_stride, int64_t columns, int64_t dim,
+                               uint16_t *packed_keys, uint16_t *packed_values) {
+    const uint16_t *k = NULL, *v = NULL;
+    if (c < context) {
+        k = context_keys + slots[c] * dim;
+        v = context_values + slots[c] * dim;
+    } else if (c < columns) {
+        k = keys + (c - context) * key_stride;
+        v = values + (c - context) * value_stride;
     }
+    int64_t half = dim / 2;
+    uint32_t *key_pairs = (uint32_t *)(packed_keys + (c / 16) * half * 32) + c % 16;
+    uint16_t *value_column = packed_values + (c / 2) * dim * 2 + c % 2;
+    for (int64_t p = 0; p < half; p++) {
+        uint32_t pair = 0;
+        if (k) memcpy(&pair, k + 2 * p, 4);
+        key_pairs[p * 16] = pair;
+    }
+    for (int64_t d = 0; d < dim; d++) value_column[2 * d] = v ? v[d] : 0;
 }
 
 /* scores[h][c] = q_h · key c for four query heads and the column blocks [first, last), two blocks a step
@@ -315,12 +313,15 @@ void quail_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *c
     int64_t group = heads / kv_heads, width = padded;
     uint16_t *packed_keys = aligned_alloc(64, (size_t)(kv_heads * padded * dim) * sizeof(uint16_t));
     uint16_t *packed_values = aligned_alloc(64, (size_t)(kv_heads * padded * dim) * sizeof(uint16_t));
-    for (int64_t g = 0; g < kv_heads; g++)
-        pack_kv(context_keys + g * arena_head_stride, context_values + g * arena_head_stride, slots, context,
-                keys + g * dim, key_stride, values + g * dim, value_stride, columns, padded, dim,
-                packed_keys + g * padded * dim, packed_values + g * padded * dim);
-    #pragma omp parallel
+    #pragma omp parallel /* one team for packing and attending: a segment costs one fork and join */
     {
+        #pragma omp for schedule(static)
+        for (int64_t index = 0; index < kv_heads * padded; index++) {
+            int64_t g = index / padded;
+            pack_column(index % padded, context_keys + g * arena_head_stride, context_values + g * arena_head_stride,
+                        slots, context, keys + g * dim, key_stride, values + g * dim, value_stride, columns, dim,
+                        packed_keys + g * padded * dim, packed_values + g * padded * dim);
+        }
         float *scores = aligned_alloc(64, (size_t)(ATTENTION_HEADS * width) * sizeof(float));
         uint16_t *weights = aligned_alloc(64, (size_t)(ATTENTION_HEADS * width) * sizeof(uint16_t));
         #pragma omp for schedule(dynamic, 4)
