@@ -160,6 +160,7 @@ RMS_NORM_ROPE(quail_rms_norm_rope_f32, normalize_f32, float, same, same)
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
+#include <omp.h>
 #include <stdlib.h>
 
 /* Attention of one segment in bf16, on CPUs with AVX-512 BF16 (vdpbf16ps: pairs of bf16 products summed
@@ -303,16 +304,22 @@ static inline void weighted_values4(const uint16_t *weights, int64_t width, cons
  * `context` arena slots plus `own` new rows of keys and values ([own][kv_heads][dim], rows key_stride and
  * value_stride apart); the arena holds [kv_heads][slots][dim] (kv heads arena_head_stride apart). mask: bool
  * [rows][context + own], true = may attend. out: [rows][heads][dim], rows out_stride apart. Query head h reads
- * kv head h / (heads / kv_heads). dim is a multiple of 32. */
-void quail_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *context_keys,
-                          const uint16_t *context_values, int64_t arena_head_stride, const int64_t *slots,
-                          int64_t context, const uint16_t *keys, int64_t key_stride, const uint16_t *values,
-                          int64_t value_stride, int64_t own, const uint8_t *mask, uint16_t *out, int64_t out_stride, int64_t rows,
-                          int64_t heads, int64_t kv_heads, int64_t dim) {
+ * kv head h / (heads / kv_heads). dim is a multiple of 32. Returns 0, or -1 (nothing written) when its
+ * scratch memory cannot be allocated. */
+int quail_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *context_keys,
+                         const uint16_t *context_values, int64_t arena_head_stride, const int64_t *slots,
+                         int64_t context, const uint16_t *keys, int64_t key_stride, const uint16_t *values,
+                         int64_t value_stride, int64_t own, const uint8_t *mask, uint16_t *out, int64_t out_stride,
+                         int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim) {
     int64_t columns = context + own, blocks = (columns + 15) / 16, padded = (blocks + 1) * 16;
-    int64_t group = heads / kv_heads, width = padded;
-    uint16_t *packed_keys = aligned_alloc(64, (size_t)(kv_heads * padded * dim) * sizeof(uint16_t));
-    uint16_t *packed_values = aligned_alloc(64, (size_t)(kv_heads * padded * dim) * sizeof(uint16_t));
+    int64_t group = heads / kv_heads, width = padded, threads = omp_get_max_threads();
+    size_t packed = (size_t)(kv_heads * padded * dim), scratch = (size_t)(ATTENTION_HEADS * width);
+    /* packed keys, packed values, then per thread fp32 scores and bf16 weights: one allocation */
+    size_t per_thread_bytes = scratch * (sizeof(float) + sizeof(uint16_t));
+    char *memory = aligned_alloc(64, 2 * packed * sizeof(uint16_t) + threads * per_thread_bytes);
+    if (memory == NULL) return -1;
+    uint16_t *packed_keys = (uint16_t *)memory, *packed_values = packed_keys + packed;
+    char *per_thread = (char *)(packed_values + packed);
     #pragma omp parallel /* one team for packing and attending: a segment costs one fork and join */
     {
         #pragma omp for schedule(static)
@@ -322,8 +329,8 @@ void quail_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *c
                         slots, context, keys + g * dim, key_stride, values + g * dim, value_stride, columns, dim,
                         packed_keys + g * padded * dim, packed_values + g * padded * dim);
         }
-        float *scores = aligned_alloc(64, (size_t)(ATTENTION_HEADS * width) * sizeof(float));
-        uint16_t *weights = aligned_alloc(64, (size_t)(ATTENTION_HEADS * width) * sizeof(uint16_t));
+        float *scores = (float *)(per_thread + omp_get_thread_num() * per_thread_bytes);
+        uint16_t *weights = (uint16_t *)(scores + scratch);
         #pragma omp for schedule(dynamic, 4)
         for (int64_t r = 0; r < rows; r++) {
             const uint8_t *visible = mask + r * columns;
@@ -352,10 +359,8 @@ void quail_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *c
                 }
             }
         }
-        free(scores);
-        free(weights);
     }
-    free(packed_keys);
-    free(packed_values);
+    free(memory);
+    return 0;
 }
 #endif

@@ -158,11 +158,14 @@ def attention(q: torch.Tensor, context: tuple[torch.Tensor, torch.Tensor], slots
     arena_keys, arena_values = context
     heads, dim = q.shape[1], q.shape[2]
     pointer, size = ctypes.c_void_p, ctypes.c_int64
-    kernel(pointer(q.data_ptr()), size(q.stride(0)), pointer(arena_keys.data_ptr()), pointer(arena_values.data_ptr()),
-           size(arena_keys.stride(0)), pointer(slots.data_ptr()), size(slots.numel()),
-           pointer(keys.data_ptr()), size(keys.stride(0)), pointer(values.data_ptr()), size(values.stride(0)),
-           size(keys.shape[0]), pointer(mask.data_ptr()), pointer(out.data_ptr()), size(out.stride(0)),
-           size(q.shape[0]), size(heads), size(keys.shape[1]), size(dim))
+    failed = kernel(pointer(q.data_ptr()), size(q.stride(0)), pointer(arena_keys.data_ptr()),
+                    pointer(arena_values.data_ptr()), size(arena_keys.stride(0)), pointer(slots.data_ptr()),
+                    size(slots.numel()), pointer(keys.data_ptr()), size(keys.stride(0)), pointer(values.data_ptr()),
+                    size(values.stride(0)), size(keys.shape[0]), pointer(mask.data_ptr()), pointer(out.data_ptr()),
+                    size(out.stride(0)), size(q.shape[0]), size(heads), size(keys.shape[1]), size(dim))
+    if failed:
+        raise MemoryError(f"the attention kernel could not allocate its scratch for a segment of {q.shape[0]} rows "
+                          f"over {slots.numel() + keys.shape[0]} columns")
     return True
 
 
