@@ -312,6 +312,9 @@ needs_fused_attention = pytest.mark.skipif(
     (37, 101, 4, 2, 32, None, None),  # grouped query heads, 32-wide heads (the tiny test models)
     (40, 17, 2, 1, 64, None, None),  # fewer query heads than the kernel computes together
     (64, 300, 8, 2, 96, 50, None),
+    (33, 9, 6, 2, 64, None, None),  # groups of three heads
+    (29, 12, 6, 1, 64, 20, None),  # a group of six: one step of four, then two
+    (1, 0, 3, 1, 32, None, None),
     (70, 40, 4, 1, 256, None, [5, 30, 69]),  # only the read-out rows ask (the last layer)
 ])
 def test_fused_attention_matches_float64_within_bf16_rounding(rows, context, heads, kv_heads, dim, window,
@@ -364,7 +367,7 @@ def test_a_cpu_with_avx512_bf16_attends_with_the_fused_kernel_and_the_report_say
             flags.update(line.split(":", 1)[1].split())
     capable = {"avx512_bf16", "avx512bw", "avx512vl"} <= flags and kernels.status().fused
     assert kernels.attention_status(torch.bfloat16) == ("fused bf16 kernel (AVX-512 BF16)" if capable else (
-        "two GEMMs around a softmax (the fused kernel needs AVX-512 BF16, which this CPU lacks)"
+        "two GEMMs around a softmax (the fused kernel needs AVX-512 BF16: this CPU or its compiler lacks it)"
         if kernels.status().fused else f"two GEMMs around a softmax ({kernels.status().detail})"))
     assert kernels.attention_status(torch.float32) == \
-        "two GEMMs around a softmax (the fused kernel is bf16 only, this pass is fp32)"
+        "two GEMMs around a softmax (the fused kernel is bf16 only)"

@@ -172,6 +172,7 @@ RMS_NORM_ROPE(quail_rms_norm_rope_f32, normalize_f32, float, same, same)
 
 #define ATTENTION_HEADS 4 /* query heads computed together: each key and value load feeds four products */
 
+/* exp_within_87 (above) on 16 lanes, written with intrinsics: the softmax reads it under a lane mask. */
 static inline __m512 exp_within_87_x16(__m512 x) {
     const __m512 round_shift = _mm512_set1_ps(12582912.0f);
     __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.4426950408889634f), round_shift), round_shift);
@@ -276,9 +277,9 @@ static void scores4(const uint16_t *const q[ATTENTION_HEADS], const uint16_t *pa
     }
 }
 
-/* out_h[d0, d0 + 16 vectors) = Σ_c weights[h][c] · value c over the column pairs [first, last) for four
+/* out_h[d0, d0 + 16 vectors) = Σ_c weights_h[c] · value c over the column pairs [first, last) for four
  * heads (up to sixteen sums); only the first `heads` outputs are written, rounded to bf16. */
-static inline void weighted_values4(const uint16_t *weights, int64_t width, const uint16_t *packed_values,
+static inline void weighted_values4(const uint16_t *const weights[ATTENTION_HEADS], const uint16_t *packed_values,
                                     int64_t first, int64_t last, int64_t dim, int64_t d0, int vectors,
                                     int64_t heads, uint16_t *const out[ATTENTION_HEADS]) {
     __m512 sums[ATTENTION_HEADS][4];
@@ -290,7 +291,7 @@ static inline void weighted_values4(const uint16_t *weights, int64_t width, cons
         for (int j = 0; j < vectors; j++) v[j] = (__m512bh)_mm512_load_si512((const void *)(pair + 32 * j));
         for (int h = 0; h < ATTENTION_HEADS; h++) {
             int32_t both;
-            memcpy(&both, weights + h * width + 2 * p, 4);
+            memcpy(&both, weights[h] + 2 * p, 4);
             __m512bh w = (__m512bh)_mm512_set1_epi32(both);
             for (int j = 0; j < vectors; j++) sums[h][j] = _mm512_dpbf16_ps(sums[h][j], v[j], w);
         }
@@ -298,6 +299,38 @@ static inline void weighted_values4(const uint16_t *weights, int64_t width, cons
     for (int64_t h = 0; h < heads; h++)
         for (int j = 0; j < vectors; j++)
             _mm256_storeu_si256((__m256i *)(out[h] + d0 + 16 * j), (__m256i)_mm512_cvtneps_pbh(sums[h][j]));
+}
+
+/* One query row, all heads: its visible columns are [start, stop) (start rounded down to a block, so
+ * sliding layers skip whole blocks before the window); query heads go four at a time, a group of fewer
+ * repeating its first head (computed, never written). A row that sees no column gets zeros. */
+static void attend_row(const uint16_t *q, const uint8_t *visible, int64_t columns, const uint16_t *packed_keys,
+                       const uint16_t *packed_values, int64_t padded, uint16_t *out, int64_t heads,
+                       int64_t kv_heads, int64_t dim, float *scores, uint16_t *weights, int64_t width) {
+    int64_t stop = columns, start = 0, group = heads / kv_heads;
+    while (stop > 0 && !visible[stop - 1]) stop--;
+    while (start < stop && !visible[start]) start++;
+    start -= start % 16;
+    for (int64_t g = 0; g < kv_heads; g++) {
+        const uint16_t *packed_k = packed_keys + g * padded * dim, *packed_v = packed_values + g * padded * dim;
+        for (int64_t h0 = g * group; h0 < (g + 1) * group; h0 += ATTENTION_HEADS) {
+            int64_t count = (g + 1) * group - h0 < ATTENTION_HEADS ? (g + 1) * group - h0 : ATTENTION_HEADS;
+            const uint16_t *query[ATTENTION_HEADS], *weight_rows[ATTENTION_HEADS];
+            uint16_t *target[ATTENTION_HEADS];
+            for (int64_t h = 0; h < ATTENTION_HEADS; h++) {
+                int64_t head = h < count ? h : 0;
+                query[h] = q + (h0 + head) * dim;
+                target[h] = out + (h0 + head) * dim;
+                weight_rows[h] = weights + head * width;
+            }
+            scores4(query, packed_k, start / 16, (stop + 15) / 16, dim, scores, width);
+            for (int64_t h = 0; h < count; h++)
+                softmax_to_bf16(scores + h * width, visible, start, stop, weights + h * width);
+            for (int64_t d0 = 0; d0 < dim; d0 += 64) /* 64 dimensions a step, then 32 */
+                weighted_values4(weight_rows, packed_v, start / 2, (stop + 1) / 2, dim, d0, dim - d0 >= 64 ? 4 : 2,
+                                 count, target);
+        }
+    }
 }
 
 /* Masked attention of `rows` queries ([rows][heads][dim] bf16, rows q_stride apart, already scaled) over
@@ -312,7 +345,7 @@ int quail_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *co
                          int64_t value_stride, int64_t own, const uint8_t *mask, uint16_t *out, int64_t out_stride,
                          int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim) {
     int64_t columns = context + own, blocks = (columns + 15) / 16, padded = (blocks + 1) * 16;
-    int64_t group = heads / kv_heads, width = padded, threads = omp_get_max_threads();
+    int64_t width = padded, threads = omp_get_max_threads();
     size_t packed = (size_t)(kv_heads * padded * dim), scratch = (size_t)(ATTENTION_HEADS * width);
     /* packed keys, packed values, then per thread fp32 scores and bf16 weights: one allocation */
     size_t per_thread_bytes = scratch * (sizeof(float) + sizeof(uint16_t));
@@ -320,7 +353,8 @@ int quail_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *co
     if (memory == NULL) return -1;
     uint16_t *packed_keys = (uint16_t *)memory, *packed_values = packed_keys + packed;
     char *per_thread = (char *)(packed_values + packed);
-    #pragma omp parallel /* one team for packing and attending: a segment costs one fork and join */
+    /* one team for packing and attending (a segment costs one fork and join), of at most `threads` */
+    #pragma omp parallel num_threads(threads)
     {
         #pragma omp for schedule(static)
         for (int64_t index = 0; index < kv_heads * padded; index++) {
@@ -332,33 +366,9 @@ int quail_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *co
         float *scores = (float *)(per_thread + omp_get_thread_num() * per_thread_bytes);
         uint16_t *weights = (uint16_t *)(scores + scratch);
         #pragma omp for schedule(dynamic, 4)
-        for (int64_t r = 0; r < rows; r++) {
-            const uint8_t *visible = mask + r * columns;
-            int64_t stop = columns, start = 0;
-            while (stop > 0 && !visible[stop - 1]) stop--;
-            while (start < stop && !visible[start]) start++;
-            start -= start % 16; /* sliding layers skip whole blocks before the window */
-            for (int64_t g = 0; g < kv_heads; g++) {
-                const uint16_t *packed_k = packed_keys + g * padded * dim, *packed_v = packed_values + g * padded * dim;
-                for (int64_t h0 = g * group; h0 < (g + 1) * group; h0 += ATTENTION_HEADS) {
-                    int64_t count = (g + 1) * group - h0 < ATTENTION_HEADS ? (g + 1) * group - h0 : ATTENTION_HEADS;
-                    const uint16_t *query[ATTENTION_HEADS];
-                    uint16_t *target[ATTENTION_HEADS];
-                    for (int64_t h = 0; h < ATTENTION_HEADS; h++) { /* missing heads repeat the first */
-                        query[h] = q + r * q_stride + (h0 + (h < count ? h : 0)) * dim;
-                        target[h] = out + r * out_stride + (h0 + (h < count ? h : 0)) * dim;
-                    }
-                    scores4(query, packed_k, start / 16, (stop + 15) / 16, dim, scores, width);
-                    for (int64_t h = 0; h < count; h++)
-                        softmax_to_bf16(scores + h * width, visible, start, stop, weights + h * width);
-                    for (int64_t d0 = 0; d0 < dim; d0 += 64) { /* 64 dimensions a step, then 32 */
-                        int vectors = dim - d0 >= 64 ? 4 : 2;
-                        weighted_values4(weights, width, packed_v, start / 2, (stop + 1) / 2, dim, d0, vectors,
-                                         count, target);
-                    }
-                }
-            }
-        }
+        for (int64_t r = 0; r < rows; r++)
+            attend_row(q + r * q_stride, mask + r * columns, columns, packed_keys, packed_values, padded,
+                       out + r * out_stride, heads, kv_heads, dim, scores, weights, width);
     }
     free(memory);
     return 0;

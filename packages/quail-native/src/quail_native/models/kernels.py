@@ -151,7 +151,9 @@ def attention(q: torch.Tensor, context: tuple[torch.Tensor, torch.Tensor], slots
 
     q and out: [rows, heads, head_dim] (queries already scaled); context: the arena's [kv_heads, slots,
     head_dim] keys and values, read at `slots`; keys and values: the segment's own [own, kv_heads, head_dim]
-    rows; mask: bool [rows, slots + own], True = may attend."""
+    rows; mask: bool [rows, slots + own], True = may attend. The slots are not re-checked per call: they come
+    from `KVArena.slots`, inside the arena by construction. A row that may attend to nothing gets zeros (the
+    GEMMs give NaN); causal masks always show a row itself."""
     kernel = _kernel(_ATTENTION_KERNELS, q.dtype, _attention_fits(q, context, slots, keys, values, mask, out))
     if kernel is None:
         return False
@@ -172,17 +174,13 @@ def attention(q: torch.Tensor, context: tuple[torch.Tensor, torch.Tensor], slots
 def attention_status(dtype: torch.dtype) -> str:
     """How a CPU pass in `dtype` attends, for the report."""
     if dtype not in _ATTENTION_KERNELS:
-        return f"two GEMMs around a softmax (the fused kernel is bf16 only, this pass is {_dtype_name(dtype)})"
+        return "two GEMMs around a softmax (the fused kernel is bf16 only)"
     library, state = _library()
     if library is None:
         return f"two GEMMs around a softmax ({state.detail})"
     if not hasattr(library, _ATTENTION_KERNELS[dtype]):
-        return "two GEMMs around a softmax (the fused kernel needs AVX-512 BF16, which this CPU lacks)"
+        return "two GEMMs around a softmax (the fused kernel needs AVX-512 BF16: this CPU or its compiler lacks it)"
     return "fused bf16 kernel (AVX-512 BF16)"
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(dtype, str(dtype))
 
 
 def _attention_fits(q: torch.Tensor, context: tuple[torch.Tensor, torch.Tensor], slots: torch.Tensor,
@@ -240,8 +238,9 @@ def _rows_of_one_projection(gate: torch.Tensor, up: torch.Tensor) -> bool:
 
 
 def _kernel(names: dict[torch.dtype, str], dtype: torch.dtype, fits: bool) -> Callable[..., object] | None:
-    """The library's kernel for `dtype` when the arguments fit it; the library is built on first need, so a
-    run with no CPU tensors never builds it."""
+    """The library's kernel for `dtype` when the arguments fit it and the library has it (the attention
+    kernel exists only where the CPU and compiler have AVX-512 BF16); the library is built on first need,
+    so a run with no CPU tensors never builds it."""
     if not fits or dtype not in names:
         return None
     library = _library()[0]

@@ -140,31 +140,32 @@ class Attention(nn.Module):
         for segment in segments:
             mask = segment.masks[self.kind]
             if queries is None:
-                _attend_segment(q[segment.rows], context, segment, k, v, mask, out[segment.rows])
+                _attend_segment(q[segment.rows], context, segment, k, v, mask, out[segment.rows], every_row=True)
                 continue
             start, stop = segment.rows.start, segment.rows.stop
             inside = ((queries >= start) & (queries < stop)).nonzero().squeeze(1)
             if inside.numel():
-                asked = torch.empty_like(q[inside])
-                _attend_segment(q[inside], context, segment, k, v, mask[queries[inside] - start], asked)
+                asking = q[inside]
+                asked = torch.empty_like(asking)
+                _attend_segment(asking, context, segment, k, v, mask[queries[inside] - start], asked, every_row=False)
                 out[inside] = asked
         attended = _fused(self.fused).o(out.reshape(q.shape[0], arch.heads * arch.head_dim))
         return attended, k.transpose(0, 1), v.transpose(0, 1)
 
 
 def _attend_segment(q: torch.Tensor, context: tuple[torch.Tensor, torch.Tensor], segment: AttentionSegment,
-                    k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, out: torch.Tensor) -> None:
+                    k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, out: torch.Tensor, every_row: bool) -> None:
     """Attention of [rows, heads, head_dim] queries of one segment into `out` (the same shape), under `mask`
     (one row per query): over the segment's context slots and its own rows of the pass's [tokens, kv_heads,
     head_dim] k and v. The fused kernel where it runs (`kernels.attention`), else two GEMMs around a
-    softmax."""
+    softmax — blocked causally (`attend`) only when `every_row` says the queries are the segment's own rows,
+    in order; read-out rows alone take one dense block."""
     own_keys, own_values = k[segment.rows], v[segment.rows]
     if kernels.attention(q, context, segment.context, own_keys, own_values, mask, out):
         return
     keys, values = _segment_kv(segment, context, own_keys.transpose(0, 1), own_values.transpose(0, 1))
     queries = q.transpose(0, 1)
-    attended = attend(queries, keys, values, mask) if q.shape[0] == mask.shape[0] == own_keys.shape[0] \
-        else _attend_block(queries, keys, values, mask)
+    attended = attend(queries, keys, values, mask) if every_row else _attend_block(queries, keys, values, mask)
     out.copy_(attended.transpose(0, 1))
 
 
