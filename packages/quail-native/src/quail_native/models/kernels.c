@@ -28,11 +28,14 @@ static inline uint16_t narrow(float value) {
 /* e^x for |x| <= 87 to about an ulp: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two so n ln2 is
  * exact), e^r by its Taylor series to r^7 (remainder < 2e-8 relative), 2^n put into the exponent bits.
  * Written without calls so that it vectorises. */
+#define EXP_ROUND_SHIFT 12582912.0f /* 1.5 · 2^23: adding and subtracting it rounds to an integer */
+#define EXP_LOG2_E 1.4426950408889634f
+#define EXP_LN2_HIGH 0.693145751953125f
+#define EXP_LN2_LOW 1.4286068203094173e-06f
 static inline float exp_within_87(float x) {
-    const float round_shift = 12582912.0f; /* 1.5 · 2^23: adding and subtracting it rounds to an integer */
-    float n = (x * 1.4426950408889634f + round_shift) - round_shift;
-    float r = x - n * 0.693145751953125f;
-    r = r - n * 1.4286068203094173e-06f;
+    float n = (x * EXP_LOG2_E + EXP_ROUND_SHIFT) - EXP_ROUND_SHIFT;
+    float r = x - n * EXP_LN2_HIGH;
+    r = r - n * EXP_LN2_LOW;
     float p = 1.0f / 5040.0f;
     p = p * r + 1.0f / 720.0f;
     p = p * r + 1.0f / 120.0f;
@@ -174,10 +177,10 @@ RMS_NORM_ROPE(quail_rms_norm_rope_f32, normalize_f32, float, same, same)
 
 /* exp_within_87 (above) on 16 lanes, written with intrinsics: the softmax reads it under a lane mask. */
 static inline __m512 exp_within_87_x16(__m512 x) {
-    const __m512 round_shift = _mm512_set1_ps(12582912.0f);
-    __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.4426950408889634f), round_shift), round_shift);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.4286068203094173e-06f), r);
+    const __m512 round_shift = _mm512_set1_ps(EXP_ROUND_SHIFT);
+    __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(EXP_LOG2_E), round_shift), round_shift);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_HIGH), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_LOW), r);
     __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
