@@ -778,6 +778,9 @@ def test_prefix_sharing_on_cumulative_traces_is_exact_and_skips_every_borrowed_t
     assert any(b.tokens == len(shared.doc("t", b.row)) for b in borrows.values()), "a whole document is borrowed"
     assert shared.report["minimum_tokens"] <= shared.report["fresh_tokens"] \
         <= shared.report["minimum_tokens"] + (PAGE - 1) * lenders_only
+    if chunk == 4096:  # everything fits one pass: borrowers ride in their lenders' pass, not one after it
+        node = shared.node(ph.AiFilter).id
+        assert shared.metrics(node)["chunks"] == plain.metrics(plain.node(ph.AiFilter).id)["chunks"]
 
 
 @pytest.mark.parametrize("chunk", (256, 4096))
@@ -799,6 +802,8 @@ def test_join_anchors_borrow_shared_prefixes_exactly_and_skip_every_borrowed_tok
     assert borrowed > 0
     assert plain.report["fresh_tokens"] - shared.report["fresh_tokens"] == borrowed
     assert any("join anchors on t borrow shared document prefixes" in r for r in shared.report["remarks"])
+    if chunk == 4096:  # every anchor fits one pass: borrowers ride in their lenders' pass, not one after it
+        assert shared.metrics(join.id)["chunks"] == plain.metrics(plain.node(ph.AiJoin).id)["chunks"]
 
 
 @pytest.mark.parametrize("pages", (50, 80))

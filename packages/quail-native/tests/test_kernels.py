@@ -257,17 +257,27 @@ def test_norm_and_rope_the_kernel_does_not_read_take_the_eager_path() -> None:
 
 
 def segment_operands(rows: int, context: int, heads: int, kv_heads: int, dim: int, window: int | None,
-                     asked: list[int] | None, seed: int) -> dict[str, torch.Tensor]:
+                     asked: list[int] | None, seed: int, riders: tuple[tuple[int, int], ...] = ()
+                     ) -> dict[str, torch.Tensor]:
     """A segment as a pass hands it over: an arena of kv heads read at scattered slots, the segment's own
     rows of k and v (v cut from a wider projection, as the model's are), queries already scaled, and a
-    causal mask (with a sliding window, and only the `asked` rows, when given)."""
+    causal mask (with a sliding window, and only the `asked` rows, when given). `riders`: (rows, lent) of
+    items at the end of the segment, each causal on its own and seeing the first `lent` rows of the first
+    item (a borrower computing in its lender's pass), blind to the rows between."""
     generator = torch.Generator().manual_seed(seed)
     arena = tuple(torch.randn(kv_heads, context + 40, dim, generator=generator).to(torch.bfloat16) for _ in "kv")
     slots = torch.randperm(context + 40, generator=generator)[:context]
     keys = torch.randn(rows, kv_heads, dim, generator=generator).to(torch.bfloat16)
     values = torch.randn(rows, 2 * kv_heads * dim, generator=generator).to(torch.bfloat16)[:, :kv_heads * dim]
     q = (torch.randn(rows, heads, dim, generator=generator) * dim ** -0.5).to(torch.bfloat16)
-    mask = torch.cat((torch.ones(rows, context, dtype=torch.bool), torch.ones(rows, rows, dtype=torch.bool).tril()), 1)
+    own = torch.ones(rows, rows, dtype=torch.bool).tril()
+    start = rows - sum(length for length, _ in riders)
+    for length, lent in riders:
+        own[start:start + length, :start] = False
+        own[start:start + length, :lent] = True
+        own[start + length:, start:start + length] = False
+        start += length
+    mask = torch.cat((torch.ones(rows, context, dtype=torch.bool), own), 1)
     if window is not None:
         position = torch.arange(context + rows)
         mask &= (position[context:, None] - position[None, :]) < window
@@ -303,23 +313,26 @@ needs_fused_attention = pytest.mark.skipif(
 
 
 @needs_fused_attention
-@pytest.mark.parametrize(("rows", "context", "heads", "kv_heads", "dim", "window", "asked"), [
-    (1, 0, 4, 1, 256, None, None),  # one token, nothing before it
-    (5, 3, 4, 1, 256, None, None),
-    (85, 4, 4, 1, 256, None, None),  # a review over the preamble (the bench's segments)
-    (20, 437, 4, 1, 256, None, None),  # a question tail over a long document
-    (300, 0, 4, 1, 256, 100, None),  # a sliding window: whole blocks before it are skipped
-    (37, 101, 4, 2, 32, None, None),  # grouped query heads, 32-wide heads (the tiny test models)
-    (40, 17, 2, 1, 64, None, None),  # fewer query heads than the kernel computes together
-    (64, 300, 8, 2, 96, 50, None),
-    (33, 9, 6, 2, 64, None, None),  # groups of three heads
-    (29, 12, 6, 1, 64, 20, None),  # a group of six: one step of four, then two
-    (1, 0, 3, 1, 32, None, None),
-    (70, 40, 4, 1, 256, None, [5, 30, 69]),  # only the read-out rows ask (the last layer)
+@pytest.mark.parametrize(("rows", "context", "heads", "kv_heads", "dim", "window", "asked", "riders"), [
+    (1, 0, 4, 1, 256, None, None, ()),  # one token, nothing before it
+    (5, 3, 4, 1, 256, None, None, ()),
+    (85, 4, 4, 1, 256, None, None, ()),  # a review over the preamble (the bench's segments)
+    (20, 437, 4, 1, 256, None, None, ()),  # a question tail over a long document
+    (300, 0, 4, 1, 256, 100, None, ()),  # a sliding window: whole blocks before it are skipped
+    (37, 101, 4, 2, 32, None, None, ()),  # grouped query heads, 32-wide heads (the tiny test models)
+    (40, 17, 2, 1, 64, None, None, ()),  # fewer query heads than the kernel computes together
+    (64, 300, 8, 2, 96, 50, None, ()),
+    (33, 9, 6, 2, 64, None, None, ()),  # groups of three heads
+    (29, 12, 6, 1, 64, 20, None, ()),  # a group of six: one step of four, then two
+    (1, 0, 3, 1, 32, None, None, ()),
+    (70, 40, 4, 1, 256, None, [5, 30, 69], ()),  # only the read-out rows ask (the last layer)
+    (300, 4, 4, 1, 256, None, None, ((20, 190), (20, 33))),  # borrowers riding behind their lender's 260 rows
+    (200, 50, 4, 1, 256, 64, None, ((17, 150), (9, 1))),  # … on sliding layers too
+    (90, 8, 6, 2, 64, None, [10, 70, 89], ((30, 40),)),  # … read-out rows of a rider
 ])
 def test_fused_attention_matches_float64_within_bf16_rounding(rows, context, heads, kv_heads, dim, window,
-                                                              asked) -> None:
-    operands = segment_operands(rows, context, heads, kv_heads, dim, window, asked, rows + context + dim)
+                                                              asked, riders) -> None:
+    operands = segment_operands(rows, context, heads, kv_heads, dim, window, asked, rows + context + dim, riders)
     ran, got = fused_attention(operands)
     assert ran
     want = reference_attention(operands)

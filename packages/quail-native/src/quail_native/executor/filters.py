@@ -101,7 +101,8 @@ class _FilterRun:
         spans += ((len(body), len(frame)),) if self.keeps_frame else ()
         parents = (self.pre, *self.lending.parents(doc))
         tokens = body + frame + question
-        return Item(tokens, len(self.layout.preamble) + skip, parents, (len(tokens) - 1,), spans)
+        return Item(tokens, len(self.layout.preamble) + skip, parents, (len(tokens) - 1,), spans,
+                    *self.lending.in_pass(doc))
 
     def next_item(self, doc: FilterDocument) -> Item:
         parents = (self.pre, doc.doc_block) + ((doc.frame_block,) if doc.frame_block is not None else ())
@@ -135,7 +136,22 @@ class _FilterRun:
                 batch.append((item, doc))
                 used += len(item.tokens)
                 self.in_flight += 1
+                used = self.admit_riders(doc, item, batch, used, budget)
         return batch
+
+    def admit_riders(self, lender: FilterDocument, lender_item: Item, batch: list[tuple[Item, FilterDocument]],
+                     used: int, budget: int) -> int:
+        """Borrowers of `lender` that fit compute in its pass, right behind it; the tokens used after them."""
+        for doc in self.lending.riders(lender, lender_item):
+            self.lending.ride(doc, lender_item)
+            item = self.first_item(doc)
+            if used + len(item.tokens) > budget or not self.state.memory.admit(self.pages(doc, item), busy=True):
+                self.lending.ride(doc, None)
+                break
+            batch.append((item, doc))
+            used += len(item.tokens)
+            self.in_flight += 1
+        return used
 
     def done(self, doc: FilterDocument, result: ItemResult) -> None:
         if doc.stage == 0:

@@ -76,7 +76,8 @@ def run_join(state: SharedState, anchors: list[Anchor], layout: JoinLayout,
         skip = lending.skipped(anchor)
         body = anchor.tokens[skip:]
         return Item(body + frame, start + skip, (pre, *lending.parents(anchor)), (),
-                    ((0, len(body)), (len(body), len(frame))) if body else ((0, len(frame)),))
+                    ((0, len(body)), (len(body), len(frame))) if body else ((0, len(frame)),),
+                    *lending.in_pass(anchor))
 
     def pages(anchor: Anchor, item: Item) -> int:
         kept = sum(state.arena.pages_for(length) for _, length in item.keep)
@@ -86,6 +87,13 @@ def run_join(state: SharedState, anchors: list[Anchor], layout: JoinLayout,
         parents = (pre, anchor.doc_block, anchor.frame_block)
         return Item(suffix, start + len(anchor.tokens) + len(frame), tuple(p for p in parents if p is not None),
                     (len(suffix) - 1,))
+
+    def kept_by_a_filter(anchor: Anchor) -> bool:
+        """Looks up (once) the document KV a filter kept for this anchor."""
+        if not anchor.looked_up:
+            anchor.doc_block = state.take((preamble, anchor.tokens))
+            anchor.looked_up = True
+        return anchor.doc_block is not None
 
     def next_items(budget: int) -> list[tuple[Item, JoinTag]]:
         batch: list[tuple[Item, JoinTag]] = []
@@ -101,11 +109,8 @@ def run_join(state: SharedState, anchors: list[Anchor], layout: JoinLayout,
         for queue in (lending.lent, waiting):
             while queue:
                 anchor = queue[0]
-                if not anchor.looked_up:
-                    anchor.doc_block = state.take((preamble, anchor.tokens))
-                    anchor.looked_up = True
-                    if anchor.doc_block is not None:
-                        lending.cancel(anchor)  # its filter kept its whole document
+                if not anchor.looked_up and kept_by_a_filter(anchor):
+                    lending.cancel(anchor)  # its whole document is there: it needs no loan
                 lending.protect(anchor)
                 item = prefix_item(anchor)
                 if used + len(item.tokens) > budget or \
@@ -115,7 +120,26 @@ def run_join(state: SharedState, anchors: list[Anchor], layout: JoinLayout,
                 queue.popleft()
                 batch.append((item, (anchor, None)))
                 used += len(item.tokens)
+                used = admit_riders(anchor, item, batch, used, budget)
         return batch
+
+    def admit_riders(lender: Anchor, lender_item: Item, batch: list[tuple[Item, JoinTag]], used: int,
+                     budget: int) -> int:
+        """Borrowers of `lender` that fit compute in its pass, right behind it; the tokens used after them."""
+        for anchor in lending.riders(lender, lender_item):
+            if kept_by_a_filter(anchor):
+                lender.loan.borrowers.remove(anchor)  # it needs no loan: it waits as an anchor with its document
+                anchor.loan.borrowed = 0
+                waiting.appendleft(anchor)
+                continue
+            lending.ride(anchor, lender_item)
+            item = prefix_item(anchor)
+            if used + len(item.tokens) > budget or not state.memory.admit(pages(anchor, item), busy=True):
+                lending.ride(anchor, None)
+                break
+            batch.append((item, (anchor, None)))
+            used += len(item.tokens)
+        return used
 
     def done(tag: JoinTag, result: ItemResult) -> None:
         anchor, rows = tag

@@ -3,9 +3,12 @@
 A document borrows the common prefix it shares with a lender computed before it
 (`quail.planner.prefixes.plan_borrows`): once the lender's document KV exists, the borrower gets a
 view of its pages (`KVArena.view`, token-granular) and computes only its own tail; its first item
-then continues the view into its own block (`KVArena.concat`). While a borrower waits to be
-admitted its view is evictable — if admission needs the pages, the borrower computes its whole
-document instead (counted as recomputed tokens). The filter and join schedulers both lend this way.
+then continues the view into its own block (`KVArena.concat`). A borrower can also ride in the
+lender's own pass (`riders`): its item continues the lender's item there (`Item.lender`) and gets
+its view once the pass has kept the lender's block — no pass of borrowers after the lenders'.
+While a borrower waits to be admitted its view is evictable — if admission needs the pages, the
+borrower computes its whole document instead (counted as recomputed tokens). The filter and join
+schedulers both lend this way.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from quail.planner.prefixes import plan_borrows
+from quail_native.executor.packing import Item
 from quail_native.executor.state import SharedState, Tokens
 
 
@@ -29,6 +33,8 @@ class Loan:
     """The lender's pages over those tokens, from the moment they are lent until its first item runs."""
     borrowers: list[Lendable] = field(default_factory=list)
     """Documents waiting for this one's KV."""
+    riding: Item | None = None
+    """The lender's item when this borrower computes in the same pass (`Lending.riders`), until its view exists."""
 
 
 class Lendable(Protocol):
@@ -64,8 +70,29 @@ class Lending(Generic[D]):
 
     @staticmethod
     def skipped(doc: D) -> int:
-        """Leading tokens of `doc` its first item does not compute (read through its view)."""
-        return doc.loan.borrowed if doc.loan.view is not None else 0
+        """Leading tokens of `doc` its first item does not compute (read through its view, or in the pass
+        from its lender's rows)."""
+        return doc.loan.borrowed if doc.loan.view is not None or doc.loan.riding is not None else 0
+
+    def riders(self, lender: D, item: Item) -> list[D]:
+        """The borrowers of `lender` that could compute in the pass where `item` computes the lender's
+        document (from its first token, over the same parents a borrower's item has: none but the
+        preamble's), not yet admitted. The scheduler admits what fits with `ride`."""
+        if self.skipped(lender):
+            return []
+        return [b for b in lender.loan.borrowers
+                if b.loan.riding is None and item.tokens[:b.loan.borrowed] == b.tokens[:b.loan.borrowed]]
+
+    @staticmethod
+    def ride(borrower: D, lender_item: Item | None) -> None:
+        """Mark `borrower` as computing in the pass of `lender_item` (None: not after all)."""
+        borrower.loan.riding = lender_item
+
+    @staticmethod
+    def in_pass(doc: D) -> tuple[Item | None, int]:
+        """`Item.lender` and `Item.lent` of a document's first item: a rider continues its lender's item."""
+        riding = doc.loan.riding
+        return (None, 0) if riding is None else (riding, doc.loan.borrowed)
 
     @staticmethod
     def parents(doc: D) -> tuple[int, ...]:
@@ -73,7 +100,7 @@ class Lending(Generic[D]):
 
     def continuation_pages(self, doc: D) -> int:
         """Pages `continued` takes beyond the item's own kept spans."""
-        if doc.loan.view is None:
+        if doc.loan.view is None and doc.loan.riding is None:
             return 0
         return self.state.arena.continuation_pages(doc.loan.borrowed, len(doc.tokens) - doc.loan.borrowed)
 
@@ -95,9 +122,14 @@ class Lending(Generic[D]):
         return view if block is None else self.state.arena.concat(view, block)
 
     def lend(self, lender: D, block: int) -> None:
-        """`block` holds the lender's document: every borrower gets a view of its prefix of it."""
+        """`block` holds the lender's document: every borrower gets a view of its prefix of it. Those that
+        rode in the lender's pass are in flight (their results come after the lender's) and continue it;
+        the rest wait in `lent`."""
         for borrower in lender.loan.borrowers:
             borrower.loan.view = self.state.arena.view(block, borrower.loan.borrowed)
+            if borrower.loan.riding is not None:
+                borrower.loan.riding = None
+                continue
             self.expose(borrower)
             self.lent.append(borrower)
         lender.loan.borrowers.clear()

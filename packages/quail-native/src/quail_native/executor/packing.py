@@ -1,7 +1,9 @@
 """Packed forward passes: many variable-length items, explicit positions, one model call.
 
 An item is a run of new tokens at known positions that attends to some KV blocks of the arena
-(its parents) and to its own earlier tokens. Siblings in one pass never see each other. After
+(its parents) and to its own earlier tokens. Siblings in one pass never see each other, except that
+an item may continue the first tokens of an earlier sibling with the same parents (its `lender`):
+a document that borrows a prefix computes its tail in the pass that computes the prefix. After
 the pass, spans of an item's new KV may be kept as blocks, and hidden states are returned only
 at the item's readout offsets — the head never runs over every position.
 """
@@ -27,10 +29,29 @@ class Item:
     parents: tuple[int, ...] = ()
     readout: tuple[int, ...] = ()
     keep: tuple[Span, ...] = ()
+    lender: Item | None = None
+    """An earlier item of the same pass, with the same parents, whose first `lent` tokens come before this
+    item's own: it attends to their rows in the pass, before any block holds their KV."""
+    lent: int = 0
 
     def __post_init__(self) -> None:
         if not self.tokens:
             raise ValueError("an item computes at least one token")
+        lender = self.lender
+        if lender is not None and not (0 < self.lent <= len(lender.tokens) and lender.parents == self.parents
+                                       and lender.start + self.lent == self.start):
+            raise ValueError(f"an item continuing {self.lent} tokens of a sibling at {lender.start} starts at "
+                             f"{self.start} with the same parents (it has {self.parents}, the sibling "
+                             f"{lender.parents} and {len(lender.tokens)} tokens)")
+
+    def in_pass_rows(self) -> list[tuple[Item, int]]:
+        """The siblings whose first rows this item attends to in the pass, nearest first: its lender's
+        first `lent`, then whatever its lender continues in turn."""
+        seen, item = [], self
+        while item.lender is not None:
+            seen.append((item.lender, item.lent))
+            item = item.lender
+        return seen
 
 
 @dataclass
@@ -91,10 +112,12 @@ class Packer:
     counters: PassCounters = field(default_factory=PassCounters)
 
     def run(self, items: Sequence[Item]) -> list[ItemResult]:
-        """One forward pass over `items` (results come back in the given order)."""
+        """One forward pass over `items` (results come back in the given order); an item's lender must be
+        one of them, given before it."""
         if not items:
             return []
-        order = sorted(range(len(items)), key=lambda i: items[i].parents)
+        _check_lenders(items)
+        order = sorted(range(len(items)), key=lambda i: items[i].parents)  # stable: lenders stay first
         ordered = [items[i] for i in order]
         block_ids = list(dict.fromkeys(b for item in ordered for b in item.parents))
         context = list(zip(self.arena.keys, self.arena.values, strict=True))  # read in place at block slots
@@ -113,13 +136,15 @@ class Packer:
 
     def _spans(self, items: Sequence[Item], block_ids: list[int]) -> list[ItemSpan]:
         columns = {b: (self.arena.slots(b), self.arena.get(b).positions) for b in block_ids}
-        spans, row = [], 0
+        spans, row, first_row = [], 0, {}
         for item in items:
             parts = [columns[b] for b in item.parents]
             index = torch.cat([p[0] for p in parts]) if parts else torch.zeros(0, dtype=torch.long)
             positions = torch.cat([p[1] for p in parts]) if parts else torch.zeros(0, dtype=torch.long)
+            sees = tuple((first_row[id(lender)], first_row[id(lender)] + lent) for lender, lent in item.in_pass_rows())
+            first_row[id(item)] = row
             spans.append(ItemSpan(row, row + len(item.tokens), torch.arange(item.start, item.start + len(item.tokens)),
-                                  index, positions))
+                                  index, positions, sees))
             row += len(item.tokens)
         return spans
 
@@ -138,7 +163,8 @@ class Packer:
         self.counters.passes += 1
         self.counters.fresh_tokens += sum(len(i.tokens) for i in items)
         for item in items:
-            context = sum(self.arena.get(b).length for b in item.parents)
+            context = (sum(self.arena.get(b).length for b in item.parents)
+                       + sum(lent for _, lent in item.in_pass_rows()))  # computed once, in the lender's rows
             self.counters.cached_tokens += context
             self.counters.model_flops += item_flops(self.model.arch, context, len(item.tokens), item.readout)
 
@@ -158,6 +184,14 @@ class Packer:
             offset += len(item.tokens)
             read += len(item.readout)
         return results
+
+
+def _check_lenders(items: Sequence[Item]) -> None:
+    earlier: set[int] = set()
+    for item in items:
+        if item.lender is not None and id(item.lender) not in earlier:
+            raise ValueError("an item's lender must come before it in the same pass")
+        earlier.add(id(item))
 
 
 @dataclass

@@ -201,24 +201,48 @@ static inline __mmask16 visible16(const uint8_t *mask, int64_t column, int64_t s
     return _mm_mask_test_epi8_mask(inside, bytes, bytes);
 }
 
-/* weights[c] = the softmax of scores[c] over the visible columns of [start, stop), rounded to bf16 once;
- * 0 at hidden columns. `start` is a multiple of 16 and the buffers run 16 columns past `stop`. */
-static void softmax_to_bf16(float *scores, const uint8_t *mask, int64_t start, int64_t stop, uint16_t *weights) {
+/* Runs of column blocks: [first, last) blocks of 16 columns, each holding a column the row may see. */
+typedef struct {
+    int64_t first, last;
+} BlockRun;
+
+/* The runs of blocks of a mask row's `columns` that hold a visible column, in order; how many. A row that
+ * continues a sibling of its pass sees the sibling's first rows, then a gap, then its own rows: the gap's
+ * blocks are never computed. */
+static int64_t visible_runs(const uint8_t *mask, int64_t columns, BlockRun *runs) {
+    int64_t count = 0;
+    for (int64_t b = 0; b * 16 < columns; b++) {
+        if (!visible16(mask, b * 16, columns)) continue;
+        if (count > 0 && runs[count - 1].last == b)
+            runs[count - 1].last = b + 1;
+        else
+            runs[count++] = (BlockRun){b, b + 1};
+    }
+    return count;
+}
+
+/* weights[c] = the softmax of scores[c] over the visible columns in the runs (of `columns`), rounded to bf16
+ * once; 0 at hidden columns of the runs, unwritten between runs. The buffers run 16 columns past the last. */
+static void softmax_to_bf16(float *scores, const uint8_t *mask, int64_t columns, const BlockRun *runs,
+                            int64_t count, uint16_t *weights) {
     __m512 top = _mm512_set1_ps(-INFINITY);
-    for (int64_t c = start; c < stop; c += 16)
-        top = _mm512_mask_max_ps(top, visible16(mask, c, stop), top, _mm512_load_ps(scores + c));
+    for (int64_t r = 0; r < count; r++)
+        for (int64_t c = runs[r].first * 16; c < runs[r].last * 16; c += 16)
+            top = _mm512_mask_max_ps(top, visible16(mask, c, columns), top, _mm512_load_ps(scores + c));
     __m512 peak = _mm512_set1_ps(_mm512_reduce_max_ps(top)), floor = _mm512_set1_ps(-87.0f);
     __m512 total = _mm512_setzero_ps();
-    for (int64_t c = start; c < stop; c += 16) {
-        __m512 shifted = _mm512_max_ps(_mm512_sub_ps(_mm512_load_ps(scores + c), peak), floor);
-        __m512 e = _mm512_maskz_mov_ps(visible16(mask, c, stop), exp_within_87_x16(shifted));
-        _mm512_store_ps(scores + c, e);
-        total = _mm512_add_ps(total, e);
-    }
+    for (int64_t r = 0; r < count; r++)
+        for (int64_t c = runs[r].first * 16; c < runs[r].last * 16; c += 16) {
+            __m512 shifted = _mm512_max_ps(_mm512_sub_ps(_mm512_load_ps(scores + c), peak), floor);
+            __m512 e = _mm512_maskz_mov_ps(visible16(mask, c, columns), exp_within_87_x16(shifted));
+            _mm512_store_ps(scores + c, e);
+            total = _mm512_add_ps(total, e);
+        }
     __m512 inverse = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
-    for (int64_t c = start; c < stop; c += 16)
-        _mm256_store_si256((__m256i *)(weights + c),
-                           (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(scores + c), inverse)));
+    for (int64_t r = 0; r < count; r++)
+        for (int64_t c = runs[r].first * 16; c < runs[r].last * 16; c += 16)
+            _mm256_store_si256((__m256i *)(weights + c),
+                               (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(scores + c), inverse)));
 }
 
 /* Column c of one kv head's keys and values, in the layouts vdpbf16ps reads: keys as [column blocks of 16]
@@ -280,15 +304,17 @@ static void scores4(const uint16_t *const q[ATTENTION_HEADS], const uint16_t *pa
     }
 }
 
-/* out_h[d0, d0 + 16 vectors) = Σ_c weights_h[c] · value c over the column pairs [first, last) for four
- * heads (up to sixteen sums); only the first `heads` outputs are written, rounded to bf16. */
+/* out_h[d0, d0 + 16 vectors) = Σ_c weights_h[c] · value c over the column pairs of the runs below `pairs`, for
+ * four heads (up to sixteen sums); only the first `heads` outputs are written, rounded to bf16. */
 static inline void weighted_values4(const uint16_t *const weights[ATTENTION_HEADS], const uint16_t *packed_values,
-                                    int64_t first, int64_t last, int64_t dim, int64_t d0, int vectors,
+                                    const BlockRun *runs, int64_t count, int64_t pairs, int64_t dim, int64_t d0,
+                                    int vectors,
                                     int64_t heads, uint16_t *const out[ATTENTION_HEADS]) {
     __m512 sums[ATTENTION_HEADS][4];
     for (int h = 0; h < ATTENTION_HEADS; h++)
         for (int j = 0; j < vectors; j++) sums[h][j] = _mm512_setzero_ps();
-    for (int64_t p = first; p < last; p++) {
+    for (int64_t r = 0; r < count; r++)
+    for (int64_t p = runs[r].first * 8; p < runs[r].last * 8 && p < pairs; p++) {
         const uint16_t *pair = packed_values + p * dim * 2 + d0 * 2;
         __m512bh v[4];
         for (int j = 0; j < vectors; j++) v[j] = (__m512bh)_mm512_load_si512((const void *)(pair + 32 * j));
@@ -304,34 +330,35 @@ static inline void weighted_values4(const uint16_t *const weights[ATTENTION_HEAD
             _mm256_storeu_si256((__m256i *)(out[h] + d0 + 16 * j), (__m256i)_mm512_cvtneps_pbh(sums[h][j]));
 }
 
-/* One query row, all heads: its visible columns are [start, stop) (start rounded down to a block, so
- * sliding layers skip whole blocks before the window); query heads go four at a time, a group of fewer
- * repeating its first head (computed, never written). A row that sees no column gets zeros. */
+/* One query row, all heads, over the runs of blocks that hold its visible columns (`visible_runs`: sliding
+ * layers skip the blocks before the window, a row continuing a sibling skips the gap after the sibling's
+ * rows it sees); query heads go four at a time, a group of fewer repeating its first head (computed, never
+ * written). A row that sees no column gets zeros. `runs` is scratch for (columns + 15) / 16 runs. */
 static void attend_row(const uint16_t *q, const uint8_t *visible, int64_t columns, const uint16_t *packed_keys,
                        const uint16_t *packed_values, int64_t padded, uint16_t *out, int64_t heads,
-                       int64_t kv_heads, int64_t dim, float *scores, uint16_t *weights, int64_t width) {
-    int64_t stop = columns, start = 0, group = heads / kv_heads;
+                       int64_t kv_heads, int64_t dim, float *scores, uint16_t *weights, int64_t width,
+                       BlockRun *runs) {
+    int64_t stop = columns, group = heads / kv_heads, count = visible_runs(visible, columns, runs);
     while (stop > 0 && !visible[stop - 1]) stop--;
-    while (start < stop && !visible[start]) start++;
-    start -= start % 16;
     for (int64_t g = 0; g < kv_heads; g++) {
         const uint16_t *packed_k = packed_keys + g * padded * dim, *packed_v = packed_values + g * padded * dim;
         for (int64_t h0 = g * group; h0 < (g + 1) * group; h0 += ATTENTION_HEADS) {
-            int64_t count = (g + 1) * group - h0 < ATTENTION_HEADS ? (g + 1) * group - h0 : ATTENTION_HEADS;
+            int64_t heads_here = (g + 1) * group - h0 < ATTENTION_HEADS ? (g + 1) * group - h0 : ATTENTION_HEADS;
             const uint16_t *query[ATTENTION_HEADS], *weight_rows[ATTENTION_HEADS];
             uint16_t *target[ATTENTION_HEADS];
             for (int64_t h = 0; h < ATTENTION_HEADS; h++) {
-                int64_t head = h < count ? h : 0;
+                int64_t head = h < heads_here ? h : 0;
                 query[h] = q + (h0 + head) * dim;
                 target[h] = out + (h0 + head) * dim;
                 weight_rows[h] = weights + head * width;
             }
-            scores4(query, packed_k, start / 16, (stop + 15) / 16, dim, scores, width);
-            for (int64_t h = 0; h < count; h++)
-                softmax_to_bf16(scores + h * width, visible, start, stop, weights + h * width);
+            for (int64_t r = 0; r < count; r++)
+                scores4(query, packed_k, runs[r].first, runs[r].last, dim, scores, width);
+            for (int64_t h = 0; h < heads_here; h++)
+                softmax_to_bf16(scores + h * width, visible, columns, runs, count, weights + h * width);
             for (int64_t d0 = 0; d0 < dim; d0 += 64) /* 64 dimensions a step, then 32 */
-                weighted_values4(weight_rows, packed_v, start / 2, (stop + 1) / 2, dim, d0, dim - d0 >= 64 ? 4 : 2,
-                                 count, target);
+                weighted_values4(weight_rows, packed_v, runs, count, (stop + 1) / 2, dim, d0,
+                                 dim - d0 >= 64 ? 4 : 2, heads_here, target);
         }
     }
 }
@@ -350,8 +377,9 @@ int quail_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *co
     int64_t columns = context + own, blocks = (columns + 15) / 16, padded = (blocks + 1) * 16;
     int64_t width = padded, threads = omp_get_max_threads();
     size_t packed = (size_t)(kv_heads * padded * dim), scratch = (size_t)(ATTENTION_HEADS * width);
-    /* packed keys, packed values, then per thread fp32 scores and bf16 weights: one allocation */
-    size_t per_thread_bytes = scratch * (sizeof(float) + sizeof(uint16_t));
+    /* packed keys, packed values, then per thread fp32 scores, bf16 weights and block runs: one allocation */
+    size_t runs_bytes = ((size_t)blocks * sizeof(BlockRun) + 63) / 64 * 64;
+    size_t per_thread_bytes = scratch * (sizeof(float) + sizeof(uint16_t)) + runs_bytes;
     char *memory = aligned_alloc(64, 2 * packed * sizeof(uint16_t) + threads * per_thread_bytes);
     if (memory == NULL) return -1;
     uint16_t *packed_keys = (uint16_t *)memory, *packed_values = packed_keys + packed;
@@ -368,10 +396,11 @@ int quail_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *co
         }
         float *scores = (float *)(per_thread + omp_get_thread_num() * per_thread_bytes);
         uint16_t *weights = (uint16_t *)(scores + scratch);
+        BlockRun *runs = (BlockRun *)(weights + scratch);
         #pragma omp for schedule(dynamic, 4)
         for (int64_t r = 0; r < rows; r++)
             attend_row(q + r * q_stride, mask + r * columns, columns, packed_keys, packed_values, padded,
-                       out + r * out_stride, heads, kv_heads, dim, scores, weights, width);
+                       out + r * out_stride, heads, kv_heads, dim, scores, weights, width, runs);
     }
     free(memory);
     return 0;
