@@ -896,16 +896,17 @@ def test_calibrated_answers_beat_the_naive_content_free_margin(kind, open_run):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_calibration_prompts_ride_in_the_first_pass_of_their_node(kind, open_run):
-    """The content-free prompts run at the front of their node's first pass, not in a pass of their own:
-    once the preamble is cached, a calibrated filter whose documents and prompts fit one chunk is one
-    pass — with the offsets and answers of the first run (which also computed the preamble)."""
+    """The content-free prompts run at the front of their node's first pass, not in a pass of their own, and
+    so does the preamble they and the documents read: a calibrated filter whose documents and prompts fit
+    one chunk is one pass, the first time (computing the preamble too) and again with it cached."""
     sql = f"SELECT r.id FROM reviews r WHERE AI_FILTER({sql_prompt(ACTING, 'r.body')})"
     first = open_run(kind, 4096, sql, engine={"calibration": "auto"})
     again = open_run(kind, 4096, sql, after=first)
     node = again.node(ph.AiFilter)
     assert len(node.calibration) == 3
-    assert first.metrics(node.id)["chunks"] == 2, "the preamble, then prompts and documents together"
+    assert first.metrics(node.id)["chunks"] == 1, "the preamble, prompts and documents together"
     assert again.metrics(node.id)["chunks"] == 1
+    assert first.metrics(node.id)["fresh_tokens"] - again.metrics(node.id)["fresh_tokens"] == len(node.preamble)
     assert again.report["calibration"] == pytest.approx(first.report["calibration"], abs=TOL)
     assert [a["answer"] for a in again.answers(node.id)] == [a["answer"] for a in first.answers(node.id)]
 

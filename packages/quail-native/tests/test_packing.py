@@ -99,3 +99,47 @@ def test_an_item_continuing_what_it_cannot_see_is_refused(model):
         Item(tokens(3, 31), 4, lender=lender, lent=5)
     with pytest.raises(ValueError, match="before it"):
         packer(model).run([Item(tokens(3, 31), 5, lender=lender, lent=5)])
+
+
+def test_items_read_a_preamble_computed_at_the_front_of_their_own_pass(model):
+    """A block reserved for a preamble and computed into during the pass: items reading it as a parent in
+    that same pass get what they get once it was computed in a pass before."""
+    run = packer(model)
+    head = tokens(5, 40)
+    documents = [tokens(9, 41), tokens(4, 42)]
+    pre = run.arena.reserve(0, len(head))
+    results = run.run([Item(head, 0, into=pre),
+                       *(Item(doc, len(head), (pre,), (len(doc) - 1,), ((0, len(doc)),)) for doc in documents)])
+    assert results[0].blocks == (pre,)
+    for document, result in zip(documents, results[1:], strict=True):
+        hidden, keys = alone(model, head + document, len(head))
+        torch.testing.assert_close(result.hidden, hidden, rtol=1e-5, atol=1e-5)
+        for got, want in zip(kept_keys(run, result.blocks[0]), keys, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    _, preamble_keys = alone(model, head, 0)
+    for got, want in zip(kept_keys(run, pre), preamble_keys, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_pass_that_fails_leaves_no_unwritten_preamble_behind(model, monkeypatch):
+    from quail_native.executor.memory import Memory, RecomputeCost
+    from quail_native.executor.state import Budget, SharedState
+
+    run = packer(model)
+    state = SharedState(run, Memory(run.arena, RecomputeCost.of(ARCH)), Budget(64))
+    head = tokens(5, 50)
+    pre = state.preamble(head)
+    assert state.preamble(head) == pre and state.room == 64 - len(head)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the model failed")
+
+    monkeypatch.setattr(model, "forward", broken)
+    with pytest.raises(RuntimeError, match="the model failed"):
+        state.run([Item(tokens(3, 51), len(head), (pre,), (2,))])
+    assert pre not in run.arena and run.arena.used_pages == 0 and state.room == 64
+    monkeypatch.undo()
+    again = state.preamble(head)
+    [result] = state.run([Item(tokens(3, 51), len(head), (again,), (2,))])
+    hidden, _ = alone(model, head + tokens(3, 51), len(head))
+    torch.testing.assert_close(result.hidden, hidden, rtol=1e-5, atol=1e-5)

@@ -93,6 +93,11 @@ class KVArena:
             self.values[layer].index_copy_(1, rows, v)
         return self._register(start, length, pages)
 
+    def reserve(self, start: int, length: int) -> int:
+        """A block of fresh pages for a span not computed yet: the pass that computes it writes its KV there
+        layer by layer (`Item.into`), and the other items of that pass already read it as context."""
+        return self._register(start, length, self._allocate(self.pages_for(length)))
+
     def view(self, block_id: int, tokens: int) -> int:
         """A new block over the first `tokens` of a block, sharing its pages (a part-page too)."""
         block = self._blocks[block_id]

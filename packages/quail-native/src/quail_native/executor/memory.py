@@ -77,7 +77,18 @@ class Memory:
             return True
         if busy or self.reserved:
             return False
-        raise RefusalError(Refusal(
+        raise self._too_small(pages)
+
+    def claim(self, pages: int) -> None:
+        """Room for `pages` the arena allocates at once rather than at the next pass (`KVArena.reserve`):
+        kept entries are evicted for them, and an arena that cannot hold them is refused."""
+        if pages > self.arena.free_pages - self.reserved:
+            self.make_room(pages + self.reserved)
+        if pages > self.arena.free_pages - self.reserved:
+            raise self._too_small(pages)
+
+    def _too_small(self, pages: int) -> RefusalError:
+        return RefusalError(Refusal(
             "the KV arena is too small for one document",
             (f"needed {pages} pages of {self.arena.page_tokens} tokens, {self.arena.free_pages} of "
              f"{self.arena.pages} free with nothing else in flight: raise EngineConfig.kv_budget_bytes",),

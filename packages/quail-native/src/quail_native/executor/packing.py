@@ -17,7 +17,7 @@ import torch
 
 from quail_native.executor.arena import KVArena
 from quail_native.executor.attention import ItemSpan, Segment, segments
-from quail_native.models.transformer import Arch, LayerType, Transformer
+from quail_native.models.transformer import Arch, LayerType, Transformer, WrittenRows
 
 Span = tuple[int, int]
 
@@ -33,10 +33,15 @@ class Item:
     """An earlier item of the same pass, with the same parents, whose first `lent` tokens come before this
     item's own: it attends to their rows in the pass, before any block holds their KV."""
     lent: int = 0
+    into: int | None = None
+    """A block reserved for this item's whole KV (`KVArena.reserve`), written during the pass before any
+    layer attends, so that the other items of the pass read it as context; it is the item's only block."""
 
     def __post_init__(self) -> None:
         if not self.tokens:
             raise ValueError("an item computes at least one token")
+        if self.into is not None and (self.keep or self.parents or self.lender is not None):
+            raise ValueError("an item computed into a reserved block keeps nothing else and has no parents or lender")
         lender = self.lender
         if lender is not None and not (0 < self.lent <= len(lender.tokens) and lender.parents == self.parents
                                        and lender.start + self.lent == self.start):
@@ -126,7 +131,7 @@ class Packer:
         layout = [Segment(s.rows, s.context.to(self.device), {k: m.to(self.device) for k, m in s.masks.items()})
                   for s in layout]
         output = self.model(rows.tokens.to(self.device), rows.positions.to(self.device), context, layout,
-                            rows.readout.to(self.device))
+                            rows.readout.to(self.device), self._written_early(ordered))
         self._count(ordered)
         results = self._results(ordered, output.hidden, output.keys, output.values)
         back: list[ItemResult | None] = [None] * len(items)
@@ -147,6 +152,18 @@ class Packer:
                                   index, positions, sees))
             row += len(item.tokens)
         return spans
+
+    def _written_early(self, items: Sequence[Item]) -> WrittenRows | None:
+        """The rows of items computed into reserved blocks, and the arena slots they go to."""
+        rows, slots, offset = [], [], 0
+        for item in items:
+            if item.into is not None:
+                rows.append(torch.arange(offset, offset + len(item.tokens)))
+                slots.append(self.arena.slots(item.into))
+            offset += len(item.tokens)
+        if not rows:
+            return None
+        return WrittenRows(torch.cat(rows).to(self.device), torch.cat(slots))
 
     @staticmethod
     def _rows(items: Sequence[Item]) -> _Rows:
@@ -173,7 +190,7 @@ class Packer:
         results = []
         offset, read = 0, 0
         for item in items:
-            kept = []
+            kept = [] if item.into is None else [item.into]
             for span_start, span_length in item.keep:
                 if span_length <= 0:
                     continue

@@ -40,6 +40,8 @@ class SharedState:
     retained_by: dict[str, set[DocKey]] = field(default_factory=dict)
     evicted: set[DocKey] = field(default_factory=set)
     progress: Callable[[int, int], None] | None = None
+    pending: list[Item] = field(default_factory=list)
+    """Preambles asked for since the last pass: they ride at the front of the next one."""
 
     def report(self, done: int, total: int) -> None:
         if self.progress is not None:
@@ -53,19 +55,37 @@ class SharedState:
     def counters(self) -> KVCounters:
         return self.memory.counters
 
+    @property
+    def room(self) -> int:
+        """Tokens the next pass has for the items asked for it (the pending preambles take theirs first)."""
+        return self.budget.chunk_tokens - sum(len(item.tokens) for item in self.pending)
+
     def run(self, items: Sequence[Item]) -> list[ItemResult]:
-        """One pass; the pages reserved for it are now allocated."""
-        results = self.packer.run(items)
+        """One pass, with the pending preambles at its front; the pages reserved for it are now allocated."""
+        ahead, self.pending = self.pending, []
+        try:
+            results = self.packer.run([*ahead, *items])[len(ahead):]
+        except BaseException:
+            self._unwritten(ahead)
+            raise
         self.memory.pass_ran()
         return results
 
+    def _unwritten(self, preambles: Sequence[Item]) -> None:
+        """A pass that failed leaves its preambles' reserved blocks unwritten: nobody may read them."""
+        for item in preambles:
+            if item.into is not None:
+                self.preambles.pop(item.tokens, None)
+                self.arena.free(item.into)
+
     def preamble(self, tokens: Tokens) -> int:
-        """The block of a preamble, computed once and shared by every document after it."""
+        """The block of a preamble, computed once and shared by every document after it: reserved now and
+        computed at the front of the next pass, whose items already read it (no pass of its own)."""
         block = self.preambles.get(tokens)
         if block is None or block not in self.arena:
-            self.memory.admit(self.arena.pages_for(len(tokens)), busy=False)
-            [result] = self.run([Item(tokens, 0, keep=((0, len(tokens)),))])
-            block = result.blocks[0]
+            self.memory.claim(self.arena.pages_for(len(tokens)))
+            block = self.arena.reserve(0, len(tokens))
+            self.pending.append(Item(tokens, 0, into=block))
             self.preambles[tokens] = block
         return block
 
@@ -112,6 +132,7 @@ class SharedState:
             self.memory.unkeep(block)
             self.arena.free(block)
         self.preambles.clear()
+        self.pending.clear()
         self.retained.clear()
         self.retained_by.clear()
         self.evicted.clear()
@@ -136,7 +157,7 @@ def run_passes(state: SharedState, next_items: Callable[[int], list[tuple[Item, 
     """Keep asking for items that fit a pass and running them until none come; the `lead` items first."""
     ahead = list(lead.items) if lead is not None else []
     while True:
-        room = state.budget.chunk_tokens - sum(len(item.tokens) for item in ahead)
+        room = state.room - sum(len(item.tokens) for item in ahead)
         batch = next_items(room) if room > 0 else []
         if not ahead and not batch:
             return

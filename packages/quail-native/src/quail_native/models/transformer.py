@@ -32,6 +32,15 @@ class AttentionSegment(Protocol):
 
 
 @dataclass(frozen=True)
+class WrittenRows:
+    """Rows of a pass whose k and v each layer writes into the context KV (at `slots`) before it attends: the
+    other rows of the pass then read them as context, like KV an earlier pass left there."""
+
+    rows: torch.Tensor  # long [n], rows of the pass
+    slots: torch.Tensor  # long [n], rows of each layer's context KV
+
+
+@dataclass(frozen=True)
 class Arch:
     """Architecture numbers (from config.json) and the switches between Qwen3 and Gemma 3."""
 
@@ -122,13 +131,14 @@ class Attention(nn.Module):
         return fused.q(x[queries]), k, v
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...], context: tuple[torch.Tensor, torch.Tensor],
-                segments: Sequence[AttentionSegment], queries: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                segments: Sequence[AttentionSegment], queries: torch.Tensor | None = None,
+                written: WrittenRows | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Attention output ([query rows, hidden], after o_proj) and every row's new k and v
         ([kv_heads, rows, head_dim]).
 
         With `queries`, only those rows ask (the last layer, where only the read-out rows go on), while
-        every row still gives its k and v to the cache."""
+        every row still gives its k and v to the cache; the `written` rows' k and v go into the context
+        first."""
         arch, tokens = self.arch, x.shape[0]
         q, k, v = self.project(x, queries)
         query_rope = rope if queries is None else tuple(table[queries] for table in rope)
@@ -136,6 +146,9 @@ class Attention(nn.Module):
                                 scale=arch.attention_scale)
         k = self.k_norm.rotated(k.reshape(tokens, arch.kv_heads, arch.head_dim), *rope)
         v = v.reshape(tokens, arch.kv_heads, arch.head_dim)
+        if written is not None:
+            context[0].index_copy_(1, written.slots, k[written.rows].transpose(0, 1))
+            context[1].index_copy_(1, written.slots, v[written.rows].transpose(0, 1))
         out = torch.empty_like(q)
         for segment in segments:
             mask = segment.masks[self.kind]
@@ -290,10 +303,10 @@ class Block(nn.Module):
             self.post_feedforward_layernorm = RMSNorm(arch.hidden, arch.norm_eps, True)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...], context: tuple[torch.Tensor, torch.Tensor],
-                segments: Sequence[AttentionSegment], keep: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                segments: Sequence[AttentionSegment], keep: torch.Tensor | None = None,
+                written: WrittenRows | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The layer's output rows (only the `keep` rows when named) and every row's new k and v."""
-        attended, k, v = self.self_attn(self.input_layernorm(x), rope, context, segments, keep)
+        attended, k, v = self.self_attn(self.input_layernorm(x), rope, context, segments, keep, written)
         if keep is not None:
             x = x[keep]
         if self.gemma:
@@ -341,16 +354,19 @@ class Transformer(nn.Module):
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, context: list[tuple[torch.Tensor, torch.Tensor]],
-                segments: Sequence[AttentionSegment], readout: torch.Tensor) -> ForwardOutput:
+                segments: Sequence[AttentionSegment], readout: torch.Tensor,
+                written: WrittenRows | None = None) -> ForwardOutput:
         """Prefill `tokens` at `positions`; each segment of rows attends to its columns of each layer's
-        `context` KV and to its own rows under its masks; hidden states only at `readout` rows."""
+        `context` KV and to its own rows under its masks; hidden states only at `readout` rows. The
+        `written` rows' KV goes into the context in each layer before any row attends."""
         x = self.embed(tokens)
         tables = rope_tables(self.arch, positions, x.dtype)
         keys, values = [], []
         last = len(self.layers) - 1
         for index, block in enumerate(self.layers):
             # Past the last layer's k and v only the read-out rows matter: the rest of it runs on them alone.
-            x, k, v = block(x, tables[block.kind], context[index], segments, readout if index == last else None)
+            x, k, v = block(x, tables[block.kind], context[index], segments, readout if index == last else None,
+                            written)
             keys.append(k)
             values.append(v)
         return ForwardOutput(self.norm(x), keys, values)
