@@ -309,9 +309,20 @@ def test_naive_answers_depend_on_the_document_and_are_mixed(kind, naive_models, 
 # -- filters -----------------------------------------------------------------------------------------
 
 
+ATTENTION_PATHS = ["as this CPU runs it", "torch's GEMMs"]
+"""The fused attention kernel where it runs here, and the two GEMMs around a softmax every other CPU runs."""
+
+
+def attend_by(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if path == "torch's GEMMs":
+        monkeypatch.setattr(kernels, "attention", lambda *operands: False)
+
+
+@pytest.mark.parametrize("attention", ATTENTION_PATHS)
 @pytest.mark.parametrize("chunk", CHUNKS)
 @pytest.mark.parametrize("kind", KINDS)
-def test_single_filter_answers_equal_naive(kind, chunk, open_run):
+def test_single_filter_answers_equal_naive(kind, chunk, attention, open_run, monkeypatch):
+    attend_by(attention, monkeypatch)
     run = open_run(kind, chunk, f"SELECT r.id FROM reviews r WHERE AI_FILTER({sql_prompt(ACTING, 'r.body')})")
     naive = check_filter_answers(run, run.node(ph.AiFilter))
     assert run.rows() == sorted((i,) for i in ids("r", [r for r in range(N) if naive[(r, 0)]]))
@@ -323,13 +334,12 @@ BF16_TOL = 0.25
 """bf16 margins vs the fp32 naive reference (README: precision); a decision may differ only within it."""
 
 
-@pytest.mark.parametrize("attention", ["as this CPU runs it", "torch's GEMMs"])
+@pytest.mark.parametrize("attention", ATTENTION_PATHS)
 @pytest.mark.parametrize("kind", KINDS)
 def test_bf16_margins_stay_within_the_documented_tolerance_of_fp32(kind, attention, open_run, monkeypatch):
     """Both attention paths: the fused kernel where this CPU has AVX-512 BF16, and the GEMMs every other CPU
     runs in bf16."""
-    if attention == "torch's GEMMs":
-        monkeypatch.setattr(kernels, "attention", lambda *operands: False)
+    attend_by(attention, monkeypatch)
     sql = (f"SELECT r.id FROM reviews r WHERE AI_FILTER({sql_prompt(ACTING, 'r.body')}) "
            f"AND AI_FILTER({sql_prompt(MUSIC, 'r.body')})")
     run = open_run(kind, 160, sql, engine={"precision": "bf16"})
@@ -408,11 +418,13 @@ def test_score_threshold_filters_compare_sigmoid_of_naive_margin(kind, chunk, op
 # -- joins -------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("attention", ATTENTION_PATHS)
 @pytest.mark.parametrize("anchor", [None, "r", "a"])
 @pytest.mark.parametrize("chunk", CHUNKS)
 @pytest.mark.parametrize("kind", KINDS)
-def test_full_join_answers_equal_naive(kind, chunk, anchor, open_run):
+def test_full_join_answers_equal_naive(kind, chunk, anchor, attention, open_run, monkeypatch):
     """Every review × aspect pair is evaluated once; each anchor's document + frame is computed once."""
+    attend_by(attention, monkeypatch)
     options = f", {{'anchor': '{anchor}'}}" if anchor else ""
     sql = (f"SELECT r.id, a.aid FROM reviews r JOIN aspects a "
            f"ON AI_FILTER({sql_prompt(DISCUSS, 'r.body', 'a.aspect')}{options})")

@@ -307,12 +307,16 @@ def fused_attention(operands: dict[str, torch.Tensor]) -> tuple[bool, torch.Tens
     return ran, out
 
 
-needs_fused_attention = pytest.mark.skipif(
-    not kernels.attention_status(torch.bfloat16).startswith("fused"),
-    reason=f"attention here: {kernels.attention_status(torch.bfloat16)}")
+def fused_here(dtype: torch.dtype) -> pytest.MarkDecorator:
+    return pytest.mark.skipif(not kernels.attention_status(dtype).startswith("fused"),
+                              reason=f"attention here: {kernels.attention_status(dtype)}")
 
 
-@needs_fused_attention
+needs_fused_attention = fused_here(torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, marks=needs_fused_attention),
+                                   pytest.param(torch.float32, marks=fused_here(torch.float32))])
 @pytest.mark.parametrize(("rows", "context", "heads", "kv_heads", "dim", "window", "asked", "riders"), [
     (1, 0, 4, 1, 256, None, None, ()),  # one token, nothing before it
     (5, 3, 4, 1, 256, None, None, ()),
@@ -330,14 +334,18 @@ needs_fused_attention = pytest.mark.skipif(
     (200, 50, 4, 1, 256, 64, None, ((17, 150), (9, 1))),  # … on sliding layers too
     (90, 8, 6, 2, 64, None, [10, 70, 89], ((30, 40),)),  # … read-out rows of a rider
 ])
-def test_fused_attention_matches_float64_within_bf16_rounding(rows, context, heads, kv_heads, dim, window,
-                                                              asked, riders) -> None:
+def test_fused_attention_matches_float64_within_its_rounding(rows, context, heads, kv_heads, dim, window, asked,
+                                                             riders, dtype) -> None:
     operands = segment_operands(rows, context, heads, kv_heads, dim, window, asked, rows + context + dim, riders)
+    operands = {name: t.to(dtype) if t.is_floating_point() else t for name, t in operands.items()}
     ran, got = fused_attention(operands)
-    assert ran
+    assert ran and got.dtype == dtype
     want = reference_attention(operands)
-    # Two bf16 roundings: the weights (relative 2^-9 each, so at most 2^-9 max|v| in the sum) and the output.
-    bound = 2.0 ** -9 * operands["values"].double().abs().max() + 2.0 ** -8 * want.abs() + 1e-6
+    if dtype == torch.bfloat16:
+        # Two bf16 roundings: the weights (relative 2^-9 each, so at most 2^-9 max|v| in the sum) and the output.
+        bound = 2.0 ** -9 * operands["values"].double().abs().max() + 2.0 ** -8 * want.abs() + 1e-6
+    else:
+        bound = 1e-5 * operands["values"].double().abs().max() + 1e-5 * want.abs()
     assert bool(((got.double() - want).abs() <= bound).all())
 
 
@@ -359,11 +367,11 @@ def test_fused_attention_is_closer_to_float64_than_the_gemm_path() -> None:
 
 
 def test_attention_the_kernel_does_not_run_is_left_to_the_caller() -> None:
-    """fp32 (the kernel is bf16 only), heads not a multiple of 32 wide, or a mask of the wrong width: False,
-    and `out` untouched."""
+    """fp16 (the kernels are bf16 and fp32), heads not a multiple of 32 wide, or a mask of the wrong width:
+    False, and `out` untouched."""
     cases = []
-    fp32 = segment_operands(9, 4, 4, 1, 64, None, None, 1)
-    cases.append({name: t.float() if t.is_floating_point() else t for name, t in fp32.items()})
+    fp16 = segment_operands(9, 4, 4, 1, 64, None, None, 1)
+    cases.append({name: t.half() if t.is_floating_point() else t for name, t in fp16.items()})
     cases.append(segment_operands(9, 4, 4, 1, 48, None, None, 2))
     narrow = segment_operands(9, 4, 4, 1, 64, None, None, 3)
     cases.append({**narrow, "mask": narrow["mask"][:, 1:].contiguous()})
@@ -382,5 +390,5 @@ def test_a_cpu_with_avx512_bf16_attends_with_the_fused_kernel_and_the_report_say
     assert kernels.attention_status(torch.bfloat16) == ("fused bf16 kernel (AVX-512 BF16)" if capable else (
         "two GEMMs around a softmax (the fused kernel needs AVX-512 BF16: this CPU or its compiler lacks it)"
         if kernels.status().fused else f"two GEMMs around a softmax ({kernels.status().detail})"))
-    assert kernels.attention_status(torch.float32) == \
-        "two GEMMs around a softmax (the fused kernel is bf16 only)"
+    assert kernels.attention_status(torch.float32) == ("fused fp32 kernel" if kernels.status().fused else
+                                                       f"two GEMMs around a softmax ({kernels.status().detail})")
