@@ -446,6 +446,8 @@ def test_full_join_answers_equal_naive(kind, chunk, anchor, attention, open_run,
     assert metrics["fresh_tokens"] == fresh
     if chunk < 4096:
         assert metrics["chunks"] > 1
+    else:  # the preamble, every anchor's prefix and every candidate read from it: one pass
+        assert fresh <= chunk and metrics["chunks"] == 1
 
 
 @pytest.mark.parametrize("anchor", [None, "r"])

@@ -2,7 +2,8 @@
 
 An anchor's prefix is computed once (or its document KV is taken from its filter); then every
 candidate tuple's [labels + partner documents + cue] is packed as a sibling that attends to the
-anchor but not to other siblings. An anchor's KV is freed once its partners are answered (exists /
+anchor but not to other siblings — from the pass that computes the anchor's prefix on, reading its
+rows there (`Item.lender`) before its KV is kept. An anchor's KV is freed once its partners are answered (exists /
 anti stop at the first TRUE), or kept for the next join anchored on the same alias. With prefix
 sharing an anchor borrows the prefix it shares with an anchor computed before it (`lending.py`).
 """
@@ -83,10 +84,27 @@ def run_join(state: SharedState, anchors: list[Anchor], layout: JoinLayout,
         kept = sum(state.arena.pages_for(length) for _, length in item.keep)
         return kept + (lending.continuation_pages(anchor) if anchor.doc_block is None else 0)
 
-    def suffix_item(anchor: Anchor, suffix: Tokens) -> Item:
+    def suffix_item(anchor: Anchor, suffix: Tokens, prefix: Item | None) -> Item:
+        """A candidate's suffix after its anchor's kept document and frame, or — with `prefix`, the anchor's
+        item computing them in the same pass — after that item's rows."""
+        begin = start + len(anchor.tokens) + len(frame)
+        if prefix is not None:
+            return Item(suffix, begin, prefix.parents, (len(suffix) - 1,), (), prefix, len(prefix.tokens))
         parents = (pre, anchor.doc_block, anchor.frame_block)
-        return Item(suffix, start + len(anchor.tokens) + len(frame), tuple(p for p in parents if p is not None),
-                    (len(suffix) - 1,))
+        return Item(suffix, begin, tuple(p for p in parents if p is not None), (len(suffix) - 1,))
+
+    def admit_suffixes(anchor: Anchor, batch: list[tuple[Item, JoinTag]], used: int, budget: int,
+                       prefix: Item | None = None) -> int:
+        """The anchor's next candidates that fit (a quarter of them a pass when the first TRUE ends the
+        anchor), in the pass of its `prefix` item when given; the tokens used after them."""
+        share = max(1, len(anchor.pending) // 4) if stop_at_true else len(anchor.pending)
+        while anchor.pending and share and used + len(anchor.pending[0][1]) <= budget:
+            rows, suffix = anchor.pending.popleft()
+            batch.append((suffix_item(anchor, suffix, prefix), (anchor, rows)))
+            anchor.outstanding += 1
+            used += len(suffix)
+            share -= 1
+        return used
 
     def kept_by_a_filter(anchor: Anchor) -> bool:
         """Looks up (once) the document KV a filter kept for this anchor."""
@@ -99,13 +117,7 @@ def run_join(state: SharedState, anchors: list[Anchor], layout: JoinLayout,
         batch: list[tuple[Item, JoinTag]] = []
         used = 0
         for anchor in active:
-            share = max(1, len(anchor.pending) // 4) if stop_at_true else len(anchor.pending)
-            while anchor.pending and share and used + len(anchor.pending[0][1]) <= budget:
-                rows, suffix = anchor.pending.popleft()
-                batch.append((suffix_item(anchor, suffix), (anchor, rows)))
-                anchor.outstanding += 1
-                used += len(suffix)
-                share -= 1
+            used = admit_suffixes(anchor, batch, used, budget)
         for queue in (lending.lent, waiting):
             while queue:
                 anchor = queue[0]
@@ -119,7 +131,7 @@ def run_join(state: SharedState, anchors: list[Anchor], layout: JoinLayout,
                     return batch
                 queue.popleft()
                 batch.append((item, (anchor, None)))
-                used += len(item.tokens)
+                used = admit_suffixes(anchor, batch, used + len(item.tokens), budget, item)
                 used = admit_riders(anchor, item, batch, used, budget)
         return batch
 
@@ -138,7 +150,7 @@ def run_join(state: SharedState, anchors: list[Anchor], layout: JoinLayout,
                 lending.ride(anchor, None)
                 break
             batch.append((item, (anchor, None)))
-            used += len(item.tokens)
+            used = admit_suffixes(anchor, batch, used + len(item.tokens), budget, item)
         return used
 
     def done(tag: JoinTag, result: ItemResult) -> None:
