@@ -495,36 +495,35 @@ static inline void pack_column(int64_t c, const uint16_t *context_keys, const ui
     for (int64_t d = 0; d < dim; d++) value_column[2 * d] = v ? v[d] : 0;
 }
 
-/* scores[h][c] = q_h · key c for four query heads and the column blocks [first, last), two blocks a step
- * (eight independent sums hide vdpbf16ps's latency). Rows of `scores` are `width` floats apart. */
+/* scores[h][c] = q_h · key c for four query heads and `step` column blocks from `block` (2 or 4: eight or
+ * sixteen independent sums, to hide vdpbf16ps's latency); rows of `scores` are `width` floats apart. */
+static inline __attribute__((always_inline)) void score_blocks(const uint16_t *const q[ATTENTION_HEADS],
+                                                               const uint16_t *block, int64_t half, int step,
+                                                               float *scores, int64_t width) {
+    __m512 sums[ATTENTION_HEADS][4];
+    for (int h = 0; h < ATTENTION_HEADS; h++)
+        for (int j = 0; j < step; j++) sums[h][j] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < half; p++) {
+        __m512bh keys[4];
+        for (int j = 0; j < step; j++) keys[j] = (__m512bh)_mm512_load_si512((const void *)(block + (j * half + p) * 32));
+        for (int h = 0; h < ATTENTION_HEADS; h++) {
+            int32_t pair;
+            memcpy(&pair, q[h] + 2 * p, 4);
+            __m512bh query = (__m512bh)_mm512_set1_epi32(pair);
+            for (int j = 0; j < step; j++) sums[h][j] = _mm512_dpbf16_ps(sums[h][j], keys[j], query);
+        }
+    }
+    for (int h = 0; h < ATTENTION_HEADS; h++)
+        for (int j = 0; j < step; j++) _mm512_store_ps(scores + h * width + 16 * j, sums[h][j]);
+}
+
+/* scores[h][c] for the column blocks [first, last): four blocks a step, then two (the last step may compute
+ * the padding block past `last`). */
 static void scores4(const uint16_t *const q[ATTENTION_HEADS], const uint16_t *packed_keys, int64_t first,
                     int64_t last, int64_t dim, float *scores, int64_t width) {
-    int64_t half = dim / 2;
-    for (int64_t b = first; b < last; b += 2) {
-        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
-        __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps(), b2 = _mm512_setzero_ps(), b3 = _mm512_setzero_ps();
-        const uint16_t *block = packed_keys + b * half * 32, *next = block + half * 32;
-        for (int64_t p = 0; p < half; p++) {
-            __m512bh x = (__m512bh)_mm512_load_si512((const void *)(block + p * 32));
-            __m512bh y = (__m512bh)_mm512_load_si512((const void *)(next + p * 32));
-            int32_t q0, q1, q2, q3;
-            memcpy(&q0, q[0] + 2 * p, 4);
-            memcpy(&q1, q[1] + 2 * p, 4);
-            memcpy(&q2, q[2] + 2 * p, 4);
-            memcpy(&q3, q[3] + 2 * p, 4);
-            __m512bh w0 = (__m512bh)_mm512_set1_epi32(q0), w1 = (__m512bh)_mm512_set1_epi32(q1);
-            __m512bh w2 = (__m512bh)_mm512_set1_epi32(q2), w3 = (__m512bh)_mm512_set1_epi32(q3);
-            a0 = _mm512_dpbf16_ps(a0, x, w0); b0 = _mm512_dpbf16_ps(b0, y, w0);
-            a1 = _mm512_dpbf16_ps(a1, x, w1); b1 = _mm512_dpbf16_ps(b1, y, w1);
-            a2 = _mm512_dpbf16_ps(a2, x, w2); b2 = _mm512_dpbf16_ps(b2, y, w2);
-            a3 = _mm512_dpbf16_ps(a3, x, w3); b3 = _mm512_dpbf16_ps(b3, y, w3);
-        }
-        float *s = scores + b * 16;
-        _mm512_store_ps(s, a0); _mm512_store_ps(s + 16, b0);
-        _mm512_store_ps(s + width, a1); _mm512_store_ps(s + width + 16, b1);
-        _mm512_store_ps(s + 2 * width, a2); _mm512_store_ps(s + 2 * width + 16, b2);
-        _mm512_store_ps(s + 3 * width, a3); _mm512_store_ps(s + 3 * width + 16, b3);
-    }
+    int64_t half = dim / 2, b = first;
+    for (; b + 4 <= last; b += 4) score_blocks(q, packed_keys + b * half * 32, half, 4, scores + b * 16, width);
+    for (; b < last; b += 2) score_blocks(q, packed_keys + b * half * 32, half, 2, scores + b * 16, width);
 }
 
 /* out_h[d0, d0 + 16 vectors) = Σ_c weights_h[c] · value c over the column pairs of the runs below `pairs`, for
