@@ -11,7 +11,7 @@ with `QUAIL_KERNELS=eager`, every call takes the eager path and `status()` says 
 Attention (`attention`) is one kernel per segment: in bf16 on CPUs with AVX-512 BF16, in fp32 on any
 CPU (plain loops the compiler vectorises). torch's two GEMMs around a softmax compute the masked half
 of every causal segment and pass over the scores more times (bench passes 8–12 % faster with the bf16
-kernel on a 2-core EPYC; whole fp32 queries 4–9 % faster with the fp32 one). Without a kernel for the
+kernel on a 2-core EPYC; whole fp32 queries 5–10 % faster with the fp32 one). Without a kernel for the
 dtype and CPU the caller's GEMMs run.
 """
 
