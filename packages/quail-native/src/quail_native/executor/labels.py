@@ -1,4 +1,5 @@
-"""The classify / score scheduler: [document][tail] per row; labels longer than one token continue from it."""
+"""The classify / score scheduler: [document][tail] per row; labels longer than one token continue from it —
+in the same pass, reading its rows there (`Item.lender`), when they all fit; else from its kept KV after."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ class LabelDocument:
     block: int | None = None
     scores: list[float] = field(default_factory=list)
     waiting: int = 0
+    riding: bool = False
+    """Its label continuations run in its own pass (so its KV is not kept)."""
 
 
 @dataclass(frozen=True)
@@ -51,12 +54,17 @@ def run_labels(state: SharedState, rows: Sequence[int], documents: dict[int, Tok
     pre = state.preamble(layout.preamble)
     start = len(layout.preamble)
     longer = [k for k, label in enumerate(layout.labels) if len(label) > 1]
+    continued = sum(len(layout.labels[k]) - 1 for k in longer)
     fresh = deque(LabelDocument(r, documents[r] + layout.tail) for r in rows)
     ready: deque[tuple[LabelDocument, int]] = deque()
     out: dict[int, list[float]] = {}
 
-    def continuation(doc: LabelDocument, k: int) -> Item:
+    def continuation(doc: LabelDocument, k: int, lender: Item | None = None) -> Item:
+        """Label k's tokens after the document: over its kept KV, or riding on its item `lender`."""
         label = layout.labels[k]
+        if lender is not None:
+            return Item(label[:-1], start + len(doc.tokens), (pre,), tuple(range(len(label) - 1)), (), lender,
+                        len(doc.tokens))
         assert doc.block is not None
         return Item(label[:-1], start + len(doc.tokens), (pre, doc.block), tuple(range(len(label) - 1)))
 
@@ -68,13 +76,19 @@ def run_labels(state: SharedState, rows: Sequence[int], documents: dict[int, Tok
             batch.append((continuation(doc, k), (doc, k)))
             used += len(batch[-1][0].tokens)
         while fresh and used + len(fresh[0].tokens) <= budget:
-            keep = ((0, len(fresh[0].tokens)),) if longer else ()
-            pages = state.arena.pages_for(len(fresh[0].tokens)) if longer else 0
+            riding = used + len(fresh[0].tokens) + continued <= budget
+            keep = ((0, len(fresh[0].tokens)),) if longer and not riding else ()
+            pages = state.arena.pages_for(len(fresh[0].tokens)) if keep else 0
             if not state.memory.admit(pages, busy=bool(batch) or len(out) < len(rows) - len(fresh)):
                 break
             doc = fresh.popleft()
-            batch.append((Item(doc.tokens, start, (pre,), (len(doc.tokens) - 1,), keep), (doc, None)))
+            item = Item(doc.tokens, start, (pre,), (len(doc.tokens) - 1,), keep)
+            batch.append((item, (doc, None)))
             used += len(doc.tokens)
+            doc.riding = riding and bool(longer)
+            if doc.riding:
+                batch.extend((continuation(doc, k, item), (doc, k)) for k in longer)
+                used += continued
         return batch
 
     def settle(tag: LabelTag, result: ItemResult, found: list[float]) -> None:
@@ -83,7 +97,8 @@ def run_labels(state: SharedState, rows: Sequence[int], documents: dict[int, Tok
             doc.scores = found
             doc.block = result.blocks[0] if result.blocks else None
             doc.waiting = len(longer)
-            ready.extend((doc, j) for j in longer)
+            if not doc.riding:
+                ready.extend((doc, j) for j in longer)
         else:
             doc.scores[k] += sum(found)
             doc.waiting -= 1
