@@ -75,9 +75,10 @@ class Lending(Generic[D]):
         return doc.loan.borrowed if doc.loan.view is not None or doc.loan.riding is not None else 0
 
     def riders(self, lender: D, item: Item) -> list[D]:
-        """The borrowers of `lender` that could compute in the pass where `item` computes the lender's
-        document (from its first token, over the same parents a borrower's item has: none but the
-        preamble's), not yet admitted. The scheduler admits what fits with `ride`."""
+        """The borrowers of `lender` not yet admitted that could compute in the pass where `item` computes
+        the lender's document: only when the lender borrowed nothing itself, so that its item starts at the
+        document's first token over the preamble alone — the parents a rider's item has too. The scheduler
+        admits what fits with `ride`."""
         if self.skipped(lender):
             return []
         return [b for b in lender.loan.borrowers
