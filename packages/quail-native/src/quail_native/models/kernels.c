@@ -204,22 +204,25 @@ RMS_NORM_ROPE(quail_rms_norm_rope_f32, normalize_f32, float, same, same)
 #define F32_BLOCK 16
 #endif
 
+/* Runs of column blocks: [first, last) blocks of `width` columns, each holding a column the row may see. */
 typedef struct {
     int64_t first, last;
-} ColumnBlocks;
+} BlockRun;
 
-/* Runs of F32_BLOCK-column blocks of a mask row holding a column it may see; how many. */
-static int64_t visible_blocks(const uint8_t *mask, int64_t columns, ColumnBlocks *runs) {
+/* The runs of blocks of `width` columns of a mask row's `columns` that hold a visible column, in order; how
+ * many. A row that continues a sibling of its pass sees the sibling's first rows, then a gap, then its own
+ * rows: the gap's blocks are never computed (nor a sliding window's blocks before it). */
+static int64_t visible_runs(const uint8_t *mask, int64_t columns, int64_t width, BlockRun *runs) {
     int64_t count = 0;
-    for (int64_t b = 0; b * F32_BLOCK < columns; b++) {
-        int64_t left = columns - b * F32_BLOCK, width = left < F32_BLOCK ? left : F32_BLOCK;
+    for (int64_t b = 0; b * width < columns; b++) {
+        int64_t left = columns - b * width, stop = left < width ? left : width;
         uint8_t any = 0;
-        for (int64_t c = 0; c < width; c++) any |= mask[b * F32_BLOCK + c];
+        for (int64_t c = 0; c < stop; c++) any |= mask[b * width + c];
         if (!any) continue;
         if (count > 0 && runs[count - 1].last == b)
             runs[count - 1].last = b + 1;
         else
-            runs[count++] = (ColumnBlocks){b, b + 1};
+            runs[count++] = (BlockRun){b, b + 1};
     }
     return count;
 }
@@ -245,7 +248,7 @@ static void pack_column_f32(int64_t c, const float *context_keys, const float *c
 }
 
 /* scores[h][c] = q_h · key c for four heads over the blocks of the runs. */
-static void scores4_f32(const float *const q[F32_HEADS], const float *packed_keys, const ColumnBlocks *runs,
+static void scores4_f32(const float *const q[F32_HEADS], const float *packed_keys, const BlockRun *runs,
                         int64_t count, int64_t dim, float *scores, int64_t width) {
     for (int64_t r = 0; r < count; r++)
         for (int64_t b = runs[r].first; b < runs[r].last; b++) {
@@ -273,7 +276,7 @@ static void scores4_f32(const float *const q[F32_HEADS], const float *packed_key
 }
 
 /* The softmax of one head's scores over the visible columns of the runs, in place (0 where hidden). */
-static void softmax_in_place(float *scores, const uint8_t *mask, int64_t columns, const ColumnBlocks *runs,
+static void softmax_in_place(float *scores, const uint8_t *mask, int64_t columns, const BlockRun *runs,
                             int64_t count) {
     float top = -INFINITY, total = 0.0f;
     for (int64_t r = 0; r < count; r++)
@@ -302,7 +305,7 @@ static void softmax_in_place(float *scores, const uint8_t *mask, int64_t columns
 
 /* out_h = Σ_c weights_h[c] · value c over the columns of the runs below `stop`, F32_BLOCK dimensions a step. */
 static void weighted_values4_f32(const float *const weights[F32_HEADS], const float *packed_values,
-                                 const ColumnBlocks *runs, int64_t count, int64_t stop, int64_t dim,
+                                 const BlockRun *runs, int64_t count, int64_t stop, int64_t dim,
                                  int64_t heads, float *const out[F32_HEADS]) {
     for (int64_t d0 = 0; d0 < dim; d0 += F32_BLOCK) {
         float a0[F32_BLOCK] = {0}, a1[F32_BLOCK] = {0}, a2[F32_BLOCK] = {0}, a3[F32_BLOCK] = {0};
@@ -329,8 +332,8 @@ static void weighted_values4_f32(const float *const weights[F32_HEADS], const fl
 /* One query row, all heads, four at a time (a group of fewer repeats its first head, never written). */
 static void attend_row_f32(const float *q, const uint8_t *visible, int64_t columns, const float *packed_keys,
                            const float *packed_values, int64_t padded, float *out, int64_t heads,
-                           int64_t kv_heads, int64_t dim, float *scores, int64_t width, ColumnBlocks *runs) {
-    int64_t stop = columns, group = heads / kv_heads, count = visible_blocks(visible, columns, runs);
+                           int64_t kv_heads, int64_t dim, float *scores, int64_t width, BlockRun *runs) {
+    int64_t stop = columns, group = heads / kv_heads, count = visible_runs(visible, columns, F32_BLOCK, runs);
     while (stop > 0 && !visible[stop - 1]) stop--;
     for (int64_t g = 0; g < kv_heads; g++) {
         const float *packed_k = packed_keys + g * padded * dim, *packed_v = packed_values + g * padded * dim;
@@ -361,7 +364,7 @@ int quail_attention_f32(const float *q, int64_t q_stride, const float *context_k
     int64_t columns = context + own, blocks = (columns + F32_BLOCK - 1) / F32_BLOCK, padded = blocks * F32_BLOCK;
     int64_t threads = omp_get_max_threads();
     size_t packed = (size_t)(kv_heads * padded * dim);
-    size_t runs_bytes = ((size_t)blocks * sizeof(ColumnBlocks) + 63) / 64 * 64;
+    size_t runs_bytes = ((size_t)blocks * sizeof(BlockRun) + 63) / 64 * 64;
     size_t per_thread_bytes = (size_t)(F32_HEADS * padded) * sizeof(float) + runs_bytes;
     /* packed keys, packed values, then per thread scores (the weights, in place) and block runs */
     char *memory = aligned_alloc(64, 2 * packed * sizeof(float) + threads * per_thread_bytes);
@@ -378,7 +381,7 @@ int quail_attention_f32(const float *q, int64_t q_stride, const float *context_k
                             packed_keys + g * padded * dim, packed_values + g * padded * dim);
         }
         float *scores = (float *)(per_thread + omp_get_thread_num() * per_thread_bytes);
-        ColumnBlocks *runs = (ColumnBlocks *)(scores + F32_HEADS * padded);
+        BlockRun *runs = (BlockRun *)(scores + F32_HEADS * padded);
         #pragma omp for schedule(dynamic, 4)
         for (int64_t r = 0; r < rows; r++)
             attend_row_f32(q + r * q_stride, mask + r * columns, columns, packed_keys, packed_values, padded,
@@ -424,26 +427,6 @@ static inline __mmask16 visible16(const uint8_t *mask, int64_t column, int64_t s
     __mmask16 inside = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
     __m128i bytes = _mm_maskz_loadu_epi8(inside, mask + column);
     return _mm_mask_test_epi8_mask(inside, bytes, bytes);
-}
-
-/* Runs of column blocks: [first, last) blocks of 16 columns, each holding a column the row may see. */
-typedef struct {
-    int64_t first, last;
-} BlockRun;
-
-/* The runs of blocks of a mask row's `columns` that hold a visible column, in order; how many. A row that
- * continues a sibling of its pass sees the sibling's first rows, then a gap, then its own rows: the gap's
- * blocks are never computed. */
-static int64_t visible_runs(const uint8_t *mask, int64_t columns, BlockRun *runs) {
-    int64_t count = 0;
-    for (int64_t b = 0; b * 16 < columns; b++) {
-        if (!visible16(mask, b * 16, columns)) continue;
-        if (count > 0 && runs[count - 1].last == b)
-            runs[count - 1].last = b + 1;
-        else
-            runs[count++] = (BlockRun){b, b + 1};
-    }
-    return count;
 }
 
 /* weights[c] = the softmax of scores[c] over the visible columns in the runs (of `columns`), rounded to bf16
@@ -562,7 +545,7 @@ static void attend_row(const uint16_t *q, const uint8_t *visible, int64_t column
                        const uint16_t *packed_values, int64_t padded, uint16_t *out, int64_t heads,
                        int64_t kv_heads, int64_t dim, float *scores, uint16_t *weights, int64_t width,
                        BlockRun *runs) {
-    int64_t stop = columns, group = heads / kv_heads, count = visible_runs(visible, columns, runs);
+    int64_t stop = columns, group = heads / kv_heads, count = visible_runs(visible, columns, 16, runs);
     while (stop > 0 && !visible[stop - 1]) stop--;
     for (int64_t g = 0; g < kv_heads; g++) {
         const uint16_t *packed_k = packed_keys + g * padded * dim, *packed_v = packed_values + g * padded * dim;
