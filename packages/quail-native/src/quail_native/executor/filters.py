@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from quail_native.executor.lending import Lending, Loan
 from quail_native.executor.packing import Item, ItemResult
-from quail_native.executor.state import Lead, SharedState, Tokens, drop, run_passes
+from quail_native.executor.state import Batch, Lead, SharedState, Tokens, drop, run_passes
 
 
 class FilterAnswer(NamedTuple):
@@ -54,7 +54,7 @@ def run_filter(state: SharedState, alias: str, rows: Sequence[int], documents: d
         state.release(alias)
     run = _FilterRun(state, alias, layout, answer, margin_of, retain)
     run.schedule(rows, documents, share)
-    run_passes(state, run.next_items, run.done, run.after_pass, lead)
+    run_passes(state, run.fill, run.done, run.after_pass, lead)
     return run.out
 
 
@@ -116,42 +116,31 @@ class _FilterRun:
         kept = sum(self.state.arena.pages_for(length) for _, length in item.keep if length > 0)
         return kept + (self.lending.continuation_pages(doc) if self.keeps_document(doc) else 0)
 
-    def next_items(self, budget: int) -> list[tuple[Item, FilterDocument]]:
-        batch: list[tuple[Item, FilterDocument]] = []
-        used = 0
-        while self.ready and used + len(self.next_item(self.ready[0]).tokens) <= budget:
+    def fill(self, batch: Batch[FilterDocument]) -> None:
+        """Survivors' next questions, then borrowers whose views are ready, then fresh documents (each with
+        the borrowers that ride in its pass), while they fit the pass and the arena."""
+        while self.ready and batch.fits(len(self.next_item(self.ready[0]).tokens)):
             doc = self.ready.popleft()
-            batch.append((self.next_item(doc), doc))
-            used += len(batch[-1][0].tokens)
+            batch.add(self.next_item(doc), doc)
         for queue in (self.lending.lent, self.fresh):
             while queue:
                 doc = queue[0]
                 self.lending.protect(doc)
-                item = self.first_item(doc)
-                if used + len(item.tokens) > budget or \
-                        not self.state.memory.admit(self.pages(doc, item), busy=self.in_flight > 0 or bool(batch)):
+                item = self.admit(batch, doc, busy=self.in_flight > 0 or bool(batch))
+                if item is None:
                     self.lending.expose(doc)
-                    return batch
+                    return
                 queue.popleft()
-                batch.append((item, doc))
-                used += len(item.tokens)
-                self.in_flight += 1
-                used = self.admit_riders(doc, item, batch, used, budget)
-        return batch
+                self.lending.admit_riders(doc, item, lambda rider: self.admit(batch, rider, busy=True) is not None)
 
-    def admit_riders(self, lender: FilterDocument, lender_item: Item, batch: list[tuple[Item, FilterDocument]],
-                     used: int, budget: int) -> int:
-        """Borrowers of `lender` that fit compute in its pass, right behind it; the tokens used after them."""
-        for doc in self.lending.riders(lender, lender_item):
-            self.lending.ride(doc, lender_item)
-            item = self.first_item(doc)
-            if used + len(item.tokens) > budget or not self.state.memory.admit(self.pages(doc, item), busy=True):
-                self.lending.ride(doc, None)
-                break
-            batch.append((item, doc))
-            used += len(item.tokens)
-            self.in_flight += 1
-        return used
+    def admit(self, batch: Batch[FilterDocument], doc: FilterDocument, busy: bool) -> Item | None:
+        """The document's first item, put in the pass when its tokens fit and the arena has its pages."""
+        item = self.first_item(doc)
+        if not batch.fits(len(item.tokens)) or not self.state.memory.admit(self.pages(doc, item), busy=busy):
+            return None
+        batch.add(item, doc)
+        self.in_flight += 1
+        return item
 
     def done(self, doc: FilterDocument, result: ItemResult) -> None:
         if doc.stage == 0:

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from quail_native.executor.lending import Lending, Loan
 from quail_native.executor.packing import Item, ItemResult
-from quail_native.executor.state import Lead, SharedState, Tokens, drop, run_passes
+from quail_native.executor.state import Batch, Lead, SharedState, Tokens, drop, run_passes
 
 
 class JoinAnswer(NamedTuple):
@@ -93,18 +93,15 @@ def run_join(state: SharedState, anchors: list[Anchor], layout: JoinLayout,
         parents = (pre, anchor.doc_block, anchor.frame_block)
         return Item(suffix, begin, tuple(p for p in parents if p is not None), (len(suffix) - 1,))
 
-    def admit_suffixes(anchor: Anchor, batch: list[tuple[Item, JoinTag]], used: int, budget: int,
-                       prefix: Item | None = None) -> int:
+    def admit_suffixes(anchor: Anchor, batch: Batch[JoinTag], prefix: Item | None = None) -> None:
         """The anchor's next candidates that fit (a quarter of them a pass when the first TRUE ends the
-        anchor), in the pass of its `prefix` item when given; the tokens used after them."""
+        anchor), in the pass of its `prefix` item when given."""
         share = max(1, len(anchor.pending) // 4) if stop_at_true else len(anchor.pending)
-        while anchor.pending and share and used + len(anchor.pending[0][1]) <= budget:
+        while anchor.pending and share and batch.fits(len(anchor.pending[0][1])):
             rows, suffix = anchor.pending.popleft()
-            batch.append((suffix_item(anchor, suffix, prefix), (anchor, rows)))
+            batch.add(suffix_item(anchor, suffix, prefix), (anchor, rows))
             anchor.outstanding += 1
-            used += len(suffix)
             share -= 1
-        return used
 
     def kept_by_a_filter(anchor: Anchor) -> bool:
         """Looks up (once) the document KV a filter kept for this anchor."""
@@ -113,45 +110,42 @@ def run_join(state: SharedState, anchors: list[Anchor], layout: JoinLayout,
             anchor.looked_up = True
         return anchor.doc_block is not None
 
-    def next_items(budget: int) -> list[tuple[Item, JoinTag]]:
-        batch: list[tuple[Item, JoinTag]] = []
-        used = 0
+    def fill(batch: Batch[JoinTag]) -> None:
+        """Active anchors' next candidates, then anchors whose views are ready, then fresh anchors (each with
+        its first candidates and the borrowers that ride in its pass), while they fit the pass and the arena."""
         for anchor in active:
-            used = admit_suffixes(anchor, batch, used, budget)
+            admit_suffixes(anchor, batch)
         for queue in (lending.lent, waiting):
             while queue:
                 anchor = queue[0]
                 if not anchor.looked_up and kept_by_a_filter(anchor):
                     lending.cancel(anchor)  # its whole document is there: it needs no loan
                 lending.protect(anchor)
-                item = prefix_item(anchor)
-                if used + len(item.tokens) > budget or \
-                        not state.memory.admit(pages(anchor, item), busy=bool(active) or bool(batch)):
+                item = admit(batch, anchor, busy=bool(active) or bool(batch))
+                if item is None:
                     lending.expose(anchor)
-                    return batch
+                    return
                 queue.popleft()
-                batch.append((item, (anchor, None)))
-                used = admit_suffixes(anchor, batch, used + len(item.tokens), budget, item)
-                used = admit_riders(anchor, item, batch, used, budget)
-        return batch
+                lending.admit_riders(anchor, item, lambda rider, lender=anchor: admit_rider(batch, lender, rider))
 
-    def admit_riders(lender: Anchor, lender_item: Item, batch: list[tuple[Item, JoinTag]], used: int,
-                     budget: int) -> int:
-        """Borrowers of `lender` that fit compute in its pass, right behind it; the tokens used after them."""
-        for anchor in lending.riders(lender, lender_item):
-            if kept_by_a_filter(anchor):
-                lender.loan.borrowers.remove(anchor)  # it needs no loan: it waits as an anchor with its document
-                anchor.loan.borrowed = 0
-                waiting.appendleft(anchor)
-                continue
-            lending.ride(anchor, lender_item)
-            item = prefix_item(anchor)
-            if used + len(item.tokens) > budget or not state.memory.admit(pages(anchor, item), busy=True):
-                lending.ride(anchor, None)
-                break
-            batch.append((item, (anchor, None)))
-            used = admit_suffixes(anchor, batch, used + len(item.tokens), budget, item)
-        return used
+    def admit(batch: Batch[JoinTag], anchor: Anchor, busy: bool) -> Item | None:
+        """The anchor's prefix item and the first candidates behind it, put in the pass when the prefix fits
+        and the arena has its pages."""
+        item = prefix_item(anchor)
+        if not batch.fits(len(item.tokens)) or not state.memory.admit(pages(anchor, item), busy=busy):
+            return None
+        batch.add(item, (anchor, None))
+        admit_suffixes(anchor, batch, item)
+        return item
+
+    def admit_rider(batch: Batch[JoinTag], lender: Anchor, rider: Anchor) -> bool:
+        """A rider of `lender` whose whole document a filter kept needs no loan: it waits as an anchor with its
+        document (and the round goes on); any other is admitted when it fits."""
+        if kept_by_a_filter(rider):
+            lending.release(lender, rider)
+            waiting.appendleft(rider)
+            return True
+        return admit(batch, rider, busy=True) is not None
 
     def done(tag: JoinTag, result: ItemResult) -> None:
         anchor, rows = tag
@@ -183,7 +177,7 @@ def run_join(state: SharedState, anchors: list[Anchor], layout: JoinLayout,
                 drop(state, anchor.doc_block)
 
     total = sum(len(a.pending) for a in anchors)
-    run_passes(state, next_items, done, lambda: state.report(len(out), total), lead)
+    run_passes(state, fill, done, lambda: state.report(len(out), total), lead)
     if anchors and not retain:
         state.release(anchors[0].alias)
     return out

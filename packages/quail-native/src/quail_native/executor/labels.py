@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from quail_native.executor.packing import Item, ItemResult
-from quail_native.executor.state import SharedState, Tokens, drop, run_passes
+from quail_native.executor.state import Batch, SharedState, Tokens, drop, run_passes
 
 
 @dataclass(eq=False)
@@ -68,28 +68,25 @@ def run_labels(state: SharedState, rows: Sequence[int], documents: dict[int, Tok
         assert doc.block is not None
         return Item(label[:-1], start + len(doc.tokens), (pre, doc.block), tuple(range(len(label) - 1)))
 
-    def next_items(budget: int) -> list[tuple[Item, LabelTag]]:
-        batch: list[tuple[Item, LabelTag]] = []
-        used = 0
-        while ready and used + len(layout.labels[ready[0][1]]) - 1 <= budget:
+    def fill(batch: Batch[LabelTag]) -> None:
+        """Kept documents' label continuations, then fresh documents — with their continuations riding
+        behind them when those fit too — while they fit the pass and the arena."""
+        while ready and batch.fits(len(layout.labels[ready[0][1]]) - 1):
             doc, k = ready.popleft()
-            batch.append((continuation(doc, k), (doc, k)))
-            used += len(batch[-1][0].tokens)
-        while fresh and used + len(fresh[0].tokens) <= budget:
-            riding = used + len(fresh[0].tokens) + continued <= budget
+            batch.add(continuation(doc, k), (doc, k))
+        while fresh and batch.fits(len(fresh[0].tokens)):
+            riding = batch.fits(len(fresh[0].tokens) + continued)
             keep = ((0, len(fresh[0].tokens)),) if longer and not riding else ()
             pages = state.arena.pages_for(len(fresh[0].tokens)) if keep else 0
             if not state.memory.admit(pages, busy=bool(batch) or len(out) < len(rows) - len(fresh)):
                 break
             doc = fresh.popleft()
             item = Item(doc.tokens, start, (pre,), (len(doc.tokens) - 1,), keep)
-            batch.append((item, (doc, None)))
-            used += len(doc.tokens)
+            batch.add(item, (doc, None))
             doc.riding = riding and bool(longer)
             if doc.riding:
-                batch.extend((continuation(doc, k, item), (doc, k)) for k in longer)
-                used += continued
-        return batch
+                for k in longer:
+                    batch.add(continuation(doc, k, item), (doc, k))
 
     def settle(tag: LabelTag, result: ItemResult, found: list[float]) -> None:
         doc, k = tag
@@ -114,7 +111,7 @@ def run_labels(state: SharedState, rows: Sequence[int], documents: dict[int, Tok
         finished.clear()
         state.report(len(out), len(rows))
 
-    run_passes(state, next_items, lambda tag, result: finished.append((tag, result)), after_pass)
+    run_passes(state, fill, lambda tag, result: finished.append((tag, result)), after_pass)
     return out
 
 

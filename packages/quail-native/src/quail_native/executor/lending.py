@@ -14,7 +14,7 @@ schedulers both lend this way.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -77,17 +77,28 @@ class Lending(Generic[D]):
     def riders(self, lender: D, item: Item) -> list[D]:
         """The borrowers of `lender` not yet admitted that could compute in the pass where `item` computes
         the lender's document: only when the lender borrowed nothing itself, so that its item starts at the
-        document's first token over the preamble alone — the parents a rider's item has too. The scheduler
-        admits what fits with `ride`."""
+        document's first token over the preamble alone — the parents a rider's item has too."""
         if self.skipped(lender):
             return []
         return [b for b in lender.loan.borrowers
                 if b.loan.riding is None and item.tokens[:b.loan.borrowed] == b.tokens[:b.loan.borrowed]]
 
+    def admit_riders(self, lender: D, item: Item, admit: Callable[[D], bool]) -> None:
+        """Offer the scheduler each rider of `lender` (`riders`), marked as computing in the pass of `item`:
+        `admit` puts its item in the pass behind the lender's when it fits and says whether it did. The first
+        that does not fit is unmarked and ends the round; the rest wait for the lender's KV."""
+        for rider in self.riders(lender, item):
+            rider.loan.riding = item
+            if not admit(rider):
+                rider.loan.riding = None
+                return
+
     @staticmethod
-    def ride(borrower: D, lender_item: Item | None) -> None:
-        """Mark `borrower` as computing in the pass of `lender_item` (None: not after all)."""
-        borrower.loan.riding = lender_item
+    def release(lender: D, borrower: D) -> None:
+        """`borrower` found its whole document elsewhere (kept by a filter): it borrows nothing after all."""
+        lender.loan.borrowers.remove(borrower)
+        borrower.loan.borrowed = 0
+        borrower.loan.riding = None
 
     @staticmethod
     def in_pass(doc: D) -> tuple[Item | None, int]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from quail_native.executor.arena import KVArena
 from quail_native.executor.memory import KVCounters, Memory
@@ -138,6 +138,26 @@ class SharedState:
         self.evicted.clear()
 
 
+@dataclass
+class Batch(Generic[Tag]):
+    """The items a scheduler has put in the next pass so far, each with its tag, within the pass's room."""
+
+    room: int
+    """Tokens the pass has for this scheduler's items."""
+    entries: list[tuple[Item, Tag]] = field(default_factory=list)
+    used: int = 0
+
+    def fits(self, tokens: int) -> bool:
+        return self.used + tokens <= self.room
+
+    def add(self, item: Item, tag: Tag) -> None:
+        self.entries.append((item, tag))
+        self.used += len(item.tokens)
+
+    def __bool__(self) -> bool:
+        return bool(self.entries)
+
+
 @dataclass(frozen=True)
 class Lead:
     """Items a node must have answered before it can judge its own (its calibration prompts).
@@ -151,20 +171,20 @@ class Lead:
     finish: Callable[[list[ItemResult]], None]
 
 
-def run_passes(state: SharedState, next_items: Callable[[int], list[tuple[Item, Tag]]],
-               done: Callable[[Tag, ItemResult], None], after_pass: Callable[[], None] = lambda: None,
-               lead: Lead | None = None) -> None:
-    """Keep asking for items that fit a pass and running them until none come; the `lead` items first."""
+def run_passes(state: SharedState, fill: Callable[[Batch[Tag]], None], done: Callable[[Tag, ItemResult], None],
+               after_pass: Callable[[], None] = lambda: None, lead: Lead | None = None) -> None:
+    """Keep asking the scheduler to `fill` a pass and running it until it adds nothing; the `lead` items first."""
     ahead = list(lead.items) if lead is not None else []
     while True:
-        room = state.room - sum(len(item.tokens) for item in ahead)
-        batch = next_items(room) if room > 0 else []
+        batch: Batch[Tag] = Batch(state.room - sum(len(item.tokens) for item in ahead))
+        if batch.room > 0:
+            fill(batch)
         if not ahead and not batch:
             return
-        results = state.run([*ahead, *(item for item, _ in batch)])
+        results = state.run([*ahead, *(item for item, _ in batch.entries)])
         if lead is not None and ahead:
             lead.finish(results[:len(ahead)])
-        for (_, tag), result in zip(batch, results[len(ahead):], strict=True):
+        for (_, tag), result in zip(batch.entries, results[len(ahead):], strict=True):
             done(tag, result)
         ahead = []
         after_pass()
