@@ -257,16 +257,18 @@ def test_norm_and_rope_the_kernel_does_not_read_take_the_eager_path() -> None:
 
 
 def segment_operands(rows: int, context: int, heads: int, kv_heads: int, dim: int, window: int | None,
-                     asked: list[int] | None, seed: int, riders: tuple[tuple[int, int], ...] = ()
-                     ) -> dict[str, torch.Tensor]:
-    """A segment as a pass hands it over: an arena of kv heads read at scattered slots, the segment's own
-    rows of k and v (v cut from a wider projection, as the model's are), queries already scaled, and a
-    causal mask (with a sliding window, and only the `asked` rows, when given). `riders`: (rows, lent) of
-    items at the end of the segment, each causal on its own and seeing the first `lent` rows of the first
-    item (a borrower computing in its lender's pass), blind to the rows between."""
+                     asked: list[int] | None, seed: int, riders: tuple[tuple[int, int], ...] = (),
+                     arena: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """A segment as a pass hands it over: an arena of kv heads read at scattered slots (a new one, or
+    `arena`), the segment's own rows of k and v (v cut from a wider projection, as the model's are), queries
+    already scaled, and a causal mask (with a sliding window when given). `asked`: only those rows ask (q of
+    those rows, "queries" names them). `riders`: (rows, lent) of items at the end of the segment, each causal
+    on its own and seeing the first `lent` rows of the first item (a borrower computing in its lender's pass),
+    blind to the rows between."""
     generator = torch.Generator().manual_seed(seed)
-    arena = tuple(torch.randn(kv_heads, context + 40, dim, generator=generator).to(torch.bfloat16) for _ in "kv")
-    slots = torch.randperm(context + 40, generator=generator)[:context]
+    if arena is None:
+        arena = tuple(torch.randn(kv_heads, context + 40, dim, generator=generator).to(torch.bfloat16) for _ in "kv")
+    slots = torch.randperm(arena[0].shape[1], generator=generator)[:context]
     keys = torch.randn(rows, kv_heads, dim, generator=generator).to(torch.bfloat16)
     values = torch.randn(rows, 2 * kv_heads * dim, generator=generator).to(torch.bfloat16)[:, :kv_heads * dim]
     q = (torch.randn(rows, heads, dim, generator=generator) * dim ** -0.5).to(torch.bfloat16)
@@ -281,10 +283,11 @@ def segment_operands(rows: int, context: int, heads: int, kv_heads: int, dim: in
     if window is not None:
         position = torch.arange(context + rows)
         mask &= (position[context:, None] - position[None, :]) < window
+    operands = {"q": q, "context_keys": arena[0], "context_values": arena[1], "slots": slots, "keys": keys,
+                "values": values.reshape(rows, kv_heads, dim), "mask": mask}
     if asked is not None:
-        q, mask = q[asked], mask[asked].contiguous()
-    return {"q": q, "context_keys": arena[0], "context_values": arena[1], "slots": slots, "keys": keys,
-            "values": values.reshape(rows, kv_heads, dim), "mask": mask}
+        operands |= {"q": q[asked], "queries": torch.tensor(asked, dtype=torch.long)}
+    return operands
 
 
 def reference_attention(operands: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -293,6 +296,8 @@ def reference_attention(operands: dict[str, torch.Tensor]) -> torch.Tensor:
     keys = torch.cat((operands["context_keys"][:, slots].transpose(0, 1), operands["keys"])).double()
     values = torch.cat((operands["context_values"][:, slots].transpose(0, 1), operands["values"])).double()
     q, mask = operands["q"].double(), operands["mask"]
+    if "queries" in operands:
+        mask = mask[operands["queries"]]
     group = q.shape[1] // keys.shape[1]
     heads = [(q[:, h] @ keys[:, h // group].T).masked_fill(~mask, float("-inf")).softmax(-1) @ values[:, h // group]
              for h in range(q.shape[1])]
@@ -300,10 +305,18 @@ def reference_attention(operands: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def fused_attention(operands: dict[str, torch.Tensor]) -> tuple[bool, torch.Tensor]:
+    """One segment's operands through the kernel, as a pass of that one segment."""
+    shapes = torch.tensor([[operands["keys"].shape[0], operands["slots"].numel()]])
+    return fused_pass(operands, shapes, operands["mask"].flatten())
+
+
+def fused_pass(operands: dict[str, torch.Tensor], shapes: torch.Tensor, masks: torch.Tensor
+               ) -> tuple[bool, torch.Tensor]:
     out = torch.full_like(operands["q"], float("nan"))
     with torch.inference_mode():
-        ran = kernels.attention(operands["q"], (operands["context_keys"], operands["context_values"]),
-                                operands["slots"], operands["keys"], operands["values"], operands["mask"], out)
+        ran = kernels.attention(operands["q"], out, operands.get("queries"),
+                                (operands["context_keys"], operands["context_values"]), operands["keys"],
+                                operands["values"], shapes, operands["slots"], masks)
     return ran, out
 
 
@@ -347,6 +360,54 @@ def test_fused_attention_matches_float64_within_its_rounding(rows, context, head
     else:
         bound = 1e-5 * operands["values"].double().abs().max() + 1e-5 * want.abs()
     assert bool(((got.double() - want).abs() <= bound).all())
+
+
+PASS_SEGMENTS = [  # (rows, context, window, riders): the kinds of segments one pass mixes
+    (85, 4, None, ()), (20, 437, None, ()), (1, 0, None, ()), (300, 0, 100, ()), (3, 2, None, ()),
+    (120, 60, 64, ((30, 50),)), (7, 437, None, ()), (16, 16, None, ())]
+
+
+@pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, marks=needs_fused_attention),
+                                   pytest.param(torch.float32, marks=fused_here(torch.float32))])
+@pytest.mark.parametrize("asked", [None, [0, 84, 85, 104, 105, 106, 405, 406, 409, 500, 528, 529, 535, 536, 551]])
+def test_one_call_attends_every_segment_of_a_pass_as_each_alone(dtype, asked) -> None:
+    """Segments of every kind, over one arena, in one call (with only some rows of several segments asking,
+    as on the last layer): each row gets what its segment alone gives in float64."""
+    generator = torch.Generator().manual_seed(5)
+    arena = tuple(torch.randn(1, 600, 256, generator=generator).to(dtype) for _ in "kv")
+    parts = [segment_operands(rows, context, 4, 1, 256, window, None, 11 + index, riders, arena)
+             for index, (rows, context, window, riders) in enumerate(PASS_SEGMENTS)]
+    parts = [{name: t.to(dtype) if t.is_floating_point() else t for name, t in part.items()} for part in parts]
+    values = torch.cat([part["values"] for part in parts])
+    whole = {"q": torch.cat([part["q"] for part in parts]), "context_keys": arena[0], "context_values": arena[1],
+             "slots": torch.cat([part["slots"] for part in parts]), "keys": torch.cat([part["keys"] for part in parts]),
+             "values": torch.cat((values, values), dim=2)[:, 0, :256].view(-1, 1, 256)}  # rows further apart
+    want = torch.cat([reference_attention(part) for part in parts])
+    if asked is not None:
+        whole |= {"q": whole["q"][asked], "queries": torch.tensor(asked)}
+        want = want[asked]
+    shapes = torch.tensor([[part["keys"].shape[0], part["slots"].numel()] for part in parts])
+    ran, got = fused_pass(whole, shapes, torch.cat([part["mask"].flatten() for part in parts]))
+    assert ran
+    rounding = 2.0 ** -9 if dtype == torch.bfloat16 else 1e-5
+    bound = rounding * values.double().abs().max() + 2 * rounding * want.abs() + 1e-6
+    assert bool(((got.double() - want).abs() <= bound).all())
+
+
+def test_a_pass_whose_shapes_do_not_cover_its_operands_is_left_to_the_caller() -> None:
+    """The kernel reads masks, slots and rows where the shapes say: shapes that do not add up to the operands,
+    or query rows outside the pass, never reach it."""
+    operands = segment_operands(9, 4, 4, 1, 64, None, [2, 8], 4)
+    good = torch.tensor([[9, 4]])
+    assert fused_pass(operands, good, operands["mask"].flatten())[0] == kernels.attention_status(
+        torch.bfloat16).startswith("fused")
+    wrong = ([[9, 5]], [[8, 4]], [[4, 4], [4, 0]], [9, 4])
+    for shapes in map(torch.tensor, wrong):
+        ran, out = fused_pass(operands, shapes, operands["mask"].flatten())
+        assert not ran and bool(out.isnan().all())
+    for queries in ([2, 9], [-1, 3], [2]):
+        ran, out = fused_pass(operands | {"queries": torch.tensor(queries)}, good, operands["mask"].flatten())
+        assert not ran and bool(out.isnan().all())
 
 
 @needs_fused_attention

@@ -27,6 +27,48 @@ class Segment:
 
 
 @dataclass(frozen=True)
+class PassSegments:
+    """A pass's segments, and the same in the flat layout one attention call for all of them reads: each
+    segment's shape, context slots and mask, one after the other in pass order (the segments' masks are views
+    of the flat ones)."""
+
+    segments: tuple[Segment, ...]
+    shapes: torch.Tensor  # long [segments, 2]: (own rows, context columns)
+    slots: torch.Tensor  # long [Σ context columns]
+    masks: dict[LayerType, torch.Tensor]  # bool [Σ rows × (context columns + rows)]
+
+    def to(self, device: torch.device) -> PassSegments:
+        if self.slots.device == device:
+            return self
+        return _flat(self.segments, {kind: mask.to(device) for kind, mask in self.masks.items()},
+                     self.slots.to(device), self.shapes)
+
+
+def pass_segments(items: Sequence[ItemSpan], window: int | None) -> PassSegments:
+    """`segments`, laid out for one attention call."""
+    found = segments(items, window)
+    masks = {kind: torch.cat([s.masks[kind].flatten() for s in found]) if found else torch.zeros(0, dtype=torch.bool)
+             for kind in ("full", "sliding")}
+    slots = torch.cat([s.context for s in found]) if found else torch.zeros(0, dtype=torch.long)
+    return _flat(found, masks, slots, torch.tensor([[s.rows.stop - s.rows.start, s.context.numel()] for s in found],
+                                                   dtype=torch.long).reshape(-1, 2))
+
+
+def _flat(found: Sequence[Segment], masks: dict[LayerType, torch.Tensor], slots: torch.Tensor,
+          shapes: torch.Tensor) -> PassSegments:
+    """Segments over views of the flat `masks` and `slots`."""
+    views, mask_at, slot_at = [], 0, 0
+    for segment, (rows, context) in zip(found, shapes.tolist(), strict=True):
+        size = rows * (context + rows)
+        views.append(Segment(segment.rows, slots[slot_at: slot_at + context],
+                             {kind: mask[mask_at: mask_at + size].view(rows, context + rows)
+                              for kind, mask in masks.items()}))
+        mask_at += size
+        slot_at += context
+    return PassSegments(tuple(views), shapes, slots, masks)
+
+
+@dataclass(frozen=True)
 class ItemSpan:
     """Rows [start, stop) of one item in the pass, its positions, and its context columns."""
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from quail_native.executor.arena import KVArena
-from quail_native.executor.attention import ItemSpan, Segment, segments
+from quail_native.executor.attention import ItemSpan, pass_segments
 from quail_native.models.transformer import Arch, LayerType, Transformer, WrittenRows
 
 Span = tuple[int, int]
@@ -127,9 +127,7 @@ class Packer:
         block_ids = list(dict.fromkeys(b for item in ordered for b in item.parents))
         context = list(zip(self.arena.keys, self.arena.values, strict=True))  # read in place at block slots
         rows = self._rows(ordered)
-        layout = segments(self._spans(ordered, block_ids), self.model.arch.sliding_window)
-        layout = [Segment(s.rows, s.context.to(self.device), {k: m.to(self.device) for k, m in s.masks.items()})
-                  for s in layout]
+        layout = pass_segments(self._spans(ordered, block_ids), self.model.arch.sliding_window).to(self.device)
         output = self.model(rows.tokens.to(self.device), rows.positions.to(self.device), context, layout,
                             rows.readout.to(self.device), self._written_early(ordered))
         self._count(ordered)

@@ -332,8 +332,9 @@ static void weighted_values4_f32(const float *const weights[F32_HEADS], const fl
 /* One query row, all heads, four at a time (a group of fewer repeats its first head, never written). */
 static void attend_row_f32(const float *q, const uint8_t *visible, int64_t columns, const float *packed_keys,
                            const float *packed_values, int64_t padded, float *out, int64_t heads,
-                           int64_t kv_heads, int64_t dim, float *scores, int64_t width, BlockRun *runs) {
-    int64_t stop = columns, group = heads / kv_heads, count = visible_runs(visible, columns, F32_BLOCK, runs);
+                           int64_t kv_heads, int64_t dim, char *scratch, BlockRun *runs) {
+    float *scores = (float *)scratch; /* F32_HEADS rows of `padded`: the scores, then the weights in place */
+    int64_t width = padded, stop = columns, group = heads / kv_heads, count = visible_runs(visible, columns, F32_BLOCK, runs);
     while (stop > 0 && !visible[stop - 1]) stop--;
     for (int64_t g = 0; g < kv_heads; g++) {
         const float *packed_k = packed_keys + g * padded * dim, *packed_v = packed_values + g * padded * dim;
@@ -354,42 +355,109 @@ static void attend_row_f32(const float *q, const uint8_t *visible, int64_t colum
     }
 }
 
-/* quail_attention_bf16's contract in fp32 (dim a multiple of F32_BLOCK): 0, or -1 with nothing written when its
- * scratch cannot be allocated. */
-int quail_attention_f32(const float *q, int64_t q_stride, const float *context_keys, const float *context_values,
-                        int64_t arena_head_stride, const int64_t *slots, int64_t context, const float *keys,
-                        int64_t key_stride, const float *values, int64_t value_stride, int64_t own,
-                        const uint8_t *mask, float *out, int64_t out_stride, int64_t rows, int64_t heads,
-                        int64_t kv_heads, int64_t dim) {
-    int64_t columns = context + own, blocks = (columns + F32_BLOCK - 1) / F32_BLOCK, padded = blocks * F32_BLOCK;
-    int64_t threads = omp_get_max_threads();
-    size_t packed = (size_t)(kv_heads * padded * dim);
-    size_t runs_bytes = ((size_t)blocks * sizeof(BlockRun) + 63) / 64 * 64;
-    size_t per_thread_bytes = (size_t)(F32_HEADS * padded) * sizeof(float) + runs_bytes;
-    /* packed keys, packed values, then per thread scores (the weights, in place) and block runs */
-    char *memory = aligned_alloc(64, 2 * packed * sizeof(float) + threads * per_thread_bytes);
-    if (memory == NULL) return -1;
-    float *packed_keys = (float *)memory, *packed_values = packed_keys + packed;
-    char *per_thread = (char *)(packed_values + packed);
-    #pragma omp parallel num_threads(threads)
-    {
-        #pragma omp for schedule(static)
-        for (int64_t index = 0; index < kv_heads * padded; index++) {
-            int64_t g = index / padded;
-            pack_column_f32(index % padded, context_keys + g * arena_head_stride, context_values + g * arena_head_stride,
-                            slots, context, keys + g * dim, key_stride, values + g * dim, value_stride, columns, dim,
-                            packed_keys + g * padded * dim, packed_values + g * padded * dim);
-        }
-        float *scores = (float *)(per_thread + omp_get_thread_num() * per_thread_bytes);
-        BlockRun *runs = (BlockRun *)(scores + F32_HEADS * padded);
-        #pragma omp for schedule(dynamic, 4)
-        for (int64_t r = 0; r < rows; r++)
-            attend_row_f32(q + r * q_stride, mask + r * columns, columns, packed_keys, packed_values, padded,
-                           out + r * out_stride, heads, kv_heads, dim, scores, padded, runs);
+/* Where each segment of a pass lives in the operands and in the kernel's scratch. */
+typedef struct {
+    int64_t first_row, rows, columns, first_slot, mask_offset, padded, packed_offset;
+} SegmentPlan;
+
+/* Plans `count` segments given as (own rows, context columns) pairs, in pass order, with packed columns
+ * padded to whole blocks of `block` plus `extra` blocks; the widest padding. */
+static int64_t plan_segments(const int64_t *shapes, int64_t count, int64_t block, int64_t extra, int64_t kv_heads,
+                             int64_t dim, SegmentPlan *plan) {
+    int64_t row = 0, slot = 0, mask = 0, packed = 0, widest = 0;
+    for (int64_t s = 0; s < count; s++) {
+        int64_t rows = shapes[2 * s], context = shapes[2 * s + 1], columns = context + rows;
+        int64_t padded = ((columns + block - 1) / block + extra) * block;
+        plan[s] = (SegmentPlan){row, rows, columns, slot, mask, padded, packed};
+        row += rows;
+        slot += context;
+        mask += rows * columns;
+        packed += kv_heads * padded * dim;
+        widest = padded > widest ? padded : widest;
     }
-    free(memory);
-    return 0;
+    return widest;
 }
+
+/* The segment holding pass row `row` (segments cover the pass's rows in order). */
+static int64_t segment_of(const SegmentPlan *plan, int64_t count, int64_t row) {
+    int64_t low = 0, high = count - 1;
+    while (low < high) {
+        int64_t middle = (low + high + 1) / 2;
+        if (plan[middle].first_row <= row) low = middle; else high = middle - 1;
+    }
+    return low;
+}
+
+/* Masked attention of a whole pass, every segment in one call (one thread team, rows of all segments shared
+ * out dynamically: a pass of many small segments pays one call, not one per segment).
+ *
+ * The pass's rows form `count` segments, in order, each given by its (own rows, context columns) in `shapes`:
+ * segment s reads its context from arena slots (the next `context` entries of `slots`), then its own rows of
+ * the pass's keys and values ([pass rows][kv_heads][dim], rows key_stride and value_stride apart), under its
+ * mask (the next rows × (context + rows) bytes of `masks`, true = may attend). The arena holds
+ * [kv_heads][slots][dim] (kv heads arena_head_stride apart). `queries` rows of q ([queries][heads][dim], already
+ * scaled, q_stride apart) ask: query i is pass row query_rows[i] (NULL: pass row i), and its output goes to
+ * out's row i ([queries][heads][dim], out_stride apart). Query head h reads kv head h / (heads / kv_heads); dim
+ * is a multiple of 32. A row that may attend to nothing gets zeros. Returns 0, or -1 with nothing written when
+ * the scratch cannot be allocated.
+ *
+ * Each segment's keys and values are packed per kv head (PACK, one column at a time) into blocks of BLOCK
+ * columns, padded by EXTRA blocks; ATTEND_ROW computes one query row, all heads, with HEADS × padded columns of
+ * scratch of SCRATCH bytes each and the row's block runs. */
+#define ATTENTION(NAME, T, BLOCK, EXTRA, HEADS, SCRATCH, PACK, ATTEND_ROW)                                    \
+int NAME(const T *q, int64_t q_stride, T *out, int64_t out_stride, int64_t queries, const int64_t *query_rows,   \
+         const T *context_keys, const T *context_values, int64_t arena_head_stride, const int64_t *slots,        \
+         const T *keys, int64_t key_stride, const T *values, int64_t value_stride, const int64_t *shapes,        \
+         int64_t count, const uint8_t *masks, int64_t heads, int64_t kv_heads, int64_t dim) {                  \
+    SegmentPlan *plan = malloc((size_t)(count > 0 ? count : 1) * sizeof(SegmentPlan));                        \
+    if (plan == NULL) return -1;                                                                             \
+    int64_t widest = plan_segments(shapes, count, BLOCK, EXTRA, kv_heads, dim, plan);                        \
+    size_t packed = count > 0 ? (size_t)(plan[count - 1].packed_offset + kv_heads * plan[count - 1].padded * dim) : 0; \
+    size_t runs_bytes = ((size_t)(widest / BLOCK) * sizeof(BlockRun) + 63) / 64 * 64;                       \
+    size_t per_thread = ((size_t)(HEADS * widest) * (SCRATCH) + 63) / 64 * 64 + runs_bytes;                  \
+    int64_t threads = omp_get_max_threads();                                                                 \
+    /* packed keys, packed values, then per thread the row scratch and block runs: one allocation */         \
+    char *memory = aligned_alloc(64, 2 * packed * sizeof(T) + threads * per_thread + 64);                    \
+    if (memory == NULL) {                                                                                    \
+        free(plan);                                                                                          \
+        return -1;                                                                                           \
+    }                                                                                                        \
+    T *packed_keys = (T *)memory, *packed_values = packed_keys + packed;                                     \
+    char *scratch_of_threads = (char *)memory + (2 * packed * sizeof(T) + 63) / 64 * 64;                     \
+    _Pragma("omp parallel num_threads(threads)")                                                              \
+    {                                                                                                        \
+        for (int64_t s = 0; s < count; s++) {                                                                \
+            const SegmentPlan *p = &plan[s];                                                                 \
+            int64_t context = p->columns - p->rows;                                                          \
+            _Pragma("omp for schedule(static) nowait")                                                        \
+            for (int64_t index = 0; index < kv_heads * p->padded; index++) {                                 \
+                int64_t g = index / p->padded, at = p->packed_offset + g * p->padded * dim;                  \
+                PACK(index % p->padded, context_keys + g * arena_head_stride,                                \
+                     context_values + g * arena_head_stride, slots + p->first_slot, context,                 \
+                     keys + p->first_row * key_stride + g * dim, key_stride,                                 \
+                     values + p->first_row * value_stride + g * dim, value_stride, p->columns, dim,          \
+                     packed_keys + at, packed_values + at);                                                  \
+            }                                                                                                \
+        }                                                                                                    \
+        _Pragma("omp barrier")                                                                                \
+        char *scratch = scratch_of_threads + omp_get_thread_num() * per_thread;                             \
+        BlockRun *runs = (BlockRun *)(scratch + per_thread - runs_bytes);                                    \
+        _Pragma("omp for schedule(dynamic, 4)")                                                               \
+        for (int64_t i = 0; i < queries; i++) {                                                              \
+            int64_t row = query_rows ? query_rows[i] : i;                                                    \
+            const SegmentPlan *p = &plan[segment_of(plan, count, row)];                                      \
+            ATTEND_ROW(q + i * q_stride, masks + p->mask_offset + (row - p->first_row) * p->columns,         \
+                       p->columns, packed_keys + p->packed_offset, packed_values + p->packed_offset,         \
+                       p->padded, out + i * out_stride, heads, kv_heads, dim, scratch, runs);                \
+        }                                                                                                    \
+    }                                                                                                        \
+    free(memory);                                                                                            \
+    free(plan);                                                                                              \
+    return 0;                                                                                                \
+}
+
+/* Keys in blocks of F32_BLOCK columns, values by column; the scores hold the weights in place. */
+ATTENTION(quail_attention_f32, float, F32_BLOCK, 0, F32_HEADS, sizeof(float), pack_column_f32, attend_row_f32)
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
@@ -543,9 +611,11 @@ static inline void weighted_values4(const uint16_t *const weights[ATTENTION_HEAD
  * written). A row that sees no column gets zeros. `runs` is scratch for (columns + 15) / 16 runs. */
 static void attend_row(const uint16_t *q, const uint8_t *visible, int64_t columns, const uint16_t *packed_keys,
                        const uint16_t *packed_values, int64_t padded, uint16_t *out, int64_t heads,
-                       int64_t kv_heads, int64_t dim, float *scores, uint16_t *weights, int64_t width,
-                       BlockRun *runs) {
-    int64_t stop = columns, group = heads / kv_heads, count = visible_runs(visible, columns, 16, runs);
+                       int64_t kv_heads, int64_t dim, char *scratch, BlockRun *runs) {
+    /* ATTENTION_HEADS rows of `padded` fp32 scores, then as many of bf16 weights */
+    float *scores = (float *)scratch;
+    uint16_t *weights = (uint16_t *)(scores + ATTENTION_HEADS * padded);
+    int64_t width = padded, stop = columns, group = heads / kv_heads, count = visible_runs(visible, columns, 16, runs);
     while (stop > 0 && !visible[stop - 1]) stop--;
     for (int64_t g = 0; g < kv_heads; g++) {
         const uint16_t *packed_k = packed_keys + g * padded * dim, *packed_v = packed_values + g * padded * dim;
@@ -570,46 +640,8 @@ static void attend_row(const uint16_t *q, const uint8_t *visible, int64_t column
     }
 }
 
-/* Masked attention of `rows` queries ([rows][heads][dim] bf16, rows q_stride apart, already scaled) over
- * `context` arena slots plus `own` new rows of keys and values ([own][kv_heads][dim], rows key_stride and
- * value_stride apart); the arena holds [kv_heads][slots][dim] (kv heads arena_head_stride apart). mask: bool
- * [rows][context + own], true = may attend. out: [rows][heads][dim], rows out_stride apart. Query head h reads
- * kv head h / (heads / kv_heads). dim is a multiple of 32. Returns 0, or -1 (nothing written) when its
- * scratch memory cannot be allocated. */
-int quail_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *context_keys,
-                         const uint16_t *context_values, int64_t arena_head_stride, const int64_t *slots,
-                         int64_t context, const uint16_t *keys, int64_t key_stride, const uint16_t *values,
-                         int64_t value_stride, int64_t own, const uint8_t *mask, uint16_t *out, int64_t out_stride,
-                         int64_t rows, int64_t heads, int64_t kv_heads, int64_t dim) {
-    int64_t columns = context + own, blocks = (columns + 15) / 16, padded = (blocks + 1) * 16;
-    int64_t width = padded, threads = omp_get_max_threads();
-    size_t packed = (size_t)(kv_heads * padded * dim), scratch = (size_t)(ATTENTION_HEADS * width);
-    /* packed keys, packed values, then per thread fp32 scores, bf16 weights and block runs: one allocation */
-    size_t runs_bytes = ((size_t)blocks * sizeof(BlockRun) + 63) / 64 * 64;
-    size_t per_thread_bytes = scratch * (sizeof(float) + sizeof(uint16_t)) + runs_bytes;
-    char *memory = aligned_alloc(64, 2 * packed * sizeof(uint16_t) + threads * per_thread_bytes);
-    if (memory == NULL) return -1;
-    uint16_t *packed_keys = (uint16_t *)memory, *packed_values = packed_keys + packed;
-    char *per_thread = (char *)(packed_values + packed);
-    /* one team for packing and attending (a segment costs one fork and join), of at most `threads` */
-    #pragma omp parallel num_threads(threads)
-    {
-        #pragma omp for schedule(static)
-        for (int64_t index = 0; index < kv_heads * padded; index++) {
-            int64_t g = index / padded;
-            pack_column(index % padded, context_keys + g * arena_head_stride, context_values + g * arena_head_stride,
-                        slots, context, keys + g * dim, key_stride, values + g * dim, value_stride, columns, dim,
-                        packed_keys + g * padded * dim, packed_values + g * padded * dim);
-        }
-        float *scores = (float *)(per_thread + omp_get_thread_num() * per_thread_bytes);
-        uint16_t *weights = (uint16_t *)(scores + scratch);
-        BlockRun *runs = (BlockRun *)(weights + scratch);
-        #pragma omp for schedule(dynamic, 4)
-        for (int64_t r = 0; r < rows; r++)
-            attend_row(q + r * q_stride, mask + r * columns, columns, packed_keys, packed_values, padded,
-                       out + r * out_stride, heads, kv_heads, dim, scores, weights, width, runs);
-    }
-    free(memory);
-    return 0;
-}
+/* Keys in blocks of 16 columns (one more, zero, for the scores' last step of two), values by column pair; fp32
+ * scores and bf16 weights. */
+ATTENTION(quail_attention_bf16, uint16_t, 16, 1, ATTENTION_HEADS, sizeof(float) + sizeof(uint16_t), pack_column,
+          attend_row)
 #endif

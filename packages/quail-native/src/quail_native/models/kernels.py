@@ -8,8 +8,8 @@ compiles in 0.3 s. The library is built from `kernels.c` beside this module by t
 source, the flags, the compiler and the CPU's features. Without a compiler, when the build fails, or
 with `QUAIL_KERNELS=eager`, every call takes the eager path and `status()` says why.
 
-Attention (`attention`) is one kernel per segment: in bf16 on CPUs with AVX-512 BF16, in fp32 on any
-CPU (plain loops the compiler vectorises). torch's two GEMMs around a softmax compute the masked half
+Attention (`attention`) is one kernel call per layer for every segment of the pass: in bf16 on CPUs
+with AVX-512 BF16, in fp32 on any CPU (plain loops the compiler vectorises). torch's two GEMMs around a softmax compute the masked half
 of every causal segment and pass over the scores more times (bench passes 8–12 % faster with the bf16
 kernel on a 2-core EPYC; whole fp32 queries 5–10 % faster with the fp32 one). Without a kernel for the
 dtype and CPU the caller's GEMMs run.
@@ -144,31 +144,37 @@ def gelu_tanh_times_eager(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return inner.sigmoid_().mul_(wide).to(gate.dtype).mul_(up)
 
 
-def attention(q: torch.Tensor, context: tuple[torch.Tensor, torch.Tensor], slots: torch.Tensor, keys: torch.Tensor,
-              values: torch.Tensor, mask: torch.Tensor, out: torch.Tensor) -> bool:
-    """Masked attention of one segment into `out`, by the fused kernel: True when it ran, False (nothing
-    written) where it cannot — not bf16 on a CPU with AVX-512 BF16, or operands it does not read — and the
-    caller's GEMM path runs instead.
+def attention(q: torch.Tensor, out: torch.Tensor, queries: torch.Tensor | None,
+              context: tuple[torch.Tensor, torch.Tensor], keys: torch.Tensor, values: torch.Tensor,
+              shapes: torch.Tensor, slots: torch.Tensor, masks: torch.Tensor) -> bool:
+    """Masked attention of a whole pass into `out`, every segment in one call of the fused kernel: True when it
+    ran, False (nothing written) where it cannot — no kernel for this dtype here, or operands it does not
+    read — and the caller's GEMM path runs instead.
 
-    q and out: [rows, heads, head_dim] (queries already scaled); context: the arena's [kv_heads, slots,
-    head_dim] keys and values, read at `slots`; keys and values: the segment's own [own, kv_heads, head_dim]
-    rows; mask: bool [rows, slots + own], True = may attend. The slots are not re-checked per call: they come
+    The pass's rows form segments, in order: segment s has shapes[s] = (own rows, context columns), reads its
+    context columns from the arena's [kv_heads, slots, head_dim] keys and values (`context`) at its run of
+    `slots` (the segments' runs one after the other), then its own rows of the pass's [tokens, kv_heads,
+    head_dim] `keys` and `values`, under its bool [rows, context + rows] mask (True = may attend; the masks
+    flattened one after the other in `masks`). q and out: [queries, heads, head_dim] (queries already scaled);
+    query i is pass row queries[i], or row i when `queries` is None. The slots are not re-checked: they come
     from `KVArena.slots`, inside the arena by construction. A row that may attend to nothing gets zeros (the
     GEMMs give NaN); causal masks always show a row itself."""
-    kernel = _kernel(_ATTENTION_KERNELS, q.dtype, _attention_fits(q, context, slots, keys, values, mask, out))
+    kernel = _kernel(_ATTENTION_KERNELS, q.dtype, _attention_fits(q, out, queries, context, keys, values, shapes,
+                                                                  slots, masks))
     if kernel is None:
         return False
     arena_keys, arena_values = context
-    heads, dim = q.shape[1], q.shape[2]
     pointer, size = ctypes.c_void_p, ctypes.c_int64
-    failed = kernel(pointer(q.data_ptr()), size(q.stride(0)), pointer(arena_keys.data_ptr()),
-                    pointer(arena_values.data_ptr()), size(arena_keys.stride(0)), pointer(slots.data_ptr()),
-                    size(slots.numel()), pointer(keys.data_ptr()), size(keys.stride(0)), pointer(values.data_ptr()),
-                    size(values.stride(0)), size(keys.shape[0]), pointer(mask.data_ptr()), pointer(out.data_ptr()),
-                    size(out.stride(0)), size(q.shape[0]), size(heads), size(keys.shape[1]), size(dim))
+    failed = kernel(pointer(q.data_ptr()), size(q.stride(0)), pointer(out.data_ptr()), size(out.stride(0)),
+                    size(q.shape[0]), pointer(None if queries is None else queries.data_ptr()),
+                    pointer(arena_keys.data_ptr()), pointer(arena_values.data_ptr()), size(arena_keys.stride(0)),
+                    pointer(slots.data_ptr()), pointer(keys.data_ptr()), size(keys.stride(0)),
+                    pointer(values.data_ptr()), size(values.stride(0)), pointer(shapes.data_ptr()),
+                    size(shapes.shape[0]), pointer(masks.data_ptr()), size(q.shape[1]), size(keys.shape[1]),
+                    size(q.shape[2]))
     if failed:
-        raise MemoryError(f"the attention kernel could not allocate its scratch for a segment of {q.shape[0]} rows "
-                          f"over {slots.numel() + keys.shape[0]} columns")
+        raise MemoryError(f"the attention kernel could not allocate its scratch for a pass of {keys.shape[0]} rows "
+                          f"in {shapes.shape[0]} segments")
     return True
 
 
@@ -184,12 +190,14 @@ def attention_status(dtype: torch.dtype) -> str:
     return "fused bf16 kernel (AVX-512 BF16)" if dtype == torch.bfloat16 else "fused fp32 kernel"
 
 
-def _attention_fits(q: torch.Tensor, context: tuple[torch.Tensor, torch.Tensor], slots: torch.Tensor,
-                    keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, out: torch.Tensor) -> bool:
+def _attention_fits(q: torch.Tensor, out: torch.Tensor, queries: torch.Tensor | None,
+                    context: tuple[torch.Tensor, torch.Tensor], keys: torch.Tensor, values: torch.Tensor,
+                    shapes: torch.Tensor, slots: torch.Tensor, masks: torch.Tensor) -> bool:
     """The layouts the kernel reads: rows of heads of contiguous head_dim vectors, the arena's kv heads each
-    a contiguous [slots, head_dim], long slots, a contiguous bool mask; head_dim a multiple of 32."""
+    a contiguous [slots, head_dim], contiguous long shapes, slots and query rows, a contiguous bool mask;
+    head_dim a multiple of 32. The sizes the shapes name are checked by `_segments_fit`."""
     arena_keys, arena_values = context
-    tensors = (q, arena_keys, arena_values, slots, keys, values, mask, out)
+    tensors = (q, out, arena_keys, arena_values, keys, values, shapes, slots, masks)
     if torch.is_grad_enabled() or not all(t.is_cpu for t in tensors):  # is_cpu: a fifth of device.type's cost
         return False
     rows, heads, dim = q.shape if q.dim() == 3 else (0, 0, 0)
@@ -201,9 +209,30 @@ def _attention_fits(q: torch.Tensor, context: tuple[torch.Tensor, torch.Tensor],
             and arena_keys.shape == arena_values.shape and arena_keys.stride() == arena_values.stride()
             and arena_keys.dim() == 3 and arena_keys.shape[0] == kv_heads and arena_keys.shape[2] == dim
             and arena_keys.stride()[1:] == (dim, 1)
-            and slots.dtype == torch.long and slots.dim() == 1 and slots.is_contiguous()
-            and mask.dtype == torch.bool and mask.is_contiguous()
-            and mask.shape == (rows, slots.numel() + keys.shape[0]))
+            and _long_vector(slots) and _long_vector(shapes.view(-1)) and shapes.is_contiguous()
+            and (_rows_within(queries, rows, keys.shape[0]) if queries is not None else rows == keys.shape[0])
+            and masks.dtype == torch.bool and masks.is_contiguous()
+            and _segments_fit(shapes, keys.shape[0], slots.numel(), masks.numel()))
+
+
+def _long_vector(t: torch.Tensor) -> bool:
+    return t.dtype == torch.long and t.dim() == 1 and t.is_contiguous()
+
+
+def _rows_within(queries: torch.Tensor, count: int, rows: int) -> bool:
+    """`count` query rows, each a row of the pass's `rows` (the kernel reads its mask row)."""
+    return (queries.is_cpu and _long_vector(queries) and queries.numel() == count
+            and (count == 0 or (int(queries.min()) >= 0 and int(queries.max()) < rows)))
+
+
+def _segments_fit(shapes: torch.Tensor, rows: int, slots: int, mask: int) -> bool:
+    """Whether segments of these (own rows, context columns) cover exactly `rows` rows, `slots` slots and a
+    flat mask of `mask` entries."""
+    if shapes.dim() != 2 or shapes.shape[1] != 2:
+        return False
+    own, context = shapes.unbind(1)
+    return (int(own.sum()) == rows and int(context.sum()) == slots
+            and int((own * (own + context)).sum()) == mask and bool((shapes >= 0).all()))
 
 
 def _heads_of_rows(t: torch.Tensor) -> bool:

@@ -31,6 +31,24 @@ class AttentionSegment(Protocol):
     masks: dict[LayerType, torch.Tensor]
 
 
+class AttentionLayout(Protocol):
+    """A pass's segments (in pass order, covering its rows), and the same laid out flat for one attention call
+    over all of them: each segment's (own rows, context columns) in `shapes`, its context slots one after the
+    other in `slots`, its flattened mask one after the other in `masks` (see `kernels.attention`)."""
+
+    @property
+    def segments(self) -> Sequence[AttentionSegment]: ...
+
+    @property
+    def shapes(self) -> torch.Tensor: ...
+
+    @property
+    def slots(self) -> torch.Tensor: ...
+
+    @property
+    def masks(self) -> dict[LayerType, torch.Tensor]: ...
+
+
 @dataclass(frozen=True)
 class WrittenRows:
     """Rows of a pass whose k and v each layer writes into the context KV (at `slots`) before it attends: the
@@ -131,7 +149,7 @@ class Attention(nn.Module):
         return fused.q(x[queries]), k, v
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...], context: tuple[torch.Tensor, torch.Tensor],
-                segments: Sequence[AttentionSegment], queries: torch.Tensor | None = None,
+                layout: AttentionLayout, queries: torch.Tensor | None = None,
                 written: WrittenRows | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Attention output ([query rows, hidden], after o_proj) and every row's new k and v
         ([kv_heads, rows, head_dim]).
@@ -150,36 +168,31 @@ class Attention(nn.Module):
             context[0].index_copy_(1, written.slots, k[written.rows].transpose(0, 1))
             context[1].index_copy_(1, written.slots, v[written.rows].transpose(0, 1))
         out = torch.empty_like(q)
-        for segment in segments:
-            mask = segment.masks[self.kind]
-            if queries is None:
-                _attend_segment(q[segment.rows], context, segment, k, v, mask, out[segment.rows], every_row=True)
-                continue
-            start, stop = segment.rows.start, segment.rows.stop
-            inside = ((queries >= start) & (queries < stop)).nonzero().squeeze(1)
-            if inside.numel():
-                asking = q[inside]
-                asked = torch.empty_like(asking)
-                _attend_segment(asking, context, segment, k, v, mask[queries[inside] - start], asked, every_row=False)
-                out[inside] = asked
+        if not kernels.attention(q, out, queries, context, k, v, layout.shapes, layout.slots, layout.masks[self.kind]):
+            for segment in layout.segments:
+                _attend_segment(q, out, queries, context, segment, k, v, segment.masks[self.kind])
         attended = _fused(self.fused).o(out.reshape(q.shape[0], arch.heads * arch.head_dim))
         return attended, k.transpose(0, 1), v.transpose(0, 1)
 
 
-def _attend_segment(q: torch.Tensor, context: tuple[torch.Tensor, torch.Tensor], segment: AttentionSegment,
-                    k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, out: torch.Tensor, every_row: bool) -> None:
-    """Attention of [rows, heads, head_dim] queries of one segment into `out` (the same shape), under `mask`
-    (one row per query): over the segment's context slots and its own rows of the pass's [tokens, kv_heads,
-    head_dim] k and v. The fused kernel where it runs (`kernels.attention`), else two GEMMs around a
-    softmax — blocked causally (`attend`) only when `every_row` says the queries are the segment's own rows,
-    in order; read-out rows alone take one dense block."""
+def _attend_segment(q: torch.Tensor, out: torch.Tensor, queries: torch.Tensor | None,
+                    context: tuple[torch.Tensor, torch.Tensor], segment: AttentionSegment, k: torch.Tensor,
+                    v: torch.Tensor, mask: torch.Tensor) -> None:
+    """Where the fused kernel does not run: the attention of one segment's query rows of q ([queries, heads,
+    head_dim]; query i is pass row queries[i], or row i when None) into the same rows of `out`, under `mask`,
+    over the segment's context slots and its own rows of the pass's [tokens, kv_heads, head_dim] k and v — two
+    GEMMs around a softmax, blocked causally (`attend`) when the queries are all the segment's rows, in order;
+    read-out rows alone take one dense block."""
     own_keys, own_values = k[segment.rows], v[segment.rows]
-    if kernels.attention(q, context, segment.context, own_keys, own_values, mask, out):
-        return
     keys, values = _segment_kv(segment, context, own_keys.transpose(0, 1), own_values.transpose(0, 1))
-    queries = q.transpose(0, 1)
-    attended = attend(queries, keys, values, mask) if every_row else _attend_block(queries, keys, values, mask)
-    out.copy_(attended.transpose(0, 1))
+    if queries is None:
+        out[segment.rows] = attend(q[segment.rows].transpose(0, 1), keys, values, mask).transpose(0, 1)
+        return
+    start, stop = segment.rows.start, segment.rows.stop
+    inside = ((queries >= start) & (queries < stop)).nonzero().squeeze(1)
+    if inside.numel():
+        asked = _attend_block(q[inside].transpose(0, 1), keys, values, mask[queries[inside] - start])
+        out[inside] = asked.transpose(0, 1)
 
 
 def _segment_kv(segment: AttentionSegment, context: tuple[torch.Tensor, torch.Tensor], own_keys: torch.Tensor,
@@ -303,10 +316,10 @@ class Block(nn.Module):
             self.post_feedforward_layernorm = RMSNorm(arch.hidden, arch.norm_eps, True)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...], context: tuple[torch.Tensor, torch.Tensor],
-                segments: Sequence[AttentionSegment], keep: torch.Tensor | None = None,
+                layout: AttentionLayout, keep: torch.Tensor | None = None,
                 written: WrittenRows | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The layer's output rows (only the `keep` rows when named) and every row's new k and v."""
-        attended, k, v = self.self_attn(self.input_layernorm(x), rope, context, segments, keep, written)
+        attended, k, v = self.self_attn(self.input_layernorm(x), rope, context, layout, keep, written)
         if keep is not None:
             x = x[keep]
         if self.gemma:
@@ -354,7 +367,7 @@ class Transformer(nn.Module):
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, context: list[tuple[torch.Tensor, torch.Tensor]],
-                segments: Sequence[AttentionSegment], readout: torch.Tensor,
+                layout: AttentionLayout, readout: torch.Tensor,
                 written: WrittenRows | None = None) -> ForwardOutput:
         """Prefill `tokens` at `positions`; each segment of rows attends to its columns of each layer's
         `context` KV and to its own rows under its masks; hidden states only at `readout` rows. The
@@ -365,7 +378,7 @@ class Transformer(nn.Module):
         last = len(self.layers) - 1
         for index, block in enumerate(self.layers):
             # Past the last layer's k and v only the read-out rows matter: the rest of it runs on them alone.
-            x, k, v = block(x, tables[block.kind], context[index], segments, readout if index == last else None,
+            x, k, v = block(x, tables[block.kind], context[index], layout, readout if index == last else None,
                             written)
             keys.append(k)
             values.append(v)
