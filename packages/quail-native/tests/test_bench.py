@@ -64,26 +64,36 @@ def test_speed_of_light_is_the_minimum_tokens_share_of_the_flops_at_the_measured
     assert speed_of_light(4e9, fresh=0, minimum=0, peak=1e9) is None
 
 
-@pytest.mark.parametrize(("squares", "winner"), [({"bf16": 300e9, "fp32": 150e9}, "bf16"),
-                                                 ({"bf16": 0.2e9, "fp32": 150e9}, "fp32")])
-def test_the_peak_is_the_best_of_squares_and_model_projections_in_the_faster_dtype(monkeypatch, squares, winner):
+@pytest.mark.parametrize(("probe", "winner"), [({"bf16": 300e9, "fp32": 150e9}, "bf16"),
+                                               ({"bf16": 0.2e9, "fp32": 150e9}, "fp32"),
+                                               ({"bf16": 140e9, "fp32": 150e9}, "fp32")])
+def test_the_peak_is_the_best_of_squares_and_model_projections_in_the_dtype_the_probe_found_faster(
+        monkeypatch, probe, winner):
     """The model's projections can outrun square GEMMs (the ceiling must not sit below what the model
-    reaches), and they are measured only in the dtype whose squares won: never a model-sized bf16 GEMM
-    on a CPU that multiplies bf16 at 0.2 GFLOP/s."""
+    reaches); squares and projections are measured only in the dtype the engine's precision probe found
+    faster on the model's shape: never a model-sized bf16 GEMM on a CPU that multiplies bf16 at 0.2 GFLOP/s,
+    and never a ceiling named after one dtype but measured in the other."""
     import torch
 
     from quail_native.benchmark import command
 
     names = {torch.bfloat16: "bf16", torch.float32: "fp32"}
     measured: list[tuple[str, int, int]] = []
-    monkeypatch.setattr(command, "gemm_peak", lambda device, dtype, sizes, repeats=8: squares[names[dtype]])
+    squared: list[str] = []
+    monkeypatch.setattr(command, "gemm_rate", lambda dtype, device, hidden, width: probe[names[dtype]])
+
+    def gemm_peak(device, dtype, sizes, repeats=8):
+        squared.append(names[dtype])
+        return 100e9
 
     def projection_rate(dtype, device, rows, inputs, outputs, repeats):
         measured.append((names[dtype], inputs, outputs))
-        return 1.5 * squares[winner] if (inputs, outputs) == (640, 4096) else 0.5 * squares[winner]
+        return 150e9 if (inputs, outputs) == (640, 4096) else 50e9
 
+    monkeypatch.setattr(command, "gemm_peak", gemm_peak)
     monkeypatch.setattr(command, "projection_rate", projection_rate)
     peak, name = command.device_peak(torch.device("cpu"), hidden=640, ffn=2048)
     assert name == winner
-    assert peak == 1.5 * squares[winner]
+    assert peak == 150e9
+    assert squared == [winner]
     assert measured == [(winner, 640, 4096), (winner, 2048, 640)]

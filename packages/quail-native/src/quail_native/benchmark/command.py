@@ -22,7 +22,7 @@ from quail_native.backend import NativeBackend
 from quail_native.benchmark.computes import compute_lines, computes_of, labelled, shard_walls
 from quail_native.benchmark.naive import NaiveModel
 from quail_native.benchmark.workloads import Workload, selected, tables
-from quail_native.precision import choose_precision, projection_rate, synchronize
+from quail_native.precision import choose_precision, gemm_rate, projection_rate, synchronize
 
 
 @dataclass(frozen=True)
@@ -79,18 +79,20 @@ PEAK_ROWS = 1024
 
 
 def device_peak(device: torch.device, hidden: int, ffn: int) -> tuple[float, str]:
-    """The ceiling for efficiency: the best GEMM rate measured here, in the better of bf16 and fp32 (and which).
+    """The ceiling for efficiency: the best GEMM rate measured here, in the faster of bf16 and fp32 (and which).
 
-    Square GEMMs alone understate it: on a 2-core AVX-512 CPU a 256³ bf16 GEMM ran at 244–330 GFLOP/s while
-    the model's own projections, prepacked, ran at 385–440 — efficiencies over 100 % in all but name. So
-    the better dtype's rate is also measured on the model's two MLP shapes ([PEAK_ROWS × hidden] @
-    [hidden × 2·ffn] and [PEAK_ROWS × ffn] @ [ffn × hidden]) the way the model multiplies them, and the
-    best of all is the ceiling. A CPU without bf16 units multiplies bf16 hundreds of times slower than fp32
-    (0.2 vs ~160 GFLOP/s), so bf16's squares stay small there and fp32 is the honest ceiling.
+    The faster dtype is the one the precision probe measured faster on the model's MLP shape (`gemm_rate`,
+    measured once per process: the engine's `auto` and this ceiling never disagree, before or after the run).
+    A CPU without bf16 units multiplies bf16 hundreds of times slower than fp32 (0.2 vs ~160 GFLOP/s), so
+    only that dtype is measured at size. Square GEMMs alone understate it: on a 2-core AVX-512 CPU a 256³ bf16
+    GEMM ran at 244–330 GFLOP/s while the model's own projections, prepacked, ran at 385–440 — efficiencies
+    over 100 % in all but name. So the rate is also measured on the model's two MLP shapes ([PEAK_ROWS ×
+    hidden] @ [hidden × 2·ffn] and [PEAK_ROWS × ffn] @ [ffn × hidden]) the way the model multiplies them, and
+    the best of all is the ceiling.
     """
-    bf16 = gemm_peak(device, torch.bfloat16, sizes=(256,) if device.type == "cpu" else (4096, 8192), repeats=3)
-    fp32 = gemm_peak(device, torch.float32, sizes=(1024, 2048) if device.type == "cpu" else (4096, 8192))
-    dtype, name, best = (torch.bfloat16, "bf16", bf16) if bf16 >= fp32 else (torch.float32, "fp32", fp32)
+    faster = gemm_rate(torch.bfloat16, device, hidden, ffn) >= gemm_rate(torch.float32, device, hidden, ffn)
+    dtype, name = (torch.bfloat16, "bf16") if faster else (torch.float32, "fp32")
+    best = gemm_peak(device, dtype, sizes=(1024, 2048) if device.type == "cpu" else (4096, 8192))
     for inputs, outputs in ((hidden, 2 * ffn), (ffn, hidden)):
         best = max(best, projection_rate(dtype, device, PEAK_ROWS, inputs, outputs, repeats=5))
     return best, name
@@ -128,8 +130,8 @@ def run(args: argparse.Namespace) -> int:
     peak = max(first_peak, device_peak(device, model.hidden, model.ffn)[0])
     rows = [rescaled(r, first_peak / peak) for r in rows]
     notes.append(f"GEMM peak: torch {precision} on {device.type}, {peak / 1e9:.1f} GFLOP/s (the best of square GEMMs "
-                 f"and the model's MLP projections, in the better of bf16 and fp32, measured before and after the "
-                 f"run)")
+                 f"and the model's MLP projections, in the dtype the precision probe measured faster, before and "
+                 f"after the run)")
     notes.append(f"each (workload, backend) warmed up once, then timed {args.repeats}× interleaved with the others; "
                  "walls are medians, spread = (slowest − fastest) ÷ median")
     if cache_line is not None:
