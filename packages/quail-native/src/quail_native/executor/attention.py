@@ -45,10 +45,14 @@ class PassSegments:
 
 
 def pass_segments(items: Sequence[ItemSpan], window: int | None) -> PassSegments:
-    """`segments`, laid out for one attention call."""
+    """`segments`, laid out for one attention call (one flat mask for both layer kinds without a window)."""
     found = segments(items, window)
-    masks = {kind: torch.cat([s.masks[kind].flatten() for s in found]) if found else torch.zeros(0, dtype=torch.bool)
-             for kind in ("full", "sliding")}
+
+    def flat(kind: LayerType) -> torch.Tensor:
+        return torch.cat([s.masks[kind].flatten() for s in found]) if found else torch.zeros(0, dtype=torch.bool)
+
+    full = flat("full")
+    masks: dict[LayerType, torch.Tensor] = {"full": full, "sliding": full if window is None else flat("sliding")}
     slots = torch.cat([s.context for s in found]) if found else torch.zeros(0, dtype=torch.long)
     return _flat(found, masks, slots, torch.tensor([[s.rows.stop - s.rows.start, s.context.numel()] for s in found],
                                                    dtype=torch.long).reshape(-1, 2))
