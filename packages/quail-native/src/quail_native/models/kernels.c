@@ -603,10 +603,11 @@ static void scores4(const uint16_t *const q[ATTENTION_HEADS], const uint16_t *pa
 
 /* out_h[d0, d0 + 16 vectors) = Σ_c weights_h[c] · value c over the column pairs of the runs below `pairs`, for
  * four heads (up to sixteen sums); only the first `heads` outputs are written, rounded to bf16. */
-static inline void weighted_values4(const uint16_t *const weights[ATTENTION_HEADS], const uint16_t *packed_values,
-                                    const BlockRun *runs, int64_t count, int64_t pairs, int64_t dim, int64_t d0,
-                                    int vectors,
-                                    int64_t heads, uint16_t *const out[ATTENTION_HEADS]) {
+static inline __attribute__((always_inline)) void weighted_values4(const uint16_t *const weights[ATTENTION_HEADS],
+                                                                   const uint16_t *packed_values, const BlockRun *runs,
+                                                                   int64_t count, int64_t pairs, int64_t dim, int64_t d0,
+                                                                   int vectors, int64_t heads,
+                                                                   uint16_t *const out[ATTENTION_HEADS]) {
     __m512 sums[ATTENTION_HEADS][4];
     for (int h = 0; h < ATTENTION_HEADS; h++)
         for (int j = 0; j < vectors; j++) sums[h][j] = _mm512_setzero_ps();
@@ -656,8 +657,10 @@ static void attend_row(const uint16_t *q, const uint8_t *visible, int64_t column
             for (int64_t h = 0; h < heads_here; h++)
                 softmax_to_bf16(scores + h * width, visible, columns, runs, count, weights + h * width);
             for (int64_t d0 = 0; d0 < dim; d0 += 64) /* 64 dimensions a step, then 32 */
-                weighted_values4(weight_rows, packed_v, runs, count, (stop + 1) / 2, dim, d0,
-                                 dim - d0 >= 64 ? 4 : 2, heads_here, target);
+                if (dim - d0 >= 64) /* two calls, each inlined with its count of vectors a constant */
+                    weighted_values4(weight_rows, packed_v, runs, count, (stop + 1) / 2, dim, d0, 4, heads_here, target);
+                else
+                    weighted_values4(weight_rows, packed_v, runs, count, (stop + 1) / 2, dim, d0, 2, heads_here, target);
         }
     }
 }
