@@ -254,11 +254,12 @@ static int64_t visible_runs(const uint8_t *mask, int64_t columns, int64_t width,
     return count;
 }
 
-/* Column c of one kv head: keys into [blocks][dim][F32_BLOCK], values into [columns][dim]; zero past the last. Both
- * packed: read in place, values of scattered arena slots measured 10–40 % slower than packing them. */
+/* Column c (of `padded`) of one kv head: keys into [blocks][dim][F32_BLOCK], values into [dim / F32_BLOCK][padded]
+ * [F32_BLOCK] (a step of the weighted sum reads one contiguous run); zero past the last. Both packed: read in
+ * place, values of scattered arena slots measured 10–40 % slower than packing them. */
 static void pack_column_f32(int64_t c, const float *context_keys, const float *context_values, const int64_t *slots,
                             int64_t context, const float *keys, int64_t key_stride, const float *values,
-                            int64_t value_stride, int64_t columns, int64_t dim, float *packed_keys,
+                            int64_t value_stride, int64_t columns, int64_t padded, int64_t dim, float *packed_keys,
                             float *packed_values) {
     const float *k = NULL, *v = NULL;
     if (c < context) {
@@ -270,8 +271,8 @@ static void pack_column_f32(int64_t c, const float *context_keys, const float *c
     }
     float *key_column = packed_keys + (c / F32_BLOCK) * dim * F32_BLOCK + c % F32_BLOCK;
     for (int64_t d = 0; d < dim; d++) key_column[d * F32_BLOCK] = k ? k[d] : 0.0f;
-    float *value_row = packed_values + c * dim;
-    for (int64_t d = 0; d < dim; d++) value_row[d] = v ? v[d] : 0.0f;
+    for (int64_t d = 0; d < dim; d++)
+        packed_values[(d / F32_BLOCK) * padded * F32_BLOCK + c * F32_BLOCK + d % F32_BLOCK] = v ? v[d] : 0.0f;
 }
 
 /* scores[h][c] = q_h · key c for four heads over the blocks of the runs: two vectors of columns per head, eight
@@ -329,7 +330,7 @@ static void softmax_in_place(float *scores, const uint8_t *mask, int64_t columns
 /* out_h = Σ_c weights_h[c] · value c over the columns of the runs below `stop`, F32_BLOCK dimensions a step (eight
  * sums in flight); only the first `heads` outputs are written. */
 static void weighted_values4_f32(const float *const weights[F32_HEADS], const float *packed_values,
-                                 const BlockRun *runs, int64_t count, int64_t stop, int64_t dim,
+                                 const BlockRun *runs, int64_t count, int64_t stop, int64_t padded, int64_t dim,
                                  int64_t heads, float *const out[F32_HEADS]) {
     const float *w0 = weights[0], *w1 = weights[1], *w2 = weights[2], *w3 = weights[3];
     for (int64_t d0 = 0; d0 < dim; d0 += F32_BLOCK) {
@@ -337,7 +338,7 @@ static void weighted_values4_f32(const float *const weights[F32_HEADS], const fl
         for (int64_t r = 0; r < count; r++) {
             int64_t last = runs[r].last * F32_BLOCK < stop ? runs[r].last * F32_BLOCK : stop;
             for (int64_t c = runs[r].first * F32_BLOCK; c < last; c++) {
-                const float *v = packed_values + c * dim + d0;
+                const float *v = packed_values + d0 * padded + c * F32_BLOCK;
                 Lanes low = load_lanes(v), high = load_lanes(v + F32_LANES);
                 a0 += w0[c] * low, b0 += w0[c] * high;
                 a1 += w1[c] * low, b1 += w1[c] * high;
@@ -372,7 +373,7 @@ static void attend_row_f32(const float *q, const uint8_t *visible, int64_t colum
             }
             scores4_f32(query, packed_k, runs, count, dim, scores, width);
             for (int64_t h = 0; h < heads_here; h++) softmax_in_place(scores + h * width, visible, columns, runs, count);
-            weighted_values4_f32(weight_rows, packed_v, runs, count, stop, dim, heads_here, target);
+            weighted_values4_f32(weight_rows, packed_v, runs, count, stop, padded, dim, heads_here, target);
         }
     }
 }
@@ -457,7 +458,7 @@ int NAME(const T *q, int64_t q_stride, T *out, int64_t out_stride, int64_t queri
                 PACK(index % p->padded, context_keys + g * arena_head_stride,                                \
                      context_values + g * arena_head_stride, slots + p->first_slot, context,                 \
                      keys + p->first_row * key_stride + g * dim, key_stride,                                 \
-                     values + p->first_row * value_stride + g * dim, value_stride, p->columns, dim,          \
+                     values + p->first_row * value_stride + g * dim, value_stride, p->columns, p->padded, dim, \
                      packed_keys + at, packed_values + at);                                                  \
             }                                                                                                \
         }                                                                                                    \
@@ -492,6 +493,7 @@ ATTENTION(quail_attention_f32, float, F32_BLOCK, 0, F32_HEADS, sizeof(float), pa
  * segments of a pass on a 2-core EPYC, and closer to an fp32 reference. */
 
 #define ATTENTION_HEADS 4 /* query heads computed together: each key and value load feeds four products */
+#define VALUE_CHUNK 64 /* dimensions of the weighted sum a step: four vectors of sums per head */
 
 /* exp_within_87 (above) on 16 lanes, written with intrinsics: the softmax reads it under a lane mask. */
 static inline __m512 exp_within_87_x16(__m512 x) {
@@ -543,14 +545,15 @@ static void softmax_to_bf16(float *scores, const uint8_t *mask, int64_t columns,
                                (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(scores + c), inverse)));
 }
 
-/* Column c of one kv head's keys and values, in the layouts vdpbf16ps reads: keys as [column blocks of 16]
- * [dim / 2][16][2] (a block's 16 columns side by side, two dimensions each), values as [column pairs][dim][2].
- * Column c < `context` is arena slot slots[c], column context + j the segment's own row j; columns past
- * the last are zero. */
+/* Column c (of `padded`) of one kv head's keys and values, in the layouts vdpbf16ps reads: keys as [column blocks
+ * of 16][dim / 2][16][2] (a block's 16 columns side by side, two dimensions each), values as [dimension chunks of
+ * 64 (the last may be 32)][column pairs][chunk][2] (a step of the weighted sum reads one contiguous run: by column
+ * pair over all dimensions, its reads were 1 KB apart). Column c < `context` is arena slot slots[c], column
+ * context + j the segment's own row j; columns past the last are zero. */
 static inline void pack_column(int64_t c, const uint16_t *context_keys, const uint16_t *context_values,
                                const int64_t *slots, int64_t context, const uint16_t *keys, int64_t key_stride,
-                               const uint16_t *values, int64_t value_stride, int64_t columns, int64_t dim,
-                               uint16_t *packed_keys, uint16_t *packed_values) {
+                               const uint16_t *values, int64_t value_stride, int64_t columns, int64_t padded,
+                               int64_t dim, uint16_t *packed_keys, uint16_t *packed_values) {
     const uint16_t *k = NULL, *v = NULL;
     if (c < context) {
         k = context_keys + slots[c] * dim;
@@ -561,13 +564,16 @@ static inline void pack_column(int64_t c, const uint16_t *context_keys, const ui
     }
     int64_t half = dim / 2;
     uint32_t *key_pairs = (uint32_t *)(packed_keys + (c / 16) * half * 32) + c % 16;
-    uint16_t *value_column = packed_values + (c / 2) * dim * 2 + c % 2;
     for (int64_t p = 0; p < half; p++) {
         uint32_t pair = 0;
         if (k) memcpy(&pair, k + 2 * p, 4);
         key_pairs[p * 16] = pair;
     }
-    for (int64_t d = 0; d < dim; d++) value_column[2 * d] = v ? v[d] : 0;
+    for (int64_t d0 = 0; d0 < dim; d0 += VALUE_CHUNK) {
+        int64_t chunk = dim - d0 < VALUE_CHUNK ? dim - d0 : VALUE_CHUNK;
+        uint16_t *value_column = packed_values + d0 * padded + (c / 2) * chunk * 2 + c % 2;
+        for (int64_t d = 0; d < chunk; d++) value_column[2 * d] = v ? v[d0 + d] : 0;
+    }
 }
 
 /* scores[h][c] = q_h · key c for four query heads and `step` column blocks from `block` (2 or 4: eight or
@@ -605,15 +611,15 @@ static void scores4(const uint16_t *const q[ATTENTION_HEADS], const uint16_t *pa
  * four heads (up to sixteen sums); only the first `heads` outputs are written, rounded to bf16. */
 static inline __attribute__((always_inline)) void weighted_values4(const uint16_t *const weights[ATTENTION_HEADS],
                                                                    const uint16_t *packed_values, const BlockRun *runs,
-                                                                   int64_t count, int64_t pairs, int64_t dim, int64_t d0,
-                                                                   int vectors, int64_t heads,
+                                                                   int64_t count, int64_t pairs, int64_t padded,
+                                                                   int64_t d0, int vectors, int64_t heads,
                                                                    uint16_t *const out[ATTENTION_HEADS]) {
     __m512 sums[ATTENTION_HEADS][4];
     for (int h = 0; h < ATTENTION_HEADS; h++)
         for (int j = 0; j < vectors; j++) sums[h][j] = _mm512_setzero_ps();
     for (int64_t r = 0; r < count; r++)
     for (int64_t p = runs[r].first * 8; p < runs[r].last * 8 && p < pairs; p++) {
-        const uint16_t *pair = packed_values + p * dim * 2 + d0 * 2;
+        const uint16_t *pair = packed_values + d0 * padded + p * 32 * vectors;
         __m512bh v[4];
         for (int j = 0; j < vectors; j++) v[j] = (__m512bh)_mm512_load_si512((const void *)(pair + 32 * j));
         for (int h = 0; h < ATTENTION_HEADS; h++) {
@@ -656,11 +662,13 @@ static void attend_row(const uint16_t *q, const uint8_t *visible, int64_t column
                 scores4(query, packed_k, runs[r].first, runs[r].last, dim, scores, width);
             for (int64_t h = 0; h < heads_here; h++)
                 softmax_to_bf16(scores + h * width, visible, columns, runs, count, weights + h * width);
-            for (int64_t d0 = 0; d0 < dim; d0 += 64) /* 64 dimensions a step, then 32 */
-                if (dim - d0 >= 64) /* two calls, each inlined with its count of vectors a constant */
-                    weighted_values4(weight_rows, packed_v, runs, count, (stop + 1) / 2, dim, d0, 4, heads_here, target);
+            for (int64_t d0 = 0; d0 < dim; d0 += VALUE_CHUNK) /* 64 dimensions a step, then 32 */
+                if (dim - d0 >= VALUE_CHUNK) /* two calls, each inlined with its count of vectors a constant */
+                    weighted_values4(weight_rows, packed_v, runs, count, (stop + 1) / 2, padded, d0, 4, heads_here,
+                                     target);
                 else
-                    weighted_values4(weight_rows, packed_v, runs, count, (stop + 1) / 2, dim, d0, 2, heads_here, target);
+                    weighted_values4(weight_rows, packed_v, runs, count, (stop + 1) / 2, padded, d0, 2, heads_here,
+                                     target);
         }
     }
 }
