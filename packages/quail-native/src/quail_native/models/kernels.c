@@ -585,13 +585,15 @@ static inline __attribute__((always_inline)) void score_blocks(const uint16_t *c
     for (int h = 0; h < ATTENTION_HEADS; h++)
         for (int j = 0; j < step; j++) sums[h][j] = _mm512_setzero_ps();
     for (int64_t p = 0; p < half; p++) {
-        __m512bh keys[4];
-        for (int j = 0; j < step; j++) keys[j] = (__m512bh)_mm512_load_si512((const void *)(block + (j * half + p) * 32));
+        __m512bh queries[ATTENTION_HEADS];
         for (int h = 0; h < ATTENTION_HEADS; h++) {
             int32_t pair;
             memcpy(&pair, q[h] + 2 * p, 4);
-            __m512bh query = (__m512bh)_mm512_set1_epi32(pair);
-            for (int j = 0; j < step; j++) sums[h][j] = _mm512_dpbf16_ps(sums[h][j], keys[j], query);
+            queries[h] = (__m512bh)_mm512_set1_epi32(pair);
+        }
+        for (int j = 0; j < step; j++) { /* each key vector loaded once, for the four heads */
+            __m512bh keys = (__m512bh)_mm512_load_si512((const void *)(block + (j * half + p) * 32));
+            for (int h = 0; h < ATTENTION_HEADS; h++) sums[h][j] = _mm512_dpbf16_ps(sums[h][j], keys, queries[h]);
         }
     }
     for (int h = 0; h < ATTENTION_HEADS; h++)
