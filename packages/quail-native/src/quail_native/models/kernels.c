@@ -627,13 +627,15 @@ static inline __attribute__((always_inline)) void weighted_values4(const uint16_
     for (int64_t r = 0; r < count; r++)
     for (int64_t p = runs[r].first * 8; p < runs[r].last * 8 && p < pairs; p++) {
         const uint16_t *pair = packed_values + d0 * padded + p * 32 * vectors;
-        __m512bh v[4];
-        for (int j = 0; j < vectors; j++) v[j] = (__m512bh)_mm512_load_si512((const void *)(pair + 32 * j));
+        __m512bh w[ATTENTION_HEADS];
         for (int h = 0; h < ATTENTION_HEADS; h++) {
             int32_t both;
             memcpy(&both, weights[h] + 2 * p, 4);
-            __m512bh w = (__m512bh)_mm512_set1_epi32(both);
-            for (int j = 0; j < vectors; j++) sums[h][j] = _mm512_dpbf16_ps(sums[h][j], v[j], w);
+            w[h] = (__m512bh)_mm512_set1_epi32(both);
+        }
+        for (int j = 0; j < vectors; j++) { /* each value vector loaded once, for the four heads */
+            __m512bh v = (__m512bh)_mm512_load_si512((const void *)(pair + 32 * j));
+            for (int h = 0; h < ATTENTION_HEADS; h++) sums[h][j] = _mm512_dpbf16_ps(sums[h][j], v, w[h]);
         }
     }
     for (int64_t h = 0; h < heads; h++)
