@@ -303,9 +303,15 @@ static void scores4_f32(const float *const q[F32_HEADS], const float *packed_key
 static void softmax_in_place(float *scores, const uint8_t *mask, int64_t columns, const BlockRun *runs,
                             int64_t count) {
     float top = -INFINITY, total = 0.0f;
-    for (int64_t r = 0; r < count; r++)
-        for (int64_t c = runs[r].first * F32_BLOCK; c < runs[r].last * F32_BLOCK && c < columns; c++)
-            if (mask[c] && scores[c] > top) top = scores[c];
+    for (int64_t r = 0; r < count; r++) {
+        int64_t first = runs[r].first * F32_BLOCK, last = runs[r].last * F32_BLOCK;
+        last = last < columns ? last : columns;
+        #pragma omp simd reduction(max:top) /* a select, not a branch: it vectorises */
+        for (int64_t c = first; c < last; c++) {
+            float seen = mask[c] ? scores[c] : -INFINITY;
+            top = seen > top ? seen : top;
+        }
+    }
     for (int64_t r = 0; r < count; r++) {
         int64_t first = runs[r].first * F32_BLOCK, last = runs[r].last * F32_BLOCK;
         last = last < columns ? last : columns;
