@@ -402,7 +402,7 @@ def test_a_pass_whose_shapes_do_not_cover_its_operands_is_left_to_the_caller() -
     assert fused_pass(operands, good, operands["mask"].flatten())[0] == kernels.attention_status(
         torch.bfloat16).startswith("fused")
     wrong = ([[9, 5]], [[8, 4]], [[4, 4], [4, 0]], [9, 4])
-    for shapes in map(torch.tensor, wrong):
+    for shapes in [*map(torch.tensor, wrong), torch.tensor([[9, 0], [4, 4]]).T]:  # the last not contiguous
         ran, out = fused_pass(operands, shapes, operands["mask"].flatten())
         assert not ran and bool(out.isnan().all())
     for queries in ([2, 9], [-1, 3], [2]):

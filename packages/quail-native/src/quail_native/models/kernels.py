@@ -212,7 +212,7 @@ def _attention_fits(q: torch.Tensor, out: torch.Tensor, queries: torch.Tensor | 
             and arena_keys.shape == arena_values.shape and arena_keys.stride() == arena_values.stride()
             and arena_keys.dim() == 3 and arena_keys.shape[0] == kv_heads and arena_keys.shape[2] == dim
             and arena_keys.stride()[1:] == (dim, 1)
-            and _long_vector(slots) and _long_vector(shapes.view(-1)) and shapes.is_contiguous()
+            and _long_vector(slots) and shapes.is_contiguous() and _long_vector(shapes.view(-1))
             and (_rows_within(queries, rows, keys.shape[0]) if queries is not None else rows == keys.shape[0])
             and masks.dtype == torch.bool and masks.is_contiguous()
             and _segments_fit(shapes, keys.shape[0], slots.numel(), masks.numel()))
