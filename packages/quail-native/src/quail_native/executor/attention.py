@@ -62,7 +62,8 @@ def _flat(found: Sequence[Segment], masks: dict[LayerType, torch.Tensor], slots:
           shapes: torch.Tensor) -> PassSegments:
     """Segments over views of the flat `masks` and `slots`."""
     views, mask_at, slot_at = [], 0, 0
-    for segment, (rows, context) in zip(found, shapes.tolist(), strict=True):
+    for segment in found:
+        rows, context = segment.rows.stop - segment.rows.start, segment.context.numel()
         size = rows * (context + rows)
         views.append(Segment(segment.rows, slots[slot_at: slot_at + context],
                              {kind: mask[mask_at: mask_at + size].view(rows, context + rows)

@@ -673,8 +673,8 @@ static void attend_row(const uint16_t *q, const uint8_t *visible, int64_t column
     }
 }
 
-/* Keys in blocks of 16 columns (one more, zero, for the scores' last step of two), values by column pair; fp32
- * scores and bf16 weights. */
+/* Keys in blocks of 16 columns (one more, zero, for the scores' last step of two), values by column pair within
+ * chunks of 64 dimensions; fp32 scores and bf16 weights. */
 ATTENTION(quail_attention_bf16, uint16_t, 16, 1, ATTENTION_HEADS, sizeof(float) + sizeof(uint16_t), pack_column,
           attend_row)
 #endif
