@@ -394,6 +394,25 @@ def test_one_call_attends_every_segment_of_a_pass_as_each_alone(dtype, asked) ->
     assert bool(((got.double() - want).abs() <= bound).all())
 
 
+@pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, marks=needs_fused_attention),
+                                   pytest.param(torch.float32, marks=fused_here(torch.float32))])
+def test_rows_that_may_attend_to_nothing_get_zeros_and_leave_their_neighbours_alone(dtype) -> None:
+    """Blind rows inside a block of rows computed together (the tiles' 16): zeros for them, and every other row
+    of the block as the float64 reference gives it."""
+    operands = segment_operands(40, 30, 4, 1, 256, None, None, 9)
+    operands = {name: t.to(dtype) if t.is_floating_point() else t for name, t in operands.items()}
+    blind = [3, 17, 18, 39]
+    operands["mask"][blind] = False
+    ran, got = fused_attention(operands)
+    assert ran
+    assert bool((got[blind] == 0).all())
+    seeing = [row for row in range(40) if row not in blind]
+    want = reference_attention(operands)[seeing]
+    rounding = 2.0 ** -9 if dtype == torch.bfloat16 else 1e-5
+    bound = rounding * operands["values"].double().abs().max() + 2 * rounding * want.abs() + 1e-6
+    assert bool(((got[seeing].double() - want).abs() <= bound).all())
+
+
 def test_a_pass_whose_shapes_do_not_cover_its_operands_is_left_to_the_caller() -> None:
     """The kernel reads masks, slots and rows where the shapes say: shapes that do not add up to the operands,
     or query rows outside the pass, never reach it."""
@@ -448,7 +467,10 @@ def test_a_cpu_with_avx512_bf16_attends_with_the_fused_kernel_and_the_report_say
         if line.startswith("flags"):
             flags.update(line.split(":", 1)[1].split())
     capable = {"avx512_bf16", "avx512bw", "avx512vl"} <= flags and kernels.status().fused
-    assert kernels.attention_status(torch.bfloat16) == ("fused bf16 kernel (AVX-512 BF16)" if capable else (
+    tiles = {"amx_bf16", "amx_tile"} <= flags  # Linux lends the tiles to any process that asks
+    fused = ("fused bf16 kernel (AMX tiles; AVX-512 BF16 for blocks of under 4 rows)" if tiles else
+             "fused bf16 kernel (AVX-512 BF16)")
+    assert kernels.attention_status(torch.bfloat16) == (fused if capable else (
         "two GEMMs around a softmax (the fused kernel needs AVX-512 BF16: this CPU or its compiler lacks it)"
         if kernels.status().fused else f"two GEMMs around a softmax ({kernels.status().detail})"))
     assert kernels.attention_status(torch.float32) == ("fused fp32 kernel" if kernels.status().fused else

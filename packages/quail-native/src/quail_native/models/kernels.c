@@ -403,8 +403,30 @@ static int64_t segment_of(const SegmentPlan *plan, int64_t count, int64_t row) {
     return low;
 }
 
-/* Masked attention of a whole pass, every segment in one call (one thread team, rows of all segments shared
- * out dynamically: a pass of many small segments pays one call, not one per segment).
+/* Query rows handed out together: `count` consecutive queries from `first`, consecutive rows of one segment. */
+typedef struct {
+    int64_t first, count, segment;
+} RowBlock;
+
+/* Cuts the queries into blocks of at most `most` rows (a block never spans two segments or a gap between query
+ * rows); how many. */
+static int64_t plan_row_blocks(const SegmentPlan *plan, int64_t segments, int64_t queries, const int64_t *query_rows,
+                               int64_t most, RowBlock *blocks) {
+    int64_t count = 0, previous = -2;
+    for (int64_t i = 0; i < queries; i++) {
+        int64_t row = query_rows ? query_rows[i] : i, segment = segment_of(plan, segments, row);
+        RowBlock *last = count > 0 ? &blocks[count - 1] : NULL;
+        if (last && last->segment == segment && last->count < most && row == previous + 1)
+            last->count++;
+        else
+            blocks[count++] = (RowBlock){i, 1, segment};
+        previous = row;
+    }
+    return count;
+}
+
+/* Masked attention of a whole pass, every segment in one call (one thread team, blocks of rows of all segments
+ * shared out dynamically: a pass of many small segments pays one call, not one per segment).
  *
  * The pass's rows form `count` segments, in order, each given by its (own rows, context columns) in `shapes`:
  * segment s reads its context from arena slots (the next `context` entries of `slots`), then its own rows of
@@ -417,25 +439,33 @@ static int64_t segment_of(const SegmentPlan *plan, int64_t count, int64_t row) {
  * the scratch cannot be allocated.
  *
  * Each segment's keys and values are packed per kv head (PACK, one column at a time) into blocks of BLOCK
- * columns, padded by EXTRA blocks; ATTEND_ROW computes one query row, all heads, with HEADS × padded columns of
- * scratch of SCRATCH bytes each and the row's block runs. */
-#define ATTENTION(NAME, T, BLOCK, EXTRA, HEADS, SCRATCH, PACK, ATTEND_ROW)                                    \
+ * columns, padded by EXTRA blocks; ATTEND_ROWS computes a block of at most ROWS query rows (consecutive rows
+ * of one segment), all heads, with SCRATCH(widest padded columns, heads, dim) bytes of scratch and room for
+ * the block runs of 16 columns of the widest segment. */
+#define ATTENTION(NAME, T, BLOCK, EXTRA, ROWS, SCRATCH, PACK, ATTEND_ROWS)                                     \
 int NAME(const T *q, int64_t q_stride, T *out, int64_t out_stride, int64_t queries, const int64_t *query_rows,   \
          const T *context_keys, const T *context_values, int64_t arena_head_stride, const int64_t *slots,        \
          const T *keys, int64_t key_stride, const T *values, int64_t value_stride, const int64_t *shapes,        \
          int64_t count, const uint8_t *masks, int64_t heads, int64_t kv_heads, int64_t dim) {                  \
     SegmentPlan *plan = malloc((size_t)(count > 0 ? count : 1) * sizeof(SegmentPlan));                        \
-    if (plan == NULL) return -1;                                                                             \
+    RowBlock *blocks = malloc((size_t)(queries > 0 ? queries : 1) * sizeof(RowBlock));                        \
+    if (plan == NULL || blocks == NULL) {                                                                    \
+        free(plan);                                                                                          \
+        free(blocks);                                                                                        \
+        return -1;                                                                                           \
+    }                                                                                                        \
     int64_t widest = plan_segments(shapes, count, BLOCK, EXTRA, kv_heads, dim, plan);                        \
+    int64_t block_count = plan_row_blocks(plan, count, queries, query_rows, ROWS, blocks);                   \
     const SegmentPlan *last = count > 0 ? &plan[count - 1] : NULL;                                             \
     size_t packed = last ? (size_t)(last->packed_offset + kv_heads * last->padded * dim) : 0;                 \
-    size_t runs_bytes = ((size_t)(widest / BLOCK) * sizeof(BlockRun) + 63) / 64 * 64;                       \
-    size_t per_thread = ((size_t)(HEADS * widest) * (SCRATCH) + 63) / 64 * 64 + runs_bytes;                  \
+    size_t runs_bytes = ((size_t)(widest / 16 + 1) * sizeof(BlockRun) + 63) / 64 * 64;                       \
+    size_t per_thread = ((size_t)(SCRATCH(widest, heads, dim)) + 63) / 64 * 64 + runs_bytes;                  \
     int64_t threads = omp_get_max_threads();                                                                 \
-    /* packed keys, packed values, then per thread the row scratch and block runs: one allocation */         \
+    /* packed keys, packed values, then per thread the rows' scratch and block runs: one allocation */       \
     char *memory = aligned_alloc(64, 2 * packed * sizeof(T) + threads * per_thread + 64);                    \
     if (memory == NULL) {                                                                                    \
         free(plan);                                                                                          \
+        free(blocks);                                                                                        \
         return -1;                                                                                           \
     }                                                                                                        \
     T *packed_keys = (T *)memory, *packed_values = packed_keys + packed;                                     \
@@ -458,23 +488,38 @@ int NAME(const T *q, int64_t q_stride, T *out, int64_t out_stride, int64_t queri
         _Pragma("omp barrier")                                                                                \
         char *scratch = scratch_of_threads + omp_get_thread_num() * per_thread;                             \
         BlockRun *runs = (BlockRun *)(scratch + per_thread - runs_bytes);                                    \
-        _Pragma("omp for schedule(dynamic, 4)")                                                               \
-        for (int64_t i = 0; i < queries; i++) {                                                              \
-            int64_t row = query_rows ? query_rows[i] : i;                                                    \
-            const SegmentPlan *p = &plan[segment_of(plan, count, row)];                                      \
-            ATTEND_ROW(q + i * q_stride, masks + p->mask_offset + (row - p->first_row) * p->columns,         \
-                       p->columns, packed_keys + p->packed_offset, packed_values + p->packed_offset,         \
-                       p->padded, out + i * out_stride, heads, kv_heads, dim, scratch, runs);                \
+        _Pragma("omp for schedule(dynamic, 1)")                                                               \
+        for (int64_t b = 0; b < block_count; b++) {                                                          \
+            const RowBlock *block = &blocks[b];                                                              \
+            const SegmentPlan *p = &plan[block->segment];                                                    \
+            int64_t row = query_rows ? query_rows[block->first] : block->first;                              \
+            ATTEND_ROWS(q + block->first * q_stride, q_stride, block->count,                                 \
+                        masks + p->mask_offset + (row - p->first_row) * p->columns, p->columns,              \
+                        packed_keys + p->packed_offset, packed_values + p->packed_offset, p->padded,         \
+                        out + block->first * out_stride, out_stride, heads, kv_heads, dim, scratch, runs);    \
         }                                                                                                    \
     }                                                                                                        \
     free(memory);                                                                                            \
+    free(blocks);                                                                                            \
     free(plan);                                                                                              \
     return 0;                                                                                                \
 }
 
+/* `count` consecutive query rows, one at a time: rows q_stride and out_stride apart, mask rows `columns` apart. */
+#define ROW_BY_ROW(NAME, T, ATTEND_ROW)                                                                         \
+static void NAME(const T *q, int64_t q_stride, int64_t count, const uint8_t *mask, int64_t columns,             \
+                 const T *packed_keys, const T *packed_values, int64_t padded, T *out, int64_t out_stride,      \
+                 int64_t heads, int64_t kv_heads, int64_t dim, char *scratch, BlockRun *runs) {                  \
+    for (int64_t r = 0; r < count; r++)                                                                       \
+        ATTEND_ROW(q + r * q_stride, mask + r * columns, columns, packed_keys, packed_values, padded,            \
+                   out + r * out_stride, heads, kv_heads, dim, scratch, runs);                                   \
+}
+
 /* Keys in blocks of F32_BLOCK columns, values in blocks of F32_BLOCK dimensions; the scores hold the weights in
  * place. */
-ATTENTION(quail_attention_f32, float, F32_BLOCK, 0, F32_HEADS, sizeof(float), pack_column_f32, attend_row_f32)
+ROW_BY_ROW(attend_rows_f32, float, attend_row_f32)
+#define F32_SCRATCH(widest, heads, dim) (F32_HEADS * (widest) * sizeof(float))
+ATTENTION(quail_attention_f32, float, F32_BLOCK, 0, 4, F32_SCRATCH, pack_column_f32, attend_rows_f32)
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
@@ -510,31 +555,33 @@ static inline __m512 exp_within_87_x16(__m512 x) {
 /* Which of the 16 columns from `column` (below `stop`) the mask row lets the query see. */
 static inline __mmask16 visible16(const uint8_t *mask, int64_t column, int64_t stop) {
     int64_t left = stop - column;
-    __mmask16 inside = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+    __mmask16 inside = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1u) : (__mmask16)0;
     __m128i bytes = _mm_maskz_loadu_epi8(inside, mask + column);
     return _mm_mask_test_epi8_mask(inside, bytes, bytes);
 }
 
-/* weights[c] = the softmax of scores[c] over the visible columns in the runs (of `columns`), rounded to bf16
- * once; 0 at hidden columns of the runs, unwritten between runs. The buffers run 16 columns past the last. */
+/* weights[c] = the softmax of scores[c] over the visible columns in the runs of blocks of `block` (16 or 32)
+ * columns (of `columns`), rounded to bf16 once; 0 at hidden columns of the runs (all of them when the row sees
+ * none there), unwritten between runs. The buffers run a block past the last. */
 static void softmax_to_bf16(float *scores, const uint8_t *mask, int64_t columns, const BlockRun *runs,
-                            int64_t count, uint16_t *weights) {
+                            int64_t count, int64_t block, uint16_t *weights) {
     __m512 top = _mm512_set1_ps(-INFINITY);
     for (int64_t r = 0; r < count; r++)
-        for (int64_t c = runs[r].first * 16; c < runs[r].last * 16; c += 16)
+        for (int64_t c = runs[r].first * block; c < runs[r].last * block; c += 16)
             top = _mm512_mask_max_ps(top, visible16(mask, c, columns), top, _mm512_load_ps(scores + c));
     __m512 peak = _mm512_set1_ps(_mm512_reduce_max_ps(top)), floor = _mm512_set1_ps(-87.0f);
     __m512 total = _mm512_setzero_ps();
     for (int64_t r = 0; r < count; r++)
-        for (int64_t c = runs[r].first * 16; c < runs[r].last * 16; c += 16) {
+        for (int64_t c = runs[r].first * block; c < runs[r].last * block; c += 16) {
             __m512 shifted = _mm512_max_ps(_mm512_sub_ps(_mm512_load_ps(scores + c), peak), floor);
             __m512 e = _mm512_maskz_mov_ps(visible16(mask, c, columns), exp_within_87_x16(shifted));
             _mm512_store_ps(scores + c, e);
             total = _mm512_add_ps(total, e);
         }
-    __m512 inverse = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
+    float sum = _mm512_reduce_add_ps(total);
+    __m512 inverse = _mm512_set1_ps(sum > 0.0f ? 1.0f / sum : 0.0f);
     for (int64_t r = 0; r < count; r++)
-        for (int64_t c = runs[r].first * 16; c < runs[r].last * 16; c += 16)
+        for (int64_t c = runs[r].first * block; c < runs[r].last * block; c += 16)
             _mm256_store_si256((__m256i *)(weights + c),
                                (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(scores + c), inverse)));
 }
@@ -661,7 +708,7 @@ static void attend_row(const uint16_t *q, const uint8_t *visible, int64_t column
             for (int64_t r = 0; r < count; r++)
                 scores4(query, packed_k, runs[r].first, runs[r].last, dim, scores, width);
             for (int64_t h = 0; h < heads_here; h++)
-                softmax_to_bf16(scores + h * width, visible, columns, runs, count, weights + h * width);
+                softmax_to_bf16(scores + h * width, visible, columns, runs, count, 16, weights + h * width);
             for (int64_t d0 = 0; d0 < dim; d0 += VALUE_CHUNK) /* 64 dimensions a step, then 32 */
                 if (dim - d0 >= VALUE_CHUNK) /* two calls, each inlined with its count of vectors a constant */
                     weighted_values4(weight_rows, packed_v, runs, count, (stop + 1) / 2, padded, d0, 4, heads_here,
@@ -673,8 +720,195 @@ static void attend_row(const uint16_t *q, const uint8_t *visible, int64_t column
     }
 }
 
-/* Keys in blocks of 16 columns (one more, zero, for the scores' last step of two), values by column pair within
- * chunks of 64 dimensions; fp32 scores and bf16 weights. */
-ATTENTION(quail_attention_bf16, uint16_t, 16, 1, ATTENTION_HEADS, sizeof(float) + sizeof(uint16_t), pack_column,
-          attend_row)
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* Attention of a block of up to 16 query rows in AMX tiles, on CPUs that have them (Sapphire Rapids and later):
+ * one tile instruction multiplies 16 rows by 16 columns over 32 dimensions, eight times the products of the
+ * vdpbf16ps the row kernel issues. The 16 rows × the four heads of a group make four score tiles against each
+ * loaded tile of keys (the same packed keys the row kernel reads: their [block][dim / 2][16][2] layout is the
+ * tiles' pair-interleaved one); the softmax is the row kernel's, row by row under each row's mask, over the
+ * blocks of 32 columns any row of the block sees; the weighted sums take tiles of 32 weights against the packed
+ * values' column pairs (strided loads of their chunks of 64 dimensions). */
+
+#define TILE_ROWS 16
+#define TILE_MIN_ROWS 4 /* fewer rows in a block go row by row */
+
+typedef struct __attribute__((packed)) {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t bytes_per_row[16];
+    uint8_t rows[16];
+} TileConfig;
+
+/* Whether this process may use the tiles: Linux hands their 8 KB of register state out on request. */
+static int tiles_permitted(void) {
+    static int permitted = -1;
+    if (permitted < 0) permitted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
+                                           18 /* XFEATURE_XTILEDATA */) == 0;
+    return permitted;
+}
+
+/* 1 when the bf16 kernel computes blocks of rows in AMX tiles here, else 0 (for the report). */
+int quail_attention_bf16_tiles(void) { return tiles_permitted(); }
+
+/* Every tile register 16 rows of 64 bytes: 16 × 32 bf16, or 16 × 16 fp32 sums. */
+static void configure_tiles(void) {
+    TileConfig config;
+    memset(&config, 0, sizeof config);
+    config.palette = 1;
+    for (int t = 0; t < 8; t++) config.bytes_per_row[t] = 64, config.rows[t] = TILE_ROWS;
+    _tile_loadconfig(&config);
+}
+
+/* Scratch of a block: fp32 scores and bf16 weights of ATTENTION_HEADS × 16 rows, the sums of one chunk, a copy
+ * of a short block's query rows, the block's union of mask rows. */
+#define TILE_SCRATCH(padded, heads, dim) \
+    (ATTENTION_HEADS * TILE_ROWS * (padded) * (sizeof(float) + sizeof(uint16_t)) + TILE_ROWS * VALUE_CHUNK * sizeof(float) \
+     + TILE_ROWS * (heads) * (dim) * sizeof(uint16_t) + (padded))
+
+/* scores[h][r][c] (rows of `padded`) = q_h of row r · key c, for the 16-column blocks of the runs (of 32). */
+static void tile_scores(const uint16_t *const query[ATTENTION_HEADS], int64_t q_bytes, const uint16_t *packed_keys,
+                        const BlockRun *runs, int64_t count, int64_t dim, float *scores, int64_t padded) {
+    int64_t half = dim / 2, stride = padded * (int64_t)sizeof(float);
+    for (int64_t r = 0; r < count; r++)
+        for (int64_t b = 2 * runs[r].first; b < 2 * runs[r].last; b++) {
+            const uint16_t *block = packed_keys + b * half * 32;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int64_t t = 0; t < dim / 32; t++) { /* 16 key pairs (32 dimensions) a step */
+                _tile_loadd(4, block + t * 16 * 32, 64);
+                _tile_loadd(5, query[0] + t * 32, q_bytes);
+                _tile_dpbf16ps(0, 5, 4);
+                _tile_loadd(6, query[1] + t * 32, q_bytes);
+                _tile_dpbf16ps(1, 6, 4);
+                _tile_loadd(5, query[2] + t * 32, q_bytes);
+                _tile_dpbf16ps(2, 5, 4);
+                _tile_loadd(6, query[3] + t * 32, q_bytes);
+                _tile_dpbf16ps(3, 6, 4);
+            }
+            float *s = scores + b * 16;
+            _tile_stored(0, s, stride);
+            _tile_stored(1, s + TILE_ROWS * padded, stride);
+            _tile_stored(2, s + 2 * TILE_ROWS * padded, stride);
+            _tile_stored(3, s + 3 * TILE_ROWS * padded, stride);
+        }
+}
+
+/* out rows (out_stride apart) += nothing: = Σ_c weights[r][c] · value c over the runs (of 32 columns), for the
+ * chunk of `chunk` (64 or 32) dimensions at d0 of one head; the first `count` rows written, rounded to bf16. */
+static void tile_weighted_values(const uint16_t *weights, int64_t padded, const uint16_t *packed_values,
+                                 const BlockRun *runs, int64_t runs_count, int64_t d0, int64_t chunk, float *sums,
+                                 uint16_t *out, int64_t out_stride, int64_t count) {
+    int64_t weight_bytes = padded * (int64_t)sizeof(uint16_t), value_bytes = chunk * 2 * (int64_t)sizeof(uint16_t);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t r = 0; r < runs_count; r++)
+        for (int64_t b = runs[r].first; b < runs[r].last; b++) { /* 32 columns: 16 column pairs */
+            const uint16_t *pairs = packed_values + d0 * padded + b * 16 * chunk * 2;
+            _tile_loadd(4, weights + b * 32, weight_bytes);
+            _tile_loadd(5, pairs, value_bytes);
+            _tile_dpbf16ps(0, 4, 5);
+            _tile_loadd(6, pairs + 32, value_bytes);
+            _tile_dpbf16ps(1, 4, 6);
+            if (chunk == VALUE_CHUNK) {
+                _tile_loadd(5, pairs + 64, value_bytes);
+                _tile_dpbf16ps(2, 4, 5);
+                _tile_loadd(6, pairs + 96, value_bytes);
+                _tile_dpbf16ps(3, 4, 6);
+            }
+        }
+    int64_t sums_bytes = VALUE_CHUNK * (int64_t)sizeof(float);
+    _tile_stored(0, sums, sums_bytes);
+    _tile_stored(1, sums + 16, sums_bytes);
+    _tile_stored(2, sums + 32, sums_bytes);
+    _tile_stored(3, sums + 48, sums_bytes);
+    for (int64_t r = 0; r < count; r++)
+        for (int64_t j = 0; j < chunk; j += 16)
+            _mm256_storeu_si256((__m256i *)(out + r * out_stride + d0 + j),
+                                (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(sums + r * VALUE_CHUNK + j)));
+}
+
+/* A block of `count` (≤ 16) consecutive query rows of one segment, all heads (four a group, as the row kernel
+ * goes), over the blocks of 32 columns any of its rows sees; each row's softmax under its own mask row. A
+ * short block's rows are copied into 16 rows of scratch first (the tiles read 16). */
+static void attend_block_tiles(const uint16_t *q, int64_t q_stride, int64_t count, const uint8_t *masks,
+                               int64_t columns, const uint16_t *packed_keys, const uint16_t *packed_values,
+                               int64_t padded, uint16_t *out, int64_t out_stride, int64_t heads, int64_t kv_heads,
+                               int64_t dim, char *scratch, BlockRun *runs) {
+    float *scores = (float *)scratch;
+    uint16_t *weights = (uint16_t *)(scores + ATTENTION_HEADS * TILE_ROWS * padded);
+    float *sums = (float *)(weights + ATTENTION_HEADS * TILE_ROWS * padded);
+    uint16_t *rows_copy = (uint16_t *)(sums + TILE_ROWS * VALUE_CHUNK);
+    uint8_t *seen = (uint8_t *)(rows_copy + TILE_ROWS * heads * dim);
+    if (count < TILE_ROWS) {
+        memset(rows_copy, 0, (size_t)(TILE_ROWS * heads * dim) * sizeof(uint16_t));
+        for (int64_t r = 0; r < count; r++)
+            memcpy(rows_copy + r * heads * dim, q + r * q_stride, (size_t)(heads * dim) * sizeof(uint16_t));
+        q = rows_copy;
+        q_stride = heads * dim;
+    }
+    memcpy(seen, masks, (size_t)columns);
+    for (int64_t r = 1; r < count; r++)
+        for (int64_t c = 0; c < columns; c++) seen[c] |= masks[r * columns + c];
+    int64_t runs_count = visible_runs(seen, columns, 32, runs), group = heads / kv_heads;
+    configure_tiles();
+    for (int64_t g = 0; g < kv_heads; g++) {
+        const uint16_t *packed_k = packed_keys + g * padded * dim, *packed_v = packed_values + g * padded * dim;
+        for (int64_t h0 = g * group; h0 < (g + 1) * group; h0 += ATTENTION_HEADS) {
+            int64_t heads_here = (g + 1) * group - h0 < ATTENTION_HEADS ? (g + 1) * group - h0 : ATTENTION_HEADS;
+            const uint16_t *query[ATTENTION_HEADS];
+            for (int64_t h = 0; h < ATTENTION_HEADS; h++) query[h] = q + (h0 + (h < heads_here ? h : 0)) * dim;
+            tile_scores(query, q_stride * (int64_t)sizeof(uint16_t), packed_k, runs, runs_count, dim, scores, padded);
+            for (int64_t h = 0; h < heads_here; h++)
+                for (int64_t r = 0; r < count; r++) {
+                    int64_t at = (h * TILE_ROWS + r) * padded;
+                    softmax_to_bf16(scores + at, masks + r * columns, columns, runs, runs_count, 32, weights + at);
+                }
+            for (int64_t h = 0; h < heads_here; h++)
+                for (int64_t d0 = 0; d0 < dim; d0 += VALUE_CHUNK)
+                    tile_weighted_values(weights + h * TILE_ROWS * padded, padded, packed_v, runs, runs_count, d0,
+                                         dim - d0 < VALUE_CHUNK ? dim - d0 : VALUE_CHUNK, sums,
+                                         out + (h0 + h) * dim, out_stride, count);
+        }
+    }
+    _tile_release();
+}
+#endif
+
+ROW_BY_ROW(attend_rows_one_by_one, uint16_t, attend_row)
+
+/* A block of rows: in AMX tiles where this CPU and process have them and the block has enough rows, else row by
+ * row. */
+static void attend_rows(const uint16_t *q, int64_t q_stride, int64_t count, const uint8_t *masks, int64_t columns,
+                        const uint16_t *packed_keys, const uint16_t *packed_values, int64_t padded, uint16_t *out,
+                        int64_t out_stride, int64_t heads, int64_t kv_heads, int64_t dim, char *scratch,
+                        BlockRun *runs) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    if (count >= TILE_MIN_ROWS && tiles_permitted()) {
+        attend_block_tiles(q, q_stride, count, masks, columns, packed_keys, packed_values, padded, out, out_stride,
+                           heads, kv_heads, dim, scratch, runs);
+        return;
+    }
+#endif
+    attend_rows_one_by_one(q, q_stride, count, masks, columns, packed_keys, packed_values, padded, out, out_stride,
+                           heads, kv_heads, dim, scratch, runs);
+}
+
+/* Keys in blocks of 16 columns, columns padded to whole blocks of 32 and one more (zero: the row kernel's last
+ * step of two blocks may compute it), values by column pair within chunks of 64 dimensions; fp32 scores and
+ * bf16 weights. */
+#define ROW_SCRATCH(padded) (ATTENTION_HEADS * (padded) * (sizeof(float) + sizeof(uint16_t)))
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define BF16_ROWS (tiles_permitted() ? TILE_ROWS : 4)
+#define BF16_SCRATCH(padded, heads, dim) (tiles_permitted() ? TILE_SCRATCH(padded, heads, dim) : ROW_SCRATCH(padded))
+#else
+#define BF16_ROWS 4
+#define BF16_SCRATCH(padded, heads, dim) ROW_SCRATCH(padded)
+#endif
+ATTENTION(quail_attention_bf16, uint16_t, 32, 1, BF16_ROWS, BF16_SCRATCH, pack_column, attend_rows)
 #endif

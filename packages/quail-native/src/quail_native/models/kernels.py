@@ -9,10 +9,11 @@ source, the flags, the compiler and the CPU's features. Without a compiler, when
 with `QUAIL_KERNELS=eager`, every call takes the eager path and `status()` says why.
 
 Attention (`attention`) is one kernel call per layer for every segment of the pass: in bf16 on CPUs
-with AVX-512 BF16, in fp32 on any CPU (plain loops the compiler vectorises). torch's two GEMMs around a
-softmax compute the masked half of every causal segment and pass over the scores more times (bench
-passes 8–12 % faster with the bf16 kernel on a 2-core EPYC; whole fp32 queries 5–10 % faster with the
-fp32 one). Without a kernel for the dtype and CPU the caller's GEMMs run.
+with AVX-512 BF16 (blocks of 16 query rows in AMX tiles where the CPU has them), in fp32 on any CPU (plain
+loops the compiler vectorises). torch's two GEMMs around a softmax compute the masked half of every causal
+segment and pass over the scores more times (bench passes 8–12 % faster with the bf16 kernel on a 2-core
+EPYC; whole fp32 queries 5–10 % faster with the fp32 one). Without a kernel for the dtype and CPU the
+caller's GEMMs run.
 """
 
 from __future__ import annotations
@@ -190,7 +191,12 @@ def attention_status(dtype: torch.dtype) -> str:
         return f"two GEMMs around a softmax ({state.detail})"
     if not hasattr(library, _ATTENTION_KERNELS[dtype]):
         return "two GEMMs around a softmax (the fused kernel needs AVX-512 BF16: this CPU or its compiler lacks it)"
-    return "fused bf16 kernel (AVX-512 BF16)" if dtype == torch.bfloat16 else "fused fp32 kernel"
+    if dtype == torch.float32:
+        return "fused fp32 kernel"
+    tiles = getattr(library, "quail_attention_bf16_tiles", None)
+    if tiles is not None and tiles():
+        return "fused bf16 kernel (AMX tiles; AVX-512 BF16 for blocks of under 4 rows)"
+    return "fused bf16 kernel (AVX-512 BF16)"
 
 
 def _attention_fits(q: torch.Tensor, out: torch.Tensor, queries: torch.Tensor | None,
