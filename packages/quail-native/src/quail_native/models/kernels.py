@@ -36,10 +36,13 @@ import torch
 from quail.catalog.locations import quail_cache_home
 
 SOURCE = Path(__file__).with_name("kernels.c")
-FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC")
+FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno", "-fno-trapping-math", "-fopenmp",
+         "-shared", "-fPIC")
 """-fno-trapping-math lets the compiler turn the kernels' conditional selects into blends where the CPU has no
 mask registers (AVX2): without it the fp32 GELU and softmax loops stayed scalar there (whole fp32 queries
-5–6 % slower with torch limited to AVX2). Nothing here reads floating-point exception flags."""
+5–6 % slower with torch limited to AVX2). Nothing here reads floating-point exception flags.
+-mprefer-vector-width=512: GCC tunes Intel's AVX-512 CPUs for 256-bit vectors by default; the elementwise loops
+vectorised 512 wide take 0.75–0.85× the time on a 2-core Sapphire Rapids Xeon. Without AVX-512 it changes nothing."""
 BUILD_TIMEOUT_S = 120
 
 log = logging.getLogger(__name__)
