@@ -438,11 +438,11 @@ static int64_t plan_row_blocks(const SegmentPlan *plan, int64_t segments, int64_
  * is a multiple of 32. A row that may attend to nothing gets zeros. Returns 0, or -1 with nothing written when
  * the scratch cannot be allocated.
  *
- * Each segment's keys and values are packed per kv head (PACK, one column at a time) into blocks of BLOCK
+ * Each segment's keys and values are packed per kv head (PACK, UNIT columns at a time) into blocks of BLOCK
  * columns, padded by EXTRA blocks; ATTEND_ROWS computes a block of at most ROWS query rows (consecutive rows
  * of one segment), all heads, with SCRATCH(widest padded columns, heads, dim) bytes of scratch and room for
  * the block runs of 16 columns of the widest segment. */
-#define ATTENTION(NAME, T, BLOCK, EXTRA, ROWS, SCRATCH, PACK, ATTEND_ROWS)                                     \
+#define ATTENTION(NAME, T, BLOCK, EXTRA, ROWS, SCRATCH, UNIT, PACK, ATTEND_ROWS)                               \
 int NAME(const T *q, int64_t q_stride, T *out, int64_t out_stride, int64_t queries, const int64_t *query_rows,   \
          const T *context_keys, const T *context_values, int64_t arena_head_stride, const int64_t *slots,        \
          const T *keys, int64_t key_stride, const T *values, int64_t value_stride, const int64_t *shapes,        \
@@ -476,9 +476,9 @@ int NAME(const T *q, int64_t q_stride, T *out, int64_t out_stride, int64_t queri
             const SegmentPlan *p = &plan[s];                                                                 \
             int64_t context = p->columns - p->rows;                                                          \
             _Pragma("omp for schedule(static) nowait")                                                        \
-            for (int64_t index = 0; index < kv_heads * p->padded; index++) {                                 \
-                int64_t g = index / p->padded, at = p->packed_offset + g * p->padded * dim;                  \
-                PACK(index % p->padded, context_keys + g * arena_head_stride,                                \
+            for (int64_t index = 0; index < kv_heads * (p->padded / UNIT); index++) {                        \
+                int64_t g = index / (p->padded / UNIT), at = p->packed_offset + g * p->padded * dim;         \
+                PACK(index % (p->padded / UNIT) * UNIT, context_keys + g * arena_head_stride,                \
                      context_values + g * arena_head_stride, slots + p->first_slot, context,                 \
                      keys + p->first_row * key_stride + g * dim, key_stride,                                 \
                      values + p->first_row * value_stride + g * dim, value_stride, p->columns, p->padded, dim, \
@@ -519,7 +519,7 @@ static void NAME(const T *q, int64_t q_stride, int64_t count, const uint8_t *mas
  * place. */
 ROW_BY_ROW(attend_rows_f32, float, attend_row_f32)
 #define F32_SCRATCH(widest, heads, dim) (F32_HEADS * (widest) * sizeof(float))
-ATTENTION(quail_attention_f32, float, F32_BLOCK, 0, 4, F32_SCRATCH, pack_column_f32, attend_rows_f32)
+ATTENTION(quail_attention_f32, float, F32_BLOCK, 0, 4, F32_SCRATCH, 1, pack_column_f32, attend_rows_f32)
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
@@ -614,6 +614,41 @@ static inline void pack_column(int64_t c, const uint16_t *context_keys, const ui
         int64_t chunk = dim - d0 < VALUE_CHUNK ? dim - d0 : VALUE_CHUNK;
         uint16_t *value_column = packed_values + d0 * padded + (c / 2) * chunk * 2 + c % 2;
         for (int64_t d = 0; d < chunk; d++) value_column[2 * d] = v ? v[d0 + d] : 0;
+    }
+}
+
+/* Columns [c0, c0 + 16) (one block of keys, eight column pairs of values) in pack_column's layouts. Whole blocks
+ * are written a 64-byte row of keys and a run of value pairs at a time (column by column, every store of a column
+ * landed in another cache line: packing took ~40 % of a pass of short segments once the tiles computed the
+ * rest); a block reaching past the last column goes column by column. */
+static inline void pack_block(int64_t c0, const uint16_t *context_keys, const uint16_t *context_values,
+                              const int64_t *slots, int64_t context, const uint16_t *keys, int64_t key_stride,
+                              const uint16_t *values, int64_t value_stride, int64_t columns, int64_t padded,
+                              int64_t dim, uint16_t *packed_keys, uint16_t *packed_values) {
+    if (c0 + 16 > columns) {
+        for (int64_t c = c0; c < c0 + 16; c++)
+            pack_column(c, context_keys, context_values, slots, context, keys, key_stride, values, value_stride,
+                        columns, padded, dim, packed_keys, packed_values);
+        return;
+    }
+    const uint16_t *k[16], *v[16];
+    for (int64_t j = 0; j < 16; j++) {
+        int64_t c = c0 + j;
+        k[j] = c < context ? context_keys + slots[c] * dim : keys + (c - context) * key_stride;
+        v[j] = c < context ? context_values + slots[c] * dim : values + (c - context) * value_stride;
+    }
+    int64_t half = dim / 2;
+    uint32_t *key_pairs = (uint32_t *)(packed_keys + (c0 / 16) * half * 32);
+    for (int64_t p = 0; p < half; p++)
+        for (int64_t j = 0; j < 16; j++) memcpy(&key_pairs[p * 16 + j], k[j] + 2 * p, 4);
+    for (int64_t d0 = 0; d0 < dim; d0 += VALUE_CHUNK) {
+        int64_t chunk = dim - d0 < VALUE_CHUNK ? dim - d0 : VALUE_CHUNK;
+        for (int64_t pair = 0; pair < 8; pair++) {
+            const uint16_t *even = v[2 * pair] + d0, *odd = v[2 * pair + 1] + d0;
+            uint16_t *to = packed_values + d0 * padded + (c0 / 2 + pair) * chunk * 2;
+            #pragma omp simd
+            for (int64_t d = 0; d < chunk; d++) to[2 * d] = even[d], to[2 * d + 1] = odd[d];
+        }
     }
 }
 
@@ -910,5 +945,5 @@ static void attend_rows(const uint16_t *q, int64_t q_stride, int64_t count, cons
 #define BF16_ROWS 4
 #define BF16_SCRATCH(padded, heads, dim) ROW_SCRATCH(padded)
 #endif
-ATTENTION(quail_attention_bf16, uint16_t, 32, 1, BF16_ROWS, BF16_SCRATCH, pack_column, attend_rows)
+ATTENTION(quail_attention_bf16, uint16_t, 32, 1, BF16_ROWS, BF16_SCRATCH, 16, pack_block, attend_rows)
 #endif
