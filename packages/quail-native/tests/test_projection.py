@@ -28,8 +28,13 @@ def test_a_packed_projection_equals_f_linear(dtype: torch.dtype, rows: int, shap
     x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(1)).to(dtype)
     got, expected = project(x), F.linear(x, w)
     assert got.shape == expected.shape and got.dtype == dtype
-    if dtype == torch.bfloat16:  # the same oneDNN kernel F.linear runs, without the per-call repacking
-        assert torch.equal(got, expected)
+    if dtype == torch.bfloat16:
+        # fp32 sums rounded once to bf16. Mostly the very kernel F.linear runs, without its per-call repacking;
+        # where oneDNN multiplies in AMX tiles the two are different primitives that may sum in another order,
+        # and a sum next to a rounding boundary then lands on the neighbouring bf16 value.
+        gap = (got.float() - expected.float()).abs()
+        assert (gap > 0).float().mean().item() <= 0.01 if gap.numel() else True
+        assert bool((gap <= expected.float().abs() * 2.0 ** -7 + 1e-4).all())
     else:  # fp32 F.linear runs MKL; the blocked sums differ in rounding only
         assert torch.allclose(got, expected, rtol=1e-5, atol=1e-5)
 
