@@ -832,8 +832,8 @@ static void tile_scores(const uint16_t *const query[ATTENTION_HEADS], int64_t q_
         }
 }
 
-/* out rows (out_stride apart) += nothing: = Σ_c weights[r][c] · value c over the runs (of 32 columns), for the
- * chunk of `chunk` (64 or 32) dimensions at d0 of one head; the first `count` rows written, rounded to bf16. */
+/* out row r (out_stride apart) = Σ_c weights[r][c] · value c over the runs (of 32 columns), for the chunk of
+ * `chunk` (64 or 32) dimensions at d0 of one head; the first `count` rows written, rounded to bf16. */
 static void tile_weighted_values(const uint16_t *weights, int64_t padded, const uint16_t *packed_values,
                                  const BlockRun *runs, int64_t runs_count, int64_t d0, int64_t chunk, float *sums,
                                  uint16_t *out, int64_t out_stride, int64_t count) {
@@ -881,9 +881,9 @@ static void attend_block_tiles(const uint16_t *q, int64_t q_stride, int64_t coun
     uint16_t *rows_copy = (uint16_t *)(sums + TILE_ROWS * VALUE_CHUNK);
     uint8_t *seen = (uint8_t *)(rows_copy + TILE_ROWS * heads * dim);
     if (count < TILE_ROWS) {
-        memset(rows_copy, 0, (size_t)(TILE_ROWS * heads * dim) * sizeof(uint16_t));
         for (int64_t r = 0; r < count; r++)
             memcpy(rows_copy + r * heads * dim, q + r * q_stride, (size_t)(heads * dim) * sizeof(uint16_t));
+        memset(rows_copy + count * heads * dim, 0, (size_t)((TILE_ROWS - count) * heads * dim) * sizeof(uint16_t));
         q = rows_copy;
         q_stride = heads * dim;
     }
