@@ -5,8 +5,10 @@ it into its own blocked layout on every call: each pass re-reads and rewrites al
 the model before multiplying. oneDNN (bundled with PyTorch) can take a weight packed once ahead of
 time; the model's projections then skip that work. Measured on a 2-core AVX-512 CPU: the four
 projection shapes of Gemma 3 270M at 1,439 rows 0.96× (bf16) and 0.81× (fp32) of `F.linear`'s time,
-at 7 rows 0.62× and 0.23×; whole bf16 passes 0.89–0.94×, bit-identical to `F.linear` in bf16 and
-within 2e-6 relative in fp32. These are the ops PyTorch's own compiler emits for CPU linears
+at 7 rows 0.62× and 0.23×; whole bf16 passes 0.89–0.94×, bit-identical to `F.linear` in bf16 there and
+within 2e-6 relative in fp32. Where oneDNN multiplies in AMX tiles (Sapphire Rapids) the packed and unpacked
+calls may sum in another order: a bf16 output near a rounding boundary then lands one bf16 step away.
+These are the ops PyTorch's own compiler emits for CPU linears
 (`torch.ops.mkldnn._reorder_linear_weight` / `_linear_pointwise`). Where they are missing or do not
 fit — not a CPU, no oneDNN, bf16 on a CPU oneDNN has no bf16 path for, another dtype — the weight
 stays as it is and `F.linear` runs.
