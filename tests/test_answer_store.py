@@ -10,6 +10,7 @@ answers at zero. (Real models, new processes and kill -9: packages/quail-native/
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -327,6 +328,33 @@ def test_identities_follow_file_contents_and_settings_not_paths(tmp_path):
         assert digest("native", ModelIdentity((one,), fp32), opened) != base
     finally:
         opened.close()
+
+
+def test_a_process_hashes_each_file_version_once_whichever_store_asks(tmp_path, monkeypatch):
+    weights = tmp_path / "w.safetensors"
+    weights.write_bytes(b"weights one")
+    hashed: list[str] = []
+    real_file_digest = hashlib.file_digest
+
+    def counting_file_digest(handle, algorithm):
+        hashed.append(handle.name)
+        return real_file_digest(handle, algorithm)
+
+    monkeypatch.setattr(hashlib, "file_digest", counting_file_digest)
+    identity = ModelIdentity((weights,), (("precision", "fp32"),))
+    first, second = (AnswerStore.open(tmp_path / f"{name}.sqlite", 100) for name in ("first", "second"))
+    try:
+        before = digest("native", identity, first)
+        assert digest("native", identity, second) == before
+        assert len(hashed) == 1, "a second store in the same process reuses the digest"
+        status = weights.stat()
+        weights.write_bytes(b"weights two")  # same size, new content: a new version by its mtime
+        os.utime(weights, ns=(status.st_atime_ns, status.st_mtime_ns + 1_000_000))
+        assert digest("native", identity, second) != before
+        assert len(hashed) == 2
+    finally:
+        first.close()
+        second.close()
 
 
 # -- the store itself ---------------------------------------------------------------------------------------

@@ -285,8 +285,9 @@ def run_script(tmp_path: Path) -> tuple[subprocess.Popen[str], int]:
     """A caller process looping over a slow query on a `process` worker; (the caller, its worker's pid)."""
     script = tmp_path / "caller.py"
     script.write_text(textwrap.dedent(SCRIPT.format(paths=[p for p in sys.path if p])))
+    environment = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp_path))  # a SIGKILL leaves its temp files
     caller = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), preexec_fn=ctrl_c_as_in_a_terminal)
+                              text=True, env=environment, preexec_fn=ctrl_c_as_in_a_terminal)
     assert caller.stdout is not None
     line = caller.stdout.readline()
     assert line.startswith("worker "), (line, caller.stderr.read() if caller.stderr else "")

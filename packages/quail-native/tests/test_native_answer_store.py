@@ -204,7 +204,8 @@ def test_a_query_killed_part_way_resumes_with_what_it_committed(tiny_checkpoints
     hub_checkpoint(tiny_checkpoints["qwen3"].path, home)
     table = many_reviews(tmp_path / "reviews.parquet", count)
     store = Path(os.environ[STORE_ENVIRONMENT])
-    environment = {**os.environ, "HF_HOME": str(home), "OMP_NUM_THREADS": "1"}
+    environment = {**os.environ, "HF_HOME": str(home), "OMP_NUM_THREADS": "1",
+                   "TMPDIR": str(tmp_path)}  # SIGKILL leaves its temporary files: here, not in /tmp
 
     def query(cache: str, out: Path) -> list[str]:
         return [sys.executable, "-m", "quail.cli", "query", FILTER, "-t", f"reviews={table}", "--model",

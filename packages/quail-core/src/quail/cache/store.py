@@ -15,6 +15,7 @@ with the file's path; callers decide whether that stops them (the CLI) or only t
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import sqlite3
 import struct
@@ -247,8 +248,19 @@ class AnswerStore:
 
 
 def content_digest(path: Path) -> str:
-    """SHA-256 of a file. A Hugging Face hub blob is named by its SHA-256 already: that name is used."""
+    """SHA-256 of a file, computed once per process and file version (path, size, mtime).
+
+    Every answer store a process opens asks for the same weights' digests (the bench's temporary
+    store, a session per test): hashing a 1 GB checkpoint takes a second or more each time.
+    """
     resolved = path.resolve()
+    status = resolved.stat()
+    return _version_digest(resolved, status.st_size, status.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=256)
+def _version_digest(resolved: Path, size: int, mtime_ns: int) -> str:
+    """A Hugging Face hub blob is named by its SHA-256 already: that name is used."""
     name = resolved.name
     if resolved.parent.name == "blobs" and len(name) == 64 and all(c in "0123456789abcdef" for c in name):
         return name
