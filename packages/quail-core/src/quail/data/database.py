@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import shutil
-import tempfile
 import uuid
 import weakref
 from collections.abc import Iterator, Mapping
@@ -23,6 +21,7 @@ import pyarrow as pa
 
 from quail.data.providers import FileStamp, TableSchema
 from quail.data.scan import ScanView
+from quail.data.scratch import ScratchDirectory
 from quail.data.sources import Source, quoted
 from quail.errors import CompileError, QuailError
 from quail.interrupts import Terminated
@@ -84,7 +83,7 @@ class Database:
         self._tables: dict[str, _Registered] = {}
         self._generation = 0
         self._views: dict[tuple[str, int], ScanView] = {}
-        self._directories: list[Path] = []
+        self._directories: list[ScratchDirectory] = []
         self._finalizer = weakref.finalize(self, _remove, self._connection, self._directories)
 
     # -- registered tables ---------------------------------------------------------------------
@@ -206,8 +205,8 @@ class Database:
 
     def _directory(self) -> Path:
         if not self._directories:
-            self._directories.append(Path(tempfile.mkdtemp(prefix="quail-views-")))
-        return self._directories[0]
+            self._directories.append(ScratchDirectory("views"))
+        return self._directories[0].path
 
     def _check_open(self) -> None:
         if not self._finalizer.alive:
@@ -236,9 +235,9 @@ def _mapped(reader: pa.RecordBatchReader, path: Path) -> pa.Table:
         return pa.ipc.open_file(source).read_all()
 
 
-def _remove(connection: duckdb.DuckDBPyConnection, directories: list[Path]) -> None:
+def _remove(connection: duckdb.DuckDBPyConnection, directories: list[ScratchDirectory]) -> None:
     try:
         connection.close()
     finally:
         for directory in directories:
-            shutil.rmtree(directory, ignore_errors=True)
+            directory.remove()

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
-import tempfile
 import uuid
 import weakref
 from collections.abc import Iterator, Sequence
@@ -24,6 +22,7 @@ import pyarrow.compute as pc
 
 from quail.data.providers import Rows
 from quail.data.scan import DocumentSource
+from quail.data.scratch import ScratchDirectory
 from quail.data.tokenizer import Tokenizer
 from quail.errors import CompileError, QuailError
 
@@ -131,8 +130,9 @@ def _indices(rows: Rows) -> pa.Array:
 
 
 class TokenStore:
-    """Token files for a session. Creates a temporary directory on first use unless given one;
-    `close()` removes every file (and the directory) it created."""
+    """Token files for a session. Creates a scratch directory on first use unless given one;
+    `close()` removes every file (and the directory) it created. A scratch directory outlives a
+    killed process only until the next one is made (`quail.data.scratch`)."""
 
     def __init__(self, directory: Path | None = None, *, batch_rows: int = DEFAULT_BATCH_ROWS,
                  batch_bytes: int = DEFAULT_BATCH_BYTES) -> None:
@@ -143,7 +143,7 @@ class TokenStore:
         self._batch_bytes = batch_bytes
         self._columns: dict[tuple[str, str, str], TokenColumn] = {}
         self._created: list[Path] = []
-        self._owned: list[Path] = []
+        self._owned: list[ScratchDirectory] = []
         self._finalizer = weakref.finalize(self, _remove, self._created, self._owned)
 
     @property
@@ -178,8 +178,9 @@ class TokenStore:
 
     def _ensure_directory(self) -> Path:
         if self._directory is None:
-            self._directory = Path(tempfile.mkdtemp(prefix="quail-"))
-            self._owned.append(self._directory)
+            scratch = ScratchDirectory("tokens")
+            self._owned.append(scratch)
+            self._directory = scratch.path
         self._directory.mkdir(parents=True, exist_ok=True)
         return self._directory
 
@@ -201,11 +202,11 @@ def _file_name(key: tuple[str, str, str]) -> str:
     return f"tokens-{digest.hexdigest()}.arrow"
 
 
-def _remove(created: list[Path], owned: list[Path]) -> None:
+def _remove(created: list[Path], owned: list[ScratchDirectory]) -> None:
     for path in created:
         path.unlink(missing_ok=True)
-    for directory in owned:
-        shutil.rmtree(directory, ignore_errors=True)
+    for scratch in owned:
+        scratch.remove()
 
 
 def _write(path: Path, batches: Iterator[pa.RecordBatch]) -> None:
