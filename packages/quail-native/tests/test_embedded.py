@@ -382,9 +382,9 @@ def test_gemma_tokenizer_answer_tokens_and_bos(gemma_dir):
     # Whether tokenizer.json's post-processor adds BOS depends on the transformers version that converted
     # it; Quail never relies on it: the layout puts the model's BOS first itself.
     assert tokenizer.encode("hi", add_special_tokens=False).ids[0] != 2
-    from quail_native.models.loading import load_tokenizer, read_arch
+    from quail_native.models.tokenizer import load_tokenizer
 
-    assert load_tokenizer(gemma_dir, read_arch(gemma_dir)).bos_id == 2
+    assert load_tokenizer(gemma_dir).bos_id == 2
 
 
 @pytest.mark.slow

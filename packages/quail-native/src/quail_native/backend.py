@@ -27,6 +27,7 @@ from quail.data.tokenizer import Tokenizer
 from quail.frontend.prompts import answer_tokens, style_for
 from quail.planner.calibration import calibrates
 from quail.planner.physical import plan_query
+from quail_native.precision_rule import unmeasured_precision
 
 ARCHITECTURES = ("qwen3", "gemma3")
 DEFAULT_KV_CHUNKS = 32
@@ -52,11 +53,10 @@ class NativeBackend:
         return SupportResult.accept()
 
     def tokenizer(self, model: ModelSpec) -> Tokenizer:
-        from quail_native.models.loading import load_tokenizer, read_arch
         from quail_native.models.locate import model_directory
+        from quail_native.models.tokenizer import load_tokenizer
 
-        directory = model_directory(model)
-        return load_tokenizer(directory, read_arch(directory))
+        return load_tokenizer(model_directory(model))
 
     def model_identity(self, model: ModelSpec, device: DeviceSpec, config: EngineConfig) -> ModelIdentity:
         """The checkpoint's files, the precision it runs in and the device kind (kernels round differently)."""
@@ -110,13 +110,17 @@ class NativeBackend:
 
 
 def precision_name(config: EngineConfig, device: DeviceSpec, model: ModelSpec) -> str:
-    """The precision the engine computes in ("fp32" / "bf16"): as configured, else what `auto` picks here."""
+    """The precision the engine computes in ("fp32" / "bf16"): as configured, else what `auto` picks here.
+
+    Only `auto` on a CPU needs torch (its GEMM probe): planning with a precision given stays torch-free."""
+    unmeasured = unmeasured_precision(config.precision, device.kind)
+    if unmeasured is not None:
+        return unmeasured[0]
     import torch
 
     from quail_native.precision import choose_precision
 
-    target = torch.device("cuda") if device.kind == "cuda" else torch.device("cpu")
-    chosen = choose_precision(config.precision, target, model.hidden, model.ffn)
+    chosen = choose_precision(config.precision, torch.device("cpu"), model.hidden, model.ffn)
     return "bf16" if chosen.dtype == torch.bfloat16 else "fp32"
 
 

@@ -17,6 +17,7 @@ import torch
 
 from quail.config import Precision
 from quail_native.models.projection import Projection
+from quail_native.precision_rule import unmeasured_precision
 
 BF16_MARGIN = 1.15
 """bf16 must beat fp32 by this factor to be chosen: its rounding is only worth a clear speed-up."""
@@ -36,12 +37,10 @@ class PrecisionChoice:
 def choose_precision(requested: Precision, device: torch.device, hidden: int, width: int,
                      rate: Rate | None = None) -> PrecisionChoice:
     """The dtype to compute in and why; `rate` measures a GEMM (the probe below unless a test gives one)."""
-    if requested == "fp32":
-        return PrecisionChoice(torch.float32, "fp32 as configured")
-    if requested == "bf16":
-        return PrecisionChoice(torch.bfloat16, "bf16 as configured")
-    if device.type == "cuda":
-        return PrecisionChoice(torch.bfloat16, "bf16 (auto on CUDA)")
+    unmeasured = unmeasured_precision(requested, device.type)
+    if unmeasured is not None:
+        name, reason = unmeasured
+        return PrecisionChoice(torch.bfloat16 if name == "bf16" else torch.float32, reason)
     measure = rate or (lambda dtype: gemm_rate(dtype, device, hidden, width))
     fp32, bf16 = measure(torch.float32), measure(torch.bfloat16)
     chosen = torch.bfloat16 if bf16 >= BF16_MARGIN * fp32 else torch.float32

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -11,15 +10,10 @@ from safetensors.torch import load_file
 
 from quail.data.tokenizer import HuggingFaceTokenizer
 from quail_native.models import gemma3, qwen3
-from quail_native.models.config import HFConfig
+from quail_native.models.tokenizer import ModelLoadError, load_tokenizer, read_config
 from quail_native.models.transformer import Arch, Transformer
 
 PREFIXES = ("language_model.model.", "model.language_model.", "model.")
-FAMILIES = {"qwen3": "qwen3", "gemma3_text": "gemma3", "gemma3": "gemma3"}
-
-
-class ModelLoadError(ValueError):
-    """The directory does not hold a model this executor can run."""
 
 
 @dataclass
@@ -33,32 +27,8 @@ class LoadedModel:
 
 
 def read_arch(path: Path) -> Arch:
-    config_path = path / "config.json"
-    if not config_path.is_file():
-        raise ModelLoadError(f"{path} has no config.json")
-    config = HFConfig.read(config_path)
-    family = FAMILIES.get(config.text("model_type", ""))
-    if family is None:
-        raise ModelLoadError(f"{path}: model_type {config.text('model_type', '?')!r} is not Qwen3 or Gemma 3")
+    config, family = read_config(path)
     return qwen3.arch(config) if family == "qwen3" else gemma3.arch(config)
-
-
-def load_tokenizer(path: Path, arch: Arch) -> HuggingFaceTokenizer:
-    """The checkpoint's tokenizer; parsed once per process (Gemma's 262k-entry file takes most of a second),
-    as planning and the engine both need it."""
-    tokenizer_path = path / "tokenizer.json"
-    stat = tokenizer_path.stat() if tokenizer_path.is_file() else None
-    return _tokenizer(path, arch.family, None if stat is None else (stat.st_size, stat.st_mtime_ns))
-
-
-@lru_cache(maxsize=8)
-def _tokenizer(path: Path, family: str, _version: tuple[int, int] | None) -> HuggingFaceTokenizer:
-    tokenizer_path = path / "tokenizer.json"
-    if not tokenizer_path.is_file():
-        raise ModelLoadError(f"{path} has no tokenizer.json")
-    config = HFConfig.read(path / "config.json")
-    bos = config.optional_integer("bos_token_id") if family == "gemma3" else None
-    return HuggingFaceTokenizer(tokenizer_path, bos)
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -100,4 +70,4 @@ def load_model(path: Path, dtype: torch.dtype = torch.float32, device: str | tor
     model.eval()
     model.requires_grad_(False)
     model.fuse_projections()
-    return LoadedModel(path, arch, model, load_tokenizer(path, arch), dtype, target)
+    return LoadedModel(path, arch, model, load_tokenizer(path), dtype, target)

@@ -1,0 +1,24 @@
+"""The precision choices that need no measurement, without torch: planning reads them.
+
+`fp32` and `bf16` are taken as asked and `auto` on CUDA is bf16; only `auto` on a CPU is measured
+(`quail_native.precision`'s GEMM probe), so only it needs torch.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from quail.config import Precision
+
+PrecisionName = Literal["fp32", "bf16"]
+
+
+def unmeasured_precision(requested: Precision, device_type: str) -> tuple[PrecisionName, str] | None:
+    """(precision, why) when `requested` on a device of this type decides without a probe, else None."""
+    if requested == "fp32":
+        return "fp32", "fp32 as configured"
+    if requested == "bf16":
+        return "bf16", "bf16 as configured"
+    if device_type == "cuda":
+        return "bf16", "bf16 (auto on CUDA)"
+    return None
