@@ -1,12 +1,15 @@
-"""Every test's answer store is its own: a fresh file per test, never the user's store under $QUAIL_HOME."""
+"""Fixtures every test gets: its own answer store, and a check that nothing it killed left files in /tmp."""
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from quail.cache import STORE_ENVIRONMENT
+from quail.data.scratch import remove_abandoned
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -21,3 +24,12 @@ def _session_answer_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 def _own_answer_store(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Beside, not inside, the test's `tmp_path` (tests check that nothing is left there)."""
     monkeypatch.setenv(STORE_ENVIRONMENT, str(tmp_path_factory.mktemp("answers") / "answers.sqlite"))
+
+
+@pytest.fixture(autouse=True)
+def _nothing_abandoned_in_the_temporary_directory() -> Iterator[None]:
+    """A test that kills a Quail process gives it a TMPDIR of its own: no scratch directory it could not
+    remove reaches the system's temporary directory (the next Quail process there would sweep it)."""
+    yield
+    abandoned = remove_abandoned(Path(tempfile.gettempdir()))
+    assert not abandoned, f"scratch directories left by a process that died: {abandoned}"

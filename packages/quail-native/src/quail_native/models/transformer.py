@@ -18,6 +18,7 @@ from torch import nn
 
 from quail_native.models import kernels
 from quail_native.models.projection import Projection
+from quail_native.models.tokenizer import Family
 
 LayerType = Literal["full", "sliding"]
 Activation = Literal["silu", "gelu_tanh"]
@@ -62,7 +63,7 @@ class WrittenRows:
 class Arch:
     """Architecture numbers (from config.json) and the switches between Qwen3 and Gemma 3."""
 
-    family: Literal["qwen3", "gemma3"]
+    family: Family
     vocab: int
     hidden: int
     layers: int
