@@ -28,7 +28,7 @@ print(json.dumps({{"torch": "torch" in sys.modules, "planned": "AiFilter" in pla
 """
 
 
-def test_explaining_a_query_imports_no_torch(tiny_checkpoints, tmp_path):
+def test_explaining_a_query_imports_no_torch(tiny_checkpoints):
     for kind, precision, cache in (("gemma3", "auto", "off"), ("qwen3", "fp32", "auto"), ("gemma3", "bf16", "auto")):
         spec = json.dumps(dataclasses.asdict(model_spec(kind, tiny_checkpoints[kind].path)), default=str)
         script = textwrap.dedent(SCRIPT.format(spec=spec, precision=precision, cache=cache))
