@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import logging
+
 import pytest
 import torch
 
+from quail_native import precision, precision_record
 from quail_native.precision import BF16_MARGIN, choose_precision, gemm_rate
+from quail_native.precision_record import read_record, record_path
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -37,3 +42,78 @@ def test_configured_precisions_and_cuda_need_no_probe():
 
 def test_the_probe_measures_a_positive_rate_in_both_dtypes():
     assert gemm_rate(torch.float32, CPU, 64, 128) > 0 and gemm_rate(torch.bfloat16, CPU, 64, 128) > 0
+
+
+class CountingProbe:
+    """The probe's GEMM, faked: bf16 twice as fast as fp32, and every measurement counted."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, dtype: torch.dtype, device: torch.device, hidden: int, width: int) -> float:
+        self.calls += 1
+        return 300e9 if dtype == torch.bfloat16 else 150e9
+
+
+@pytest.fixture
+def fresh_cpu(monkeypatch, tmp_path) -> CountingProbe:
+    """A Quail home where no probe is remembered yet, and a probe that counts its measurements."""
+    monkeypatch.setenv("QUAIL_HOME", str(tmp_path))
+    probe = CountingProbe()
+    monkeypatch.setattr(precision, "gemm_rate", probe)
+    return probe
+
+
+def test_the_first_probe_on_a_cpu_is_remembered_and_later_choices_take_it_without_measuring(fresh_cpu, monkeypatch):
+    first = choose_precision("auto", CPU, 640, 2048)
+    assert (first.dtype, fresh_cpu.calls) == (torch.bfloat16, 2)
+    path = record_path(640, 2048)
+    assert path.is_file() and read_record(path).precision == "bf16"
+    assert f"remembered in {path}" in first.reason
+
+    def never(*args: object) -> float:
+        raise AssertionError("a remembered probe is not measured again")
+
+    monkeypatch.setattr(precision, "gemm_rate", never)
+    again = choose_precision("auto", CPU, 640, 2048)
+    assert again == first
+    assert "measured bf16 300 vs fp32 150 GFLOP/s on " in again.reason
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name], "no temporary file is left beside it"
+
+
+def test_another_cpu_or_model_shape_is_probed_anew(fresh_cpu, monkeypatch):
+    choose_precision("auto", CPU, 640, 2048)
+    choose_precision("auto", CPU, 64, 128)
+    assert fresh_cpu.calls == 4
+    monkeypatch.setattr(precision_record, "cpu_features", lambda: "model name : another CPU")
+    choose_precision("auto", CPU, 640, 2048)
+    assert fresh_cpu.calls == 6
+    assert len(list(record_path(640, 2048).parent.glob("probe-*.json"))) == 3
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"precision": "fp16", "bf16_flops": 1, "fp32_flops": 1,
+                                                                "measured_on": "2026-01-01"}),
+                                     json.dumps({"precision": "fp32"}), json.dumps([1, 2])])
+def test_a_record_that_cannot_be_read_is_measured_again_and_replaced(fresh_cpu, content):
+    path = record_path(640, 2048)
+    path.parent.mkdir(parents=True)
+    path.write_text(content)
+    assert choose_precision("auto", CPU, 640, 2048).dtype == torch.bfloat16
+    assert fresh_cpu.calls == 2
+    assert read_record(path) is not None
+
+
+def test_a_cache_that_cannot_be_written_costs_a_probe_not_the_choice(fresh_cpu, monkeypatch, tmp_path, caplog):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("QUAIL_HOME", str(blocker))  # its precision/ directory cannot be made
+    with caplog.at_level(logging.WARNING, logger="quail_native.precision_record"):
+        assert choose_precision("auto", CPU, 640, 2048).dtype == torch.bfloat16
+    assert "could not remember the precision probe" in caplog.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_a_rate_given_decides_alone_and_is_remembered_nowhere(fresh_cpu):
+    choice = choose_precision("auto", CPU, 640, 2048, rate=rates(150e9, 100e9))
+    assert choice.dtype == torch.float32 and "remembered" not in choice.reason
+    assert fresh_cpu.calls == 0 and not record_path(640, 2048).exists()

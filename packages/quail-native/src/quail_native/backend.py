@@ -27,6 +27,7 @@ from quail.data.tokenizer import Tokenizer
 from quail.frontend.prompts import answer_tokens, style_for
 from quail.planner.calibration import calibrates
 from quail.planner.physical import plan_query
+from quail_native.precision_record import read_record, record_path
 from quail_native.precision_rule import unmeasured_precision
 
 ARCHITECTURES = ("qwen3", "gemma3")
@@ -112,10 +113,14 @@ class NativeBackend:
 def precision_name(config: EngineConfig, device: DeviceSpec, model: ModelSpec) -> str:
     """The precision the engine computes in ("fp32" / "bf16"): as configured, else what `auto` picks here.
 
-    Only `auto` on a CPU needs torch (its GEMM probe): planning with a precision given stays torch-free."""
+    Only `auto` on a CPU that has never run the GEMM probe needs torch: planning with a precision given, or
+    on a CPU whose probe is remembered, stays torch-free."""
     unmeasured = unmeasured_precision(config.precision, device.kind)
     if unmeasured is not None:
         return unmeasured[0]
+    remembered = read_record(record_path(model.hidden, model.ffn))
+    if remembered is not None:
+        return remembered.precision
     import torch
 
     from quail_native.precision import choose_precision

@@ -1,9 +1,10 @@
 """Which floating-point precision the native engine computes in.
 
 `fp32` and `bf16` are taken as asked. `auto` is bf16 on CUDA; on a CPU it is whichever a GEMM probe
-at boot measures faster on the model's own matrix shapes — CPUs of one machine image differ: with
-bf16 units bf16 runs about twice as fast as fp32, without them hundreds of times slower — and the
-choice, with the measured rates, is said in the query report.
+measures faster on the model's own matrix shapes — CPUs of one machine image differ: with bf16 units
+bf16 runs about twice as fast as fp32, without them hundreds of times slower. The first boot on a CPU
+probes; later processes take what it measured from `precision_record`. The choice, with the measured
+rates, is said in the query report.
 """
 
 from __future__ import annotations
@@ -11,13 +12,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import lru_cache
 
 import torch
 
 from quail.config import Precision
 from quail_native.models.projection import Projection
-from quail_native.precision_rule import unmeasured_precision
+from quail_native.precision_record import ProbeRecord, read_record, record_path, write_record
+from quail_native.precision_rule import PrecisionName, unmeasured_precision
 
 BF16_MARGIN = 1.15
 """bf16 must beat fp32 by this factor to be chosen: its rounding is only worth a clear speed-up."""
@@ -36,25 +39,40 @@ class PrecisionChoice:
 
 def choose_precision(requested: Precision, device: torch.device, hidden: int, width: int,
                      rate: Rate | None = None) -> PrecisionChoice:
-    """The dtype to compute in and why; `rate` measures a GEMM (the probe below unless a test gives one)."""
+    """The dtype to compute in and why. `auto` on a CPU takes the probe remembered for this CPU, else
+    probes now and remembers (`precision_record`); a `rate` given (a test's) decides alone, remembered nowhere."""
     unmeasured = unmeasured_precision(requested, device.type)
     if unmeasured is not None:
         name, reason = unmeasured
-        return PrecisionChoice(torch.bfloat16 if name == "bf16" else torch.float32, reason)
-    measure = rate or (lambda dtype: gemm_rate(dtype, device, hidden, width))
-    fp32, bf16 = measure(torch.float32), measure(torch.bfloat16)
-    chosen = torch.bfloat16 if bf16 >= BF16_MARGIN * fp32 else torch.float32
-    name = "bf16" if chosen == torch.bfloat16 else "fp32"
-    return PrecisionChoice(chosen, f"{name} (auto: a GEMM probe at boot measured bf16 {bf16 / 1e9:.3g} vs fp32 "
-                                   f"{fp32 / 1e9:.3g} GFLOP/s on this CPU)")
+        return PrecisionChoice(_dtype(name), reason)
+    if rate is not None:
+        record = probe(rate)
+        return PrecisionChoice(_dtype(record.precision), record.reason(None))
+    path = record_path(hidden, width)
+    record = read_record(path)
+    if record is None:
+        record = probe(lambda dtype: gemm_rate(dtype, device, hidden, width))
+        write_record(path, record)
+    return PrecisionChoice(_dtype(record.precision), record.reason(path))
+
+
+def probe(rate: Rate) -> ProbeRecord:
+    """bf16 when it multiplies at least BF16_MARGIN × as fast as fp32, else fp32, with the rates measured."""
+    fp32, bf16 = rate(torch.float32), rate(torch.bfloat16)
+    chosen: PrecisionName = "bf16" if bf16 >= BF16_MARGIN * fp32 else "fp32"
+    return ProbeRecord(chosen, bf16, fp32, datetime.now(UTC).date().isoformat())
+
+
+def _dtype(name: PrecisionName) -> torch.dtype:
+    return torch.bfloat16 if name == "bf16" else torch.float32
 
 
 @lru_cache(maxsize=16)
 def gemm_rate(dtype: torch.dtype, device: torch.device, hidden: int, width: int) -> float:
     """Best FLOP/s of [PROBE_TOKENS × hidden] @ [hidden × width] — the shape of the model's MLP projection.
 
-    Measured once per process and shape: the engine, the answer store's model identity and the bench must
-    all see the same choice."""
+    Measured at most once per process and shape (and remembered across processes by `choose_precision`):
+    the engine, the answer store's model identity and the bench must all see the same choice."""
     return projection_rate(dtype, device, PROBE_TOKENS, hidden, width, PROBE_REPEATS)
 
 

@@ -1,7 +1,7 @@
 """The precision choices that need no measurement, without torch: planning reads them.
 
 `fp32` and `bf16` are taken as asked and `auto` on CUDA is bf16; only `auto` on a CPU is measured
-(`quail_native.precision`'s GEMM probe), so only it needs torch.
+(`quail_native.precision`'s GEMM probe), so only it needs torch — once per CPU (`precision_record`).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from quail_native.backend import NativeBackend
 from quail_native.benchmark.computes import compute_lines, computes_of, labelled, shard_walls
 from quail_native.benchmark.naive import NaiveModel
 from quail_native.benchmark.workloads import Workload, selected, tables
-from quail_native.precision import choose_precision, gemm_rate, projection_rate, synchronize
+from quail_native.precision import choose_precision, projection_rate, synchronize
 
 
 @dataclass(frozen=True)
@@ -79,10 +79,10 @@ PEAK_ROWS = 1024
 
 
 def device_peak(device: torch.device, hidden: int, ffn: int) -> tuple[float, str]:
-    """The ceiling for efficiency: the best GEMM rate measured here, in the faster of bf16 and fp32 (and which).
+    """The ceiling for efficiency: the best GEMM rate measured here, in the dtype `auto` computes in (and which).
 
-    The faster dtype is the one the precision probe measured faster on the model's MLP shape (`gemm_rate`,
-    measured once per process: the engine's `auto` and this ceiling never disagree, before or after the run).
+    The dtype is the engine's own `auto` choice (`choose_precision`: the precision probe, remembered per CPU),
+    so the engine and this ceiling never disagree, before or after the run.
     A CPU without bf16 units multiplies bf16 hundreds of times slower than fp32 (0.2 vs ~160 GFLOP/s), so
     only that dtype is measured at size. Square GEMMs alone understate it: on a 2-core AVX-512 CPU a 256³ bf16
     GEMM ran at 244–330 GFLOP/s while the model's own projections, prepacked, ran at 385–440 — efficiencies
@@ -90,8 +90,8 @@ def device_peak(device: torch.device, hidden: int, ffn: int) -> tuple[float, str
     hidden] @ [hidden × 2·ffn] and [PEAK_ROWS × ffn] @ [ffn × hidden]) the way the model multiplies them, and
     the best of all is the ceiling.
     """
-    faster = gemm_rate(torch.bfloat16, device, hidden, ffn) >= gemm_rate(torch.float32, device, hidden, ffn)
-    dtype, name = (torch.bfloat16, "bf16") if faster else (torch.float32, "fp32")
+    dtype = choose_precision("auto", device, hidden, ffn).dtype
+    name = "bf16" if dtype == torch.bfloat16 else "fp32"
     best = gemm_peak(device, dtype, sizes=(1024, 2048) if device.type == "cpu" else (4096, 8192))
     for inputs, outputs in ((hidden, 2 * ffn), (ffn, hidden)):
         best = max(best, projection_rate(dtype, device, PEAK_ROWS, inputs, outputs, repeats=5))

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from quail.catalog.locations import quail_cache_home
+from quail_native.machine import cpu_features
 
 SOURCE = Path(__file__).with_name("kernels.c")
 FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno", "-fno-trapping-math", "-fopenmp",
@@ -325,17 +326,7 @@ def _built(compiler: str) -> Path:
 def _build_key(compiler: str) -> str:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), version.encode(), _cpu_features().encode()):
+    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), version.encode(), cpu_features().encode()):
         digest.update(part)
         digest.update(b"\0")
     return digest.hexdigest()[:16]
-
-
-def _cpu_features() -> str:
-    """The CPU's model and feature flags: `-march=native` code built on one CPU may not run on another."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return os.uname().machine
-    wanted = [line for line in lines if line.startswith(("model name", "flags", "Features"))]
-    return "\n".join(dict.fromkeys(wanted))

@@ -2,7 +2,8 @@
 
 Planning needs the tokenizer, not the model: reading it here keeps torch (seconds to import on a slow
 machine) out of planning. Planning still imports it where it needs a measurement: with the answer
-store on, `precision="auto"` on a CPU runs the GEMM probe that is part of the store's model identity.
+store on, `precision="auto"` on a CPU whose probe is not remembered yet (`precision_record`) runs the
+GEMM probe that is part of the store's model identity.
 """
 
 from __future__ import annotations
