@@ -1,4 +1,5 @@
-"""Fixtures every test gets: its own answer store, and a check that nothing it killed left files in /tmp."""
+"""Fixtures every test gets: its own answer store, the run's own precision probe records, and a check that
+nothing it killed left files in /tmp."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from quail.cache import STORE_ENVIRONMENT
 from quail.data.scratch import remove_abandoned
+from quail_native.precision_record import RECORDS_ENVIRONMENT
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -17,6 +19,15 @@ def _session_answer_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     """For module- and session-scoped fixtures that run queries before any test's own store exists."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(STORE_ENVIRONMENT, str(tmp_path_factory.mktemp("answers") / "answers.sqlite"))
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_precision_records(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The suite's engines probe the CPU's precision once for the run, never into the user's cache: a probe
+    taken while tests load the machine must not decide the user's real queries."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(RECORDS_ENVIRONMENT, str(tmp_path_factory.mktemp("precision")))
         yield
 
 

@@ -77,11 +77,12 @@ def test_the_peak_is_the_best_of_squares_and_model_projections_in_the_dtype_auto
 
     from quail_native import precision
     from quail_native.benchmark import command
+    from quail_native.precision_record import RECORDS_ENVIRONMENT
 
     names = {torch.bfloat16: "bf16", torch.float32: "fp32"}
     measured: list[tuple[str, int, int]] = []
     squared: list[str] = []
-    monkeypatch.setenv("QUAIL_HOME", str(tmp_path))  # a CPU whose probe nothing remembers yet
+    monkeypatch.setenv(RECORDS_ENVIRONMENT, str(tmp_path))  # a CPU whose probe nothing remembers yet
     monkeypatch.setattr(precision, "gemm_rate", lambda dtype, device, hidden, width: probe[names[dtype]])
 
     def gemm_peak(device, dtype, sizes, repeats=8):

@@ -33,7 +33,7 @@ from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
 from quail_native.executor import labels as labels_scheduler
 from quail_native.models import kernels, projection
-from quail_native.precision import BF16_MARGIN
+from quail_native.precision_rule import BF16_MARGIN
 
 TOL = 1e-4
 DEVICE = os.environ.get("QUAIL_TEST_DEVICE", "cpu")

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from naive_reference import model_spec
 
+from quail_native.precision_record import RECORDS_ENVIRONMENT
+
 SCRIPT = """
 import json, sys
 import pyarrow as pa
@@ -50,10 +52,10 @@ def test_explaining_a_query_imports_no_torch(tiny_checkpoints):
 def test_auto_precision_with_the_answer_store_probes_once_per_cpu(tiny_checkpoints, tmp_path):
     """The answer store's model identity holds the precision: on a CPU whose probe nothing remembers, the
     first process measures it (torch); every later one reads what it measured, without torch."""
-    environment = {**os.environ, "QUAIL_HOME": str(tmp_path)}
+    environment = {**os.environ, RECORDS_ENVIRONMENT: str(tmp_path)}
     checkpoint = tiny_checkpoints["gemma3"].path
     first = explain_in_a_new_process(checkpoint, "gemma3", "auto", "auto", environment)
     assert first == {"torch": True, "planned": True}
-    assert len(list((tmp_path / "precision").glob("probe-*.json"))) == 1
+    assert len(list(tmp_path.glob("probe-*.json"))) == 1
     later = explain_in_a_new_process(checkpoint, "gemma3", "auto", "auto", environment)
     assert later == {"torch": False, "planned": True}

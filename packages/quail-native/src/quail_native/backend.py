@@ -27,7 +27,7 @@ from quail.data.tokenizer import Tokenizer
 from quail.frontend.prompts import answer_tokens, style_for
 from quail.planner.calibration import calibrates
 from quail.planner.physical import plan_query
-from quail_native.precision_record import read_record, record_path
+from quail_native.precision_record import recall, record_path
 from quail_native.precision_rule import unmeasured_precision
 
 ARCHITECTURES = ("qwen3", "gemma3")
@@ -118,7 +118,7 @@ def precision_name(config: EngineConfig, device: DeviceSpec, model: ModelSpec) -
     unmeasured = unmeasured_precision(config.precision, device.kind)
     if unmeasured is not None:
         return unmeasured[0]
-    remembered = read_record(record_path(model.hidden, model.ffn))
+    remembered = recall(record_path(model.hidden, model.ffn))
     if remembered is not None:
         return remembered.precision
     import torch

@@ -19,11 +19,9 @@ import torch
 
 from quail.config import Precision
 from quail_native.models.projection import Projection
-from quail_native.precision_record import ProbeRecord, read_record, record_path, write_record
+from quail_native.precision_record import ProbeRecord, recall, record_path, remember
 from quail_native.precision_rule import PrecisionName, unmeasured_precision
 
-BF16_MARGIN = 1.15
-"""bf16 must beat fp32 by this factor to be chosen: its rounding is only worth a clear speed-up."""
 PROBE_TOKENS = 256
 PROBE_REPEATS = 3
 
@@ -49,18 +47,16 @@ def choose_precision(requested: Precision, device: torch.device, hidden: int, wi
         record = probe(rate)
         return PrecisionChoice(_dtype(record.precision), record.reason(None))
     path = record_path(hidden, width)
-    record = read_record(path)
+    record = recall(path)
     if record is None:
-        record = probe(lambda dtype: gemm_rate(dtype, device, hidden, width))
-        write_record(path, record)
+        record = remember(path, probe(lambda dtype: gemm_rate(dtype, device, hidden, width)))
     return PrecisionChoice(_dtype(record.precision), record.reason(path))
 
 
 def probe(rate: Rate) -> ProbeRecord:
-    """bf16 when it multiplies at least BF16_MARGIN × as fast as fp32, else fp32, with the rates measured."""
+    """Both dtypes' rates, measured now (its `precision` is bf16 only when clearly the faster)."""
     fp32, bf16 = rate(torch.float32), rate(torch.bfloat16)
-    chosen: PrecisionName = "bf16" if bf16 >= BF16_MARGIN * fp32 else "fp32"
-    return ProbeRecord(chosen, bf16, fp32, datetime.now(UTC).date().isoformat())
+    return ProbeRecord(bf16, fp32, datetime.now(UTC).date().isoformat())
 
 
 def _dtype(name: PrecisionName) -> torch.dtype:

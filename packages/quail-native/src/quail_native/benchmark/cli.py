@@ -24,8 +24,9 @@ def add_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
     parser.add_argument("--chunk-tokens", type=int, default=1024,
                         help="tokens per forward pass (default: %(default)s)")
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
-                        help="every backend's precision (default auto: whichever a GEMM probe finds faster here, "
-                             "the same for all backends); naive runs fp32 on a CPU, so bf16 agreement shows rounding")
+                        help="every backend's precision (default auto: bf16 where a GEMM probe finds it clearly "
+                             "faster here, the same for all backends); naive runs fp32 on a CPU, so bf16 agreement "
+                             "shows rounding")
     parser.add_argument("--repeats", type=int, default=3,
                         help="timed runs of each (workload, backend), interleaved, after one warm-up "
                              "(default: %(default)s)")

@@ -130,8 +130,8 @@ def run(args: argparse.Namespace) -> int:
     peak = max(first_peak, device_peak(device, model.hidden, model.ffn)[0])
     rows = [rescaled(r, first_peak / peak) for r in rows]
     notes.append(f"GEMM peak: torch {precision} on {device.type}, {peak / 1e9:.1f} GFLOP/s (the best of square GEMMs "
-                 f"and the model's MLP projections, in the dtype the precision probe measured faster, before and "
-                 f"after the run)")
+                 f"and the model's MLP projections, in the dtype precision auto computes in, before and after the "
+                 f"run)")
     notes.append(f"each (workload, backend) warmed up once, then timed {args.repeats}× interleaved with the others; "
                  "walls are medians, spread = (slowest − fastest) ÷ median")
     if cache_line is not None:
