@@ -221,6 +221,35 @@ def test_native_answers_equal_through_local_and_process(tiny_qwen3):
     assert remote[0].report["boot_kind"] == "cold" and remote[1].report["boot_kind"] == "warm"
 
 
+@pytest.mark.parametrize(("bf16", "fp32"), [(1000e9, 1e9), (1e9, 1000e9)])
+def test_a_process_worker_computes_in_the_precision_its_callers_answer_store_names(
+        tiny_qwen3, tmp_path, monkeypatch, bf16, fp32):
+    """`auto` on a CPU: the caller keys stored answers by the precision it reads from the CPU's probe record
+    and the worker computes in the precision it reads from the same record. One of the two records is the
+    opposite of what a probe of its own would measure on any CPU, so a worker probing alone would differ."""
+    from quail_native.backend import precision_name
+    from quail_native.precision_record import RECORDS_ENVIRONMENT, ProbeRecord, record_path, remember
+
+    quail.release_engines()  # a worker started before would read the suite's records, not this test's
+    monkeypatch.setenv(RECORDS_ENVIRONMENT, str(tmp_path))
+    monkeypatch.setattr("quail_native.precision_record._KNOWN", {})  # this process has read no record yet
+    path = record_path(tiny_qwen3.hidden, tiny_qwen3.ffn)
+    record = remember(path, ProbeRecord(bf16, fp32, "2026-12-03"))
+    registry = quail.ExtensionRegistry.with_built_ins()
+    registry.register_model(tiny_qwen3)
+    config = quail.EngineConfig(model=tiny_qwen3.name, compute="process", precision="auto", calibration="off")
+    try:
+        with quail.Session(config, registry=registry) as session:
+            session.register("reviews", quail.DocumentProvider.from_table(
+                pa.table({"id": range(len(TINY_REVIEWS)), "body": TINY_REVIEWS}), "id"))
+            report = session.sql(TINY_SQL[0]).run().report
+            stored_under = precision_name(config, session.device, tiny_qwen3)
+    finally:
+        quail.release_engines()
+    assert stored_under == record.precision
+    assert report["engine"][0] == f"native engine computes in {record.reason(path)}"
+
+
 # -- a worker that dies, a caller that is interrupted ------------------------------------------------------
 
 
