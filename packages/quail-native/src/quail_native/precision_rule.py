@@ -1,4 +1,5 @@
-"""The precision choices that need no measurement, without torch: planning reads them.
+"""The precision rules, without torch: the choices that need no measurement, and the margin by which a
+measured bf16 must win. Planning reads them.
 
 `fp32` and `bf16` are taken as asked and `auto` on CUDA is bf16; only `auto` on a CPU is measured
 (`quail_native.precision`'s GEMM probe), so only it needs torch — once per CPU (`precision_record`);
