@@ -9,6 +9,7 @@ import pyarrow as pa
 
 from quail.arguments import check_device_count, plan_argument, session_config, text_argument
 from quail.backends.base import ModelBackend, OrderRule, PhysicalCandidate, TokenizerSource
+from quail.cache.token_ids import remembered
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
 from quail.compute.base import ComputeProvider
@@ -90,14 +91,15 @@ class Session:
 
     @property
     def tokenizer(self) -> Tokenizer:
-        """The tokenizer queries are planned with: the one given, else the backend's for this model."""
+        """The tokenizer queries are planned with: the one given, else the backend's for this model, its ids
+        remembered in the answer store when there is one (`quail.cache.token_ids`)."""
         if self._tokenizer is None:
             if not isinstance(self.backend, TokenizerSource):
                 raise RefusalError(Refusal(
                     f"no tokenizer for model {self.model.name!r}",
                     (f"backend {self.backend.name!r} offers none; pass Session(..., tokenizer=...)",),
                 ))
-            self._tokenizer = self.backend.tokenizer(self.model)
+            self._tokenizer = remembered(self.backend.tokenizer(self.model), self.config)
         return self._tokenizer
 
     @property

@@ -61,13 +61,13 @@ class StoredAnswerAccess:
         try:
             store = AnswerStore.open(path, config.cache_limit)
         except StoreError as error:
-            _warn(error)
+            warn_unusable(error)
             return cls(None, None)
         try:
             return cls(store, resolved(backend, model, named, store))
         except (StoreError, OSError) as error:
             store.close()
-            _warn(error)
+            warn_unusable(error)
             return cls(None, None)
 
     @property
@@ -84,8 +84,8 @@ class StoredAnswerAccess:
             self._drop(error)
             return {}
         if self._store.damaged > damaged:
-            _warn(StoreError(f"{self._store.damaged - damaged} stored answers in {self._store.path} failed their "
-                             "checksum"))
+            failed = self._store.damaged - damaged
+            warn_unusable(StoreError(f"{failed} stored answers in {self._store.path} failed their checksum"))
         return found
 
     def put(self, answers: Sequence[Answer]) -> None:
@@ -102,12 +102,13 @@ class StoredAnswerAccess:
             self._store = None
 
     def _drop(self, error: StoreError) -> None:
-        _warn(error)
+        warn_unusable(error)
         store, self._store = self._store, None
         if store is not None:
             store.close()
 
 
-def _warn(error: Exception) -> None:
-    warnings.warn(f"{error}; answers are computed instead of read or stored (`quail cache clear` starts a fresh "
+def warn_unusable(error: Exception, computed: str = "answers") -> None:
+    """One warning that the store is dropped (for this query, or a tokenizer) and why."""
+    warnings.warn(f"{error}; {computed} are computed instead of read or stored (`quail cache clear` starts a fresh "
                   "store)", AnswerStoreWarning, stacklevel=3)

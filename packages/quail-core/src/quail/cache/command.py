@@ -43,8 +43,8 @@ def _stats(path: Path, out: TextIO, err: TextIO) -> int:
     except StoreError as error:
         print(f"quail: {error}; `quail cache clear` deletes it", file=err)
         return UNUSABLE
-    print(f"answer store {stats.path}: {stats.answers:,} answers, {stats.bytes_on_disk / 2**20:.2f} MiB on disk",
-          file=out)
+    print(f"answer store {stats.path}: {stats.answers:,} answers, {stats.token_lists:,} texts' token ids, "
+          f"{stats.bytes_on_disk / 2**20:.2f} MiB on disk", file=out)
     for model in stats.models:
         kinds = ", ".join(f"{count:,} {kind}" for kind, count in sorted(model.answers.items()))
         print(f"  {model.description} [{model.identity[:12]}]: {kinds}", file=out)

@@ -10,6 +10,11 @@ half of one. Concurrent writers wait for each other (busy timeout); readers neve
 The store keeps at most `limit` answers: past it, the least recently used (read or written) are
 deleted in the same transaction that overflowed it. Every SQLite failure surfaces as `StoreError`
 with the file's path; callers decide whether that stops them (the CLI) or only the store (queries).
+
+Beside the answers it keeps token ids (`token_lists`): what a tokenizer made of a text, keyed by
+(tokenizer identity, text), checksummed and evicted like answers (at most `limit` of them). Stored
+answers are keyed by prompt token ids, so a query whose answers are all stored still needs its texts'
+ids; read from here, no tokenizer is parsed (seconds for a 262k-entry vocabulary).
 """
 
 from __future__ import annotations
@@ -21,13 +26,14 @@ import sqlite3
 import struct
 import time
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, TypeVar
 
-from quail.cache.keys import Key, ReadoutKind
+from quail.cache.keys import Key, ReadoutKind, TokenIds, token_bytes
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_S = 5.0
 """How long a write waits for another process's write before the store gives up on that batch."""
 LOOKUP_BATCH = 500
@@ -37,6 +43,7 @@ EVICT_TO = 0.9
 KIND_CODES: dict[ReadoutKind, int] = {"margin": 1, "labels": 2, "calibration": 3}
 KIND_NAMES: dict[int, ReadoutKind] = {code: kind for kind, code in KIND_CODES.items()}
 Readout = tuple[float, ...]
+Value = TypeVar("Value", Readout, TokenIds)
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS answers (key BLOB PRIMARY KEY, model INTEGER NOT NULL, kind INTEGER NOT NULL, "
@@ -47,7 +54,13 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS files (path TEXT PRIMARY KEY, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, "
     "digest TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS counts (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+    # schema 2: token ids
+    "CREATE TABLE IF NOT EXISTS token_lists (key BLOB PRIMARY KEY, ids BLOB NOT NULL, used INTEGER NOT NULL) "
+    "WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS token_lists_by_use ON token_lists (used)",
 )
+Table = Literal["answers", "token_lists"]
+"""The tables evicted by use; each is counted in the `counts` row of its name."""
 
 
 class StoreError(Exception):
@@ -76,6 +89,7 @@ class StoreStats:
     bytes_on_disk: int
     answers: int
     models: tuple[ModelCount, ...]
+    token_lists: int = 0
 
 
 class AnswerStore:
@@ -86,10 +100,10 @@ class AnswerStore:
         self.path = path
         self.limit = limit
         self._models: dict[str, int] = {}
-        self._touched: set[Key] = set()
+        self._touched: dict[Table, set[Key]] = {"answers": set(), "token_lists": set()}
         self.damaged = 0
         """Values read so far whose checksum did not match (treated as missing, deleted at the next write)."""
-        self._damaged_keys: set[Key] = set()
+        self._damaged_keys: dict[Table, set[Key]] = {"answers": set(), "token_lists": set()}
 
     @classmethod
     def open(cls, path: Path, limit: int) -> AnswerStore:
@@ -115,15 +129,16 @@ class AnswerStore:
         if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
             db.execute("PRAGMA journal_mode = WAL")
         db.execute("PRAGMA synchronous = NORMAL")
-        if version < SCHEMA_VERSION:
+        if version < SCHEMA_VERSION:  # a new store, or an older one: every statement is "if not exists"
             with self._transaction():
                 for statement in _SCHEMA:
                     db.execute(statement)
                 db.execute("INSERT OR IGNORE INTO counts VALUES ('answers', 0)")
+                db.execute("INSERT OR IGNORE INTO counts VALUES ('token_lists', 0)")
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def close(self) -> None:
-        """Record when the answers read were last used (best effort: only eviction order depends on it)."""
+        """Record when the values read were last used (best effort: only eviction order depends on it)."""
         with contextlib.suppress(StoreError, sqlite3.Error), _failures(self.path, "update"), self._transaction():
             self._touch()
         self._db.close()
@@ -132,21 +147,7 @@ class AnswerStore:
 
     def get(self, keys: Iterable[Key]) -> dict[Key, Readout]:
         """The stored readouts among `keys` (absent keys are simply missing)."""
-        wanted = list(dict.fromkeys(keys))
-        found: dict[Key, Readout] = {}
-        with _failures(self.path, "read"):
-            for start in range(0, len(wanted), LOOKUP_BATCH):
-                batch = wanted[start:start + LOOKUP_BATCH]
-                marks = ",".join("?" * len(batch))
-                for key, value in self._db.execute(f"SELECT key, value FROM answers WHERE key IN ({marks})", batch):
-                    readout = _unpack(bytes(key), value)
-                    if readout is None:
-                        self.damaged += 1
-                        self._damaged_keys.add(bytes(key))
-                    else:
-                        found[bytes(key)] = readout
-        self._touched.update(found)
-        return found
+        return self._read("answers", "value", keys, _unpack)
 
     def put(self, model: str, description: str, answers: Sequence[Answer]) -> None:
         """Store one batch in one transaction (all or nothing), evicting past the limit."""
@@ -154,37 +155,79 @@ class AnswerStore:
             return
         now = _clock()
         with _failures(self.path, "write"), self._transaction():
-            self._forget_damaged()
             model_id = self._model_id(model, description)
-            cursor = self._db.executemany(
-                "INSERT OR IGNORE INTO answers VALUES (?, ?, ?, ?, ?)",
-                [(a.key, model_id, KIND_CODES[a.kind], _pack(a.key, a.value), now) for a in answers])
-            added = max(cursor.rowcount, 0)
-            self._db.execute("UPDATE counts SET value = value + ? WHERE name = 'answers'", (added,))
-            self._touch()
-            self._evict()
+            self._write("answers", "INSERT OR IGNORE INTO answers VALUES (?, ?, ?, ?, ?)",
+                        [(a.key, model_id, KIND_CODES[a.kind], _pack(a.key, a.value), now) for a in answers])
+
+    # -- token ids ----------------------------------------------------------------------------------
+
+    def token_lists(self, keys: Iterable[Key]) -> dict[Key, TokenIds]:
+        """The stored token ids among `keys` (see `quail.cache.token_ids` for how texts are keyed)."""
+        return self._read("token_lists", "ids", keys, _unpack_ids)
+
+    def put_token_lists(self, lists: Sequence[tuple[Key, TokenIds]]) -> None:
+        """Store token ids in one transaction (all or nothing), evicting past the limit."""
+        if not lists:
+            return
+        now = _clock()
+        with _failures(self.path, "write"), self._transaction():
+            self._write("token_lists", "INSERT OR IGNORE INTO token_lists VALUES (?, ?, ?)",
+                        [(key, _pack_ids(key, ids), now) for key, ids in lists])
+
+    # -- both tables ----------------------------------------------------------------------------------
+
+    def _read(self, table: Table, column: str, keys: Iterable[Key],
+              unpack: Callable[[Key, bytes], Value | None]) -> dict[Key, Value]:
+        """The checksummed values stored under `keys`; a damaged one counts as missing and is deleted later."""
+        wanted = list(dict.fromkeys(keys))
+        found: dict[Key, Value] = {}
+        with _failures(self.path, "read"):
+            for start in range(0, len(wanted), LOOKUP_BATCH):
+                batch = wanted[start:start + LOOKUP_BATCH]
+                marks = ",".join("?" * len(batch))
+                for key, stored in self._db.execute(f"SELECT key, {column} FROM {table} WHERE key IN ({marks})",
+                                                    batch):
+                    value = unpack(bytes(key), stored)
+                    if value is None:
+                        self.damaged += 1
+                        self._damaged_keys[table].add(bytes(key))
+                    else:
+                        found[bytes(key)] = value
+        self._touched[table].update(found)
+        return found
+
+    def _write(self, table: Table, statement: str, rows: Sequence[tuple[object, ...]]) -> None:
+        """Inside a write transaction: drop damaged values, insert `rows`, count them, record use, evict."""
+        self._forget_damaged()
+        added = max(self._db.executemany(statement, rows).rowcount, 0)
+        self._db.execute("UPDATE counts SET value = value + ? WHERE name = ?", (added, table))
+        self._touch()
+        self._evict(table)
 
     def _forget_damaged(self) -> None:
-        """Delete the damaged values read so far, so their answers can be stored again."""
-        if self._damaged_keys:
-            removed = self._db.executemany("DELETE FROM answers WHERE key = ?", [(k,) for k in self._damaged_keys])
-            self._db.execute("UPDATE counts SET value = value - ? WHERE name = 'answers'", (max(removed.rowcount, 0),))
-            self._damaged_keys.clear()
+        """Delete the damaged values read so far, so they can be stored again."""
+        for table, keys in self._damaged_keys.items():
+            if keys:
+                removed = self._db.executemany(f"DELETE FROM {table} WHERE key = ?", [(k,) for k in keys])
+                self._db.execute("UPDATE counts SET value = value - ? WHERE name = ?",
+                                 (max(removed.rowcount, 0), table))
+                keys.clear()
 
     def _touch(self) -> None:
-        if self._touched:
-            now = _clock()
-            self._db.executemany("UPDATE answers SET used = ? WHERE key = ?", [(now, k) for k in self._touched])
-            self._touched.clear()
+        now = _clock()
+        for table, keys in self._touched.items():
+            if keys:
+                self._db.executemany(f"UPDATE {table} SET used = ? WHERE key = ?", [(now, k) for k in keys])
+                keys.clear()
 
-    def _evict(self) -> None:
-        count = int(self._db.execute("SELECT value FROM counts WHERE name = 'answers'").fetchone()[0])
+    def _evict(self, table: Table) -> None:
+        count = int(self._db.execute("SELECT value FROM counts WHERE name = ?", (table,)).fetchone()[0])
         if count <= self.limit:
             return
         excess = count - int(self.limit * EVICT_TO)
         cursor = self._db.execute(
-            "DELETE FROM answers WHERE key IN (SELECT key FROM answers ORDER BY used LIMIT ?)", (excess,))
-        self._db.execute("UPDATE counts SET value = value - ? WHERE name = 'answers'", (max(cursor.rowcount, 0),))
+            f"DELETE FROM {table} WHERE key IN (SELECT key FROM {table} ORDER BY used LIMIT ?)", (excess,))
+        self._db.execute("UPDATE counts SET value = value - ? WHERE name = ?", (max(cursor.rowcount, 0), table))
 
     def _model_id(self, identity: str, description: str) -> int:
         found = self._models.get(identity)
@@ -224,14 +267,18 @@ class AnswerStore:
             entry = models.setdefault(identity, ModelCount(identity, description, {}))
             entry.answers[KIND_NAMES.get(int(kind), "margin")] = int(count)
         total = sum(sum(m.answers.values()) for m in models.values())
-        return StoreStats(self.path, disk_bytes(self.path), total, tuple(models.values()))
+        with _failures(self.path, "read"):
+            token_lists = int(self._db.execute("SELECT count(*) FROM token_lists").fetchone()[0])
+        return StoreStats(self.path, disk_bytes(self.path), total, tuple(models.values()), token_lists)
 
     def clear(self) -> int:
-        """Delete every answer (file digests stay: they describe files, not answers); how many there were."""
+        """Delete every answer and token list (file digests stay: they describe files, not answers); how many
+        answers there were."""
         with _failures(self.path, "write"), self._transaction():
             removed = self._db.execute("DELETE FROM answers").rowcount
             self._db.execute("DELETE FROM models")
-            self._db.execute("UPDATE counts SET value = 0 WHERE name = 'answers'")
+            self._db.execute("DELETE FROM token_lists")
+            self._db.execute("UPDATE counts SET value = 0 WHERE name IN ('answers', 'token_lists')")
         with _failures(self.path, "write"):
             self._db.execute("VACUUM")
         return max(removed, 0)
@@ -291,6 +338,19 @@ def _unpack(key: Key, value: bytes) -> Readout | None:
     if not floats or len(floats) % 8 or struct.pack("<I", zlib.crc32(key + floats)) != check:
         return None
     return struct.unpack(f"<{len(floats) // 8}d", floats)
+
+
+def _pack_ids(key: Key, ids: TokenIds) -> bytes:
+    packed = token_bytes(ids)
+    return packed + struct.pack("<I", zlib.crc32(key + packed))
+
+
+def _unpack_ids(key: Key, value: bytes) -> TokenIds | None:
+    """Token ids, or None for a damaged value (an empty list is a value: the ids of an empty text)."""
+    packed, check = value[:-4], value[-4:]
+    if len(check) != 4 or len(packed) % 4 or struct.pack("<I", zlib.crc32(key + packed)) != check:
+        return None
+    return struct.unpack(f"<{len(packed) // 4}I", packed)
 
 
 def _clock() -> int:

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer as TokenizerFile
 
 
 @runtime_checkable
@@ -42,17 +47,31 @@ class HuggingFaceTokenizer:
     Shared by every backend that runs Hugging Face checkpoints, so planning sees the exact ids the
     engine will. `bos_id` is the token the layout puts first (None for models that use none).
     Special tokens are not parsed in encoded text (`encode_special_tokens`): documents are data.
+    The file is parsed on the first call that needs it, not when the tokenizer is made: its identity
+    (the file's digest) and `bos_id` are known without it, and a query whose texts' ids are all
+    remembered (`quail.cache.token_ids`) never needs it.
     """
 
     def __init__(self, path: Path, bos_id: int | None) -> None:
-        try:
-            from tokenizers import Tokenizer as TokenizerFile
-        except ImportError as error:  # optional: only backends that load HF checkpoints need it
-            raise ImportError("reading tokenizer.json needs the tokenizers package: pip install tokenizers") from error
-        self._tokenizer = TokenizerFile.from_file(str(path))
-        self._tokenizer.encode_special_tokens = True
+        if importlib.util.find_spec("tokenizers") is None:  # optional: only backends that load HF checkpoints
+            raise ImportError("reading tokenizer.json needs the tokenizers package: pip install tokenizers")
+        self._path = path
         self._identity = "hf-" + hashlib.sha256(path.read_bytes()).hexdigest()[:20]
         self._bos = bos_id
+        self._parsed: TokenizerFile | None = None
+        self._parsing = threading.Lock()
+
+    @property
+    def _tokenizer(self) -> TokenizerFile:
+        if self._parsed is None:
+            with self._parsing:
+                if self._parsed is None:
+                    from tokenizers import Tokenizer as TokenizerFile
+
+                    parsed = TokenizerFile.from_file(str(self._path))
+                    parsed.encode_special_tokens = True
+                    self._parsed = parsed
+        return self._parsed
 
     @property
     def identity(self) -> str:

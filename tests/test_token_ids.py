@@ -1,0 +1,166 @@
+"""Token ids remembered in the answer store: a tokenizer is asked only for texts (and vocabulary entries) it
+was never asked for under its identity; what is read back is exactly what it said; a damaged, foreign or
+unusable store costs its own work, never a wrong id."""
+
+from __future__ import annotations
+
+import sqlite3
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quail.cache import AnswerStore, AnswerStoreWarning
+from quail.cache.store import Answer
+from quail.cache.token_ids import RememberedTokenizer, remembered
+from quail.cli import main
+from quail.config import EngineConfig
+from quail.testing import ByteTokenizer
+
+
+class CountingTokenizer(ByteTokenizer):
+    """Bytes as tokens, shifted by `shift` (another "vocabulary" under another identity), counting every
+    text and vocabulary entry it is asked for."""
+
+    def __init__(self, identity: str = "counting-v1", shift: int = 0) -> None:
+        self.identity = identity
+        self.shift = shift
+        self.texts: list[str] = []
+        self.entries: list[str] = []
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        self.texts.extend(texts)
+        return [[i + self.shift for i in self.encode(t)] for t in texts]
+
+    def token_id(self, token: str) -> int | None:
+        self.entries.append(token)
+        found = super().token_id(token)
+        return None if found is None else found + self.shift
+
+
+TEXTS = ["a great film", "", "dull — and long", "a great film", "ünïcödé 🎬"]
+
+
+def expected(texts: Sequence[str], shift: int = 0) -> list[list[int]]:
+    return [[i + shift for i in ByteTokenizer().encode(t)] for t in texts]
+
+
+def test_a_second_tokenizer_reads_every_id_the_first_computed(tmp_path):
+    store = tmp_path / "answers.sqlite"
+    first, second = CountingTokenizer(), CountingTokenizer()
+    assert RememberedTokenizer(first, store, 100).encode_batch(TEXTS) == expected(TEXTS)
+    assert sorted(first.texts) == sorted(TEXTS)
+    again = RememberedTokenizer(second, store, 100)
+    assert again.encode_batch(TEXTS) == expected(TEXTS)
+    assert [again.encode(t) for t in TEXTS] == expected(TEXTS)
+    assert second.texts == []
+    assert again.encode_batch(["a new text", "a great film"]) == expected(["a new text", "a great film"])
+    assert second.texts == ["a new text"]
+
+
+def test_vocabulary_entries_present_and_absent_are_remembered(tmp_path):
+    store = tmp_path / "answers.sqlite"
+    first, second = CountingTokenizer(shift=7), CountingTokenizer(shift=7)
+    entries = ["a", "é", "TRUE", "<eos>"]
+    answers = [RememberedTokenizer(first, store, 100).token_id(e) for e in entries]
+    assert answers == [ord("a") + 3 + 7, None, None, None]
+    assert [RememberedTokenizer(second, store, 100).token_id(e) for e in entries] == answers
+    assert second.entries == []
+
+
+def test_another_tokenizer_identity_never_reads_these_ids(tmp_path):
+    store = tmp_path / "answers.sqlite"
+    RememberedTokenizer(CountingTokenizer("one"), store, 100).encode_batch(TEXTS)
+    other = CountingTokenizer("two", shift=100)
+    assert RememberedTokenizer(other, store, 100).encode_batch(TEXTS) == expected(TEXTS, shift=100)
+    assert sorted(other.texts) == sorted(TEXTS)
+
+
+@settings(max_examples=40, deadline=None)
+@given(texts=st.lists(st.text(max_size=30), max_size=8))
+def test_ids_read_back_equal_the_tokenizers_own(tmp_path_factory, texts):
+    store = tmp_path_factory.mktemp("tokens") / "answers.sqlite"
+    written = RememberedTokenizer(CountingTokenizer(), store, 1000).encode_batch(texts)
+    reader = CountingTokenizer()
+    assert RememberedTokenizer(reader, store, 1000).encode_batch(texts) == written == expected(texts)
+    assert reader.texts == []
+
+
+def test_a_damaged_stored_list_is_computed_again_and_replaced(tmp_path):
+    store = tmp_path / "answers.sqlite"
+    RememberedTokenizer(CountingTokenizer(), store, 100).encode_batch(["abc", "xyz"])
+    with sqlite3.connect(store) as db:
+        db.execute("UPDATE token_lists SET ids = X'0500000006000000'")  # every value: a wrong checksum
+    reader = CountingTokenizer()
+    assert RememberedTokenizer(reader, store, 100).encode_batch(["abc", "xyz"]) == expected(["abc", "xyz"])
+    assert sorted(reader.texts) == ["abc", "xyz"]
+    third = CountingTokenizer()
+    assert RememberedTokenizer(third, store, 100).encode_batch(["abc", "xyz"]) == expected(["abc", "xyz"])
+    assert third.texts == []
+
+
+def test_an_unusable_store_warns_once_and_the_tokenizer_answers(tmp_path):
+    store = tmp_path / "answers.sqlite"
+    store.write_bytes(b"this is not a database" * 100)
+    inner = CountingTokenizer()
+    tokenizer = RememberedTokenizer(inner, store, 100)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert tokenizer.encode_batch(TEXTS) == expected(TEXTS)
+        assert tokenizer.token_id("a") == ord("a") + 3
+        assert tokenizer.encode("again") == expected(["again"])[0]
+    assert [type(w.message) for w in caught] == [AnswerStoreWarning]
+    assert "token ids are computed instead" in str(caught[0].message)
+
+
+def test_at_most_the_limit_of_lists_is_kept_least_recently_used_first(tmp_path):
+    store = tmp_path / "answers.sqlite"
+    writer = RememberedTokenizer(CountingTokenizer(), store, 10)
+    for n in range(30):
+        writer.encode(f"text {n}")
+    opened = AnswerStore.open(store, 10)
+    try:
+        kept = opened.stats().token_lists
+    finally:
+        opened.close()
+    assert 0 < kept <= 10
+    reader = CountingTokenizer()
+    RememberedTokenizer(reader, store, 10).encode("text 29")
+    assert reader.texts == []  # the newest is kept
+
+
+def test_a_store_of_the_first_schema_is_upgraded_keeping_its_answers(tmp_path):
+    store = tmp_path / "answers.sqlite"
+    opened = AnswerStore.open(store, 100)
+    opened.put("model", "a model", [Answer(b"k" * 16, "margin", (1.5,))])
+    opened.close()
+    with sqlite3.connect(store) as db:  # as the first Quail with a store left it
+        db.execute("DROP TABLE token_lists")
+        db.execute("DELETE FROM counts WHERE name = 'token_lists'")
+        db.execute("PRAGMA user_version = 1")
+    assert RememberedTokenizer(CountingTokenizer(), store, 100).encode_batch(TEXTS) == expected(TEXTS)
+    reopened = AnswerStore.open(store, 100)
+    try:
+        assert reopened.get([b"k" * 16]) == {b"k" * 16: (1.5,)}
+        assert reopened.stats().token_lists == len(set(TEXTS))
+    finally:
+        reopened.close()
+
+
+def test_cache_clear_removes_the_token_ids_and_stats_counts_them(tmp_path, capsys):
+    store = tmp_path / "answers.sqlite"
+    RememberedTokenizer(CountingTokenizer(), store, 100).encode_batch(TEXTS)
+    assert main(["cache", "stats", "--store", str(store)]) == 0
+    assert f"{len(set(TEXTS))} texts' token ids" in capsys.readouterr().out
+    assert main(["cache", "clear", "--store", str(store)]) == 0
+    reader = CountingTokenizer()
+    RememberedTokenizer(reader, store, 100).encode_batch(TEXTS)
+    assert sorted(reader.texts) == sorted(TEXTS)
+
+
+def test_only_a_session_with_a_store_remembers(tmp_path: Path):
+    inner = ByteTokenizer()
+    assert remembered(inner, EngineConfig(cache="off")) is inner
+    assert isinstance(remembered(inner, EngineConfig(cache=str(tmp_path / "answers.sqlite"))), RememberedTokenizer)
