@@ -9,15 +9,17 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quail.cache import AnswerStore, AnswerStoreWarning
+from quail.cache import AnswerStore, AnswerStoreWarning, token_ids
+from quail.cache import store as store_module
 from quail.cache.store import Answer
 from quail.cache.token_ids import RememberedTokenizer, remembered
 from quail.cli import main
 from quail.config import EngineConfig
-from quail.testing import ByteTokenizer
+from quail.testing import ByteTokenizer, KeywordBackend
 
 
 class CountingTokenizer(ByteTokenizer):
@@ -115,31 +117,34 @@ def test_an_unusable_store_warns_once_and_the_tokenizer_answers(tmp_path):
     assert "token ids are computed instead" in str(caught[0].message)
 
 
-def test_at_most_the_limit_of_lists_is_kept_least_recently_used_first(tmp_path):
+def test_token_lists_are_bounded_by_bytes_least_recently_used_first(tmp_path, monkeypatch):
+    monkeypatch.setattr(store_module, "TOKEN_LIST_BYTES", 400)  # each list below: 14 ids of 4 bytes, a checksum
     store = tmp_path / "answers.sqlite"
-    writer = RememberedTokenizer(CountingTokenizer(), store, 10)
+    writer = RememberedTokenizer(CountingTokenizer(), store, 100)
     for n in range(30):
-        writer.encode(f"text {n}")
-    opened = AnswerStore.open(store, 10)
+        writer.encode(f"text number {n:02}")
+    opened = AnswerStore.open(store, 100)
     try:
         kept = opened.stats().token_lists
+        stored_bytes = opened._db.execute("SELECT sum(length(ids)) FROM token_lists").fetchone()[0]
     finally:
         opened.close()
-    assert 0 < kept <= 10
+    assert 0 < kept < 30 and stored_bytes <= 400
     reader = CountingTokenizer()
-    RememberedTokenizer(reader, store, 10).encode("text 29")
-    assert reader.texts == []  # the newest is kept
+    RememberedTokenizer(reader, store, 100).encode_batch(["text number 29", "text number 00"])
+    assert reader.texts == ["text number 00"]  # the newest is kept, the oldest evicted
 
 
-def test_a_store_of_the_first_schema_is_upgraded_keeping_its_answers(tmp_path):
+def test_a_store_without_the_token_table_gets_it_and_keeps_its_answers(tmp_path):
+    """A store written by a Quail from before token ids were remembered (same schema version, no table)."""
     store = tmp_path / "answers.sqlite"
     opened = AnswerStore.open(store, 100)
     opened.put("model", "a model", [Answer(b"k" * 16, "margin", (1.5,))])
     opened.close()
-    with sqlite3.connect(store) as db:  # as the first Quail with a store left it
+    with sqlite3.connect(store) as db:
         db.execute("DROP TABLE token_lists")
-        db.execute("DELETE FROM counts WHERE name = 'token_lists'")
-        db.execute("PRAGMA user_version = 1")
+        db.execute("DELETE FROM counts WHERE name = 'token_list_bytes'")
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 1
     assert RememberedTokenizer(CountingTokenizer(), store, 100).encode_batch(TEXTS) == expected(TEXTS)
     reopened = AnswerStore.open(store, 100)
     try:
@@ -149,18 +154,80 @@ def test_a_store_of_the_first_schema_is_upgraded_keeping_its_answers(tmp_path):
         reopened.close()
 
 
+def test_while_another_process_holds_the_write_lock_stored_ids_are_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(store_module, "BUSY_TIMEOUT_S", 0.2)
+    store = tmp_path / "answers.sqlite"
+    RememberedTokenizer(CountingTokenizer(), store, 100).encode_batch(TEXTS)
+    other = sqlite3.connect(store, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        inner = CountingTokenizer()
+        tokenizer = RememberedTokenizer(inner, store, 100)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert tokenizer.encode_batch(TEXTS) == expected(TEXTS)
+            assert inner.texts == [] and caught == []
+            assert tokenizer.encode_batch(["new", "a great film"]) == expected(["new", "a great film"])
+            assert tokenizer.encode("newer") == expected(["newer"])[0]
+        assert inner.texts == ["new", "newer"]
+        assert [type(w.message) for w in caught] == [AnswerStoreWarning]  # the write that waited, then no more
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+
+
+def test_a_failed_store_is_tried_again_after_a_while(tmp_path, monkeypatch):
+    store = tmp_path / "answers.sqlite"
+    store.write_bytes(b"not a database" * 100)
+    tokenizer = RememberedTokenizer(CountingTokenizer(), store, 100)
+    with pytest.warns(AnswerStoreWarning):
+        tokenizer.encode("a text")
+    store.unlink()
+    tokenizer.encode("a second text")
+    assert not store.exists()  # within the pause the store is left alone
+    monkeypatch.setattr(token_ids, "RETRY_AFTER_S", 0.0)
+    tokenizer.encode("a third text")
+    reader = CountingTokenizer()
+    RememberedTokenizer(reader, store, 100).encode("a third text")
+    assert reader.texts == []
+
+
+def test_short_texts_and_vocabulary_entries_are_kept_in_the_process(tmp_path):
+    """A query asks for the same prompt pieces many times: after the first, the store file is not opened."""
+    store = tmp_path / "answers.sqlite"
+    inner = CountingTokenizer()
+    tokenizer = RememberedTokenizer(inner, store, 100)
+    pieces = ["Is this review positive? ", "TRUE"]
+    tokenizer.encode_batch(pieces)
+    tokenizer.token_id("a")
+    for path in tmp_path.iterdir():
+        path.unlink()
+    assert tokenizer.encode_batch(pieces[::-1]) == expected(pieces[::-1])
+    assert tokenizer.token_id("a") == ord("a") + 3
+    assert not store.exists()
+    assert sorted(inner.texts) == sorted(pieces) and inner.entries == ["a"]
+
+
 def test_cache_clear_removes_the_token_ids_and_stats_counts_them(tmp_path, capsys):
     store = tmp_path / "answers.sqlite"
     RememberedTokenizer(CountingTokenizer(), store, 100).encode_batch(TEXTS)
     assert main(["cache", "stats", "--store", str(store)]) == 0
     assert f"{len(set(TEXTS))} texts' token ids" in capsys.readouterr().out
     assert main(["cache", "clear", "--store", str(store)]) == 0
+    assert f"removed 0 answers and {len(set(TEXTS))} texts' token ids" in capsys.readouterr().out
     reader = CountingTokenizer()
     RememberedTokenizer(reader, store, 100).encode_batch(TEXTS)
     assert sorted(reader.texts) == sorted(TEXTS)
 
 
-def test_only_a_session_with_a_store_remembers(tmp_path: Path):
-    inner = ByteTokenizer()
-    assert remembered(inner, EngineConfig(cache="off")) is inner
-    assert isinstance(remembered(inner, EngineConfig(cache=str(tmp_path / "answers.sqlite"))), RememberedTokenizer)
+class BackendWithoutIdentity:
+    """Says nothing about what its answers depend on: it gets no answer store, so no remembered ids."""
+
+    name = "no-identity"
+
+
+def test_only_a_session_whose_backend_stores_answers_remembers(tmp_path: Path):
+    inner, stored = ByteTokenizer(), EngineConfig(cache=str(tmp_path / "answers.sqlite"))
+    assert remembered(inner, KeywordBackend(), EngineConfig(cache="off")) is inner
+    assert remembered(inner, BackendWithoutIdentity(), stored) is inner  # type: ignore[arg-type]
+    assert isinstance(remembered(inner, KeywordBackend(), stored), RememberedTokenizer)

@@ -99,7 +99,7 @@ class Session:
                     f"no tokenizer for model {self.model.name!r}",
                     (f"backend {self.backend.name!r} offers none; pass Session(..., tokenizer=...)",),
                 ))
-            self._tokenizer = remembered(self.backend.tokenizer(self.model), self.config)
+            self._tokenizer = remembered(self.backend.tokenizer(self.model), self.backend, self.config)
         return self._tokenizer
 
     @property

@@ -108,7 +108,8 @@ class StoredAnswerAccess:
             store.close()
 
 
-def warn_unusable(error: Exception, computed: str = "answers") -> None:
-    """One warning that the store is dropped (for this query, or a tokenizer) and why."""
+def warn_unusable(error: Exception, computed: str = "answers", stacklevel: int = 3) -> None:
+    """One warning that the store is dropped (for this query, or a while for a tokenizer) and why; `stacklevel`
+    points it at the caller's caller outside the store's code."""
     warnings.warn(f"{error}; {computed} are computed instead of read or stored (`quail cache clear` starts a fresh "
-                  "store)", AnswerStoreWarning, stacklevel=3)
+                  "store)", AnswerStoreWarning, stacklevel=stacklevel)

@@ -68,5 +68,5 @@ def _clear(path: Path, out: TextIO, err: TextIO) -> int:
         return UNUSABLE
     finally:
         store.close()
-    print(f"removed {removed:,} answers from {path}", file=out)
+    print(f"removed {removed.answers:,} answers and {removed.token_lists:,} texts' token ids from {path}", file=out)
     return 0

@@ -12,9 +12,11 @@ deleted in the same transaction that overflowed it. Every SQLite failure surface
 with the file's path; callers decide whether that stops them (the CLI) or only the store (queries).
 
 Beside the answers it keeps token ids (`token_lists`): what a tokenizer made of a text, keyed by
-(tokenizer identity, text), checksummed and evicted like answers (at most `limit` of them). Stored
-answers are keyed by prompt token ids, so a query whose answers are all stored still needs its texts'
-ids; read from here, no tokenizer is parsed (seconds for a 262k-entry vocabulary).
+(tokenizer identity, text) and checksummed like answers. Stored answers are keyed by prompt token
+ids, so a query whose answers are all stored still needs its texts' ids; read from here, no tokenizer
+is parsed (seconds for a 262k-entry vocabulary). Token lists are bounded by bytes (documents are
+long), least recently used evicted first. The table came without a schema change: a Quail that
+does not know it reads the store as before, and a store that cannot be written keeps its answers.
 """
 
 from __future__ import annotations
@@ -33,12 +35,14 @@ from typing import Literal, TypeVar
 
 from quail.cache.keys import Key, ReadoutKind, TokenIds, token_bytes
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 5.0
 """How long a write waits for another process's write before the store gives up on that batch."""
 LOOKUP_BATCH = 500
 """Keys per SELECT (SQLite limits the number of bound parameters)."""
 EVICT_TO = 0.9
+TOKEN_LIST_BYTES = 256 << 20
+"""The most bytes of token ids a store keeps (about 64M tokens)."""
 """An overflowing store is trimmed to this fraction of its limit, so eviction does not run on every write."""
 KIND_CODES: dict[ReadoutKind, int] = {"margin": 1, "labels": 2, "calibration": 3}
 KIND_NAMES: dict[int, ReadoutKind] = {code: kind for kind, code in KIND_CODES.items()}
@@ -54,13 +58,16 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS files (path TEXT PRIMARY KEY, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, "
     "digest TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS counts (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
-    # schema 2: token ids
+)
+_TOKEN_SCHEMA = (
     "CREATE TABLE IF NOT EXISTS token_lists (key BLOB PRIMARY KEY, ids BLOB NOT NULL, used INTEGER NOT NULL) "
     "WITHOUT ROWID",
     "CREATE INDEX IF NOT EXISTS token_lists_by_use ON token_lists (used)",
+    "INSERT OR IGNORE INTO counts VALUES ('token_list_bytes', 0)",
 )
 Table = Literal["answers", "token_lists"]
-"""The tables evicted by use; each is counted in the `counts` row of its name."""
+"""The tables evicted by use: answers counted in rows (`counts` row `answers`), token lists in bytes
+(`token_list_bytes`)."""
 
 
 class StoreError(Exception):
@@ -92,6 +99,12 @@ class StoreStats:
     token_lists: int = 0
 
 
+@dataclass(frozen=True)
+class Cleared:
+    answers: int
+    token_lists: int
+
+
 class AnswerStore:
     """An open store file. Not thread-safe: one per thread (queries open one per request)."""
 
@@ -104,6 +117,8 @@ class AnswerStore:
         self.damaged = 0
         """Values read so far whose checksum did not match (treated as missing, deleted at the next write)."""
         self._damaged_keys: dict[Table, set[Key]] = {"answers": set(), "token_lists": set()}
+        self.token_list_bytes = TOKEN_LIST_BYTES
+        self._token_lists_ready = False
 
     @classmethod
     def open(cls, path: Path, limit: int) -> AnswerStore:
@@ -129,18 +144,35 @@ class AnswerStore:
         if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
             db.execute("PRAGMA journal_mode = WAL")
         db.execute("PRAGMA synchronous = NORMAL")
-        if version < SCHEMA_VERSION:  # a new store, or an older one: every statement is "if not exists"
+        if version < SCHEMA_VERSION:
             with self._transaction():
                 for statement in _SCHEMA:
                     db.execute(statement)
                 db.execute("INSERT OR IGNORE INTO counts VALUES ('answers', 0)")
-                db.execute("INSERT OR IGNORE INTO counts VALUES ('token_lists', 0)")
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        self._token_lists_ready = self._ensure_token_lists()
+
+    def _ensure_token_lists(self) -> bool:
+        """The token_lists table, created where missing; False where it cannot be (a store this process may
+        only read): the answers still serve."""
+        if self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'token_lists'").fetchone():
+            return True
+        try:
+            with self._transaction():
+                for statement in _TOKEN_SCHEMA:
+                    self._db.execute(statement)
+        except sqlite3.OperationalError:
+            return False
+        return True
 
     def close(self) -> None:
-        """Record when the values read were last used (best effort: only eviction order depends on it)."""
-        with contextlib.suppress(StoreError, sqlite3.Error), _failures(self.path, "update"), self._transaction():
-            self._touch()
+        """Record when the values read were last used: best effort and without waiting for another writer's
+        lock, since only the eviction order depends on it."""
+        if any(self._touched.values()):
+            with contextlib.suppress(StoreError, sqlite3.Error), _failures(self.path, "update"):
+                self._db.execute("PRAGMA busy_timeout = 0")
+                with self._transaction():
+                    self._touch()
         self._db.close()
 
     # -- answers ----------------------------------------------------------------------------------
@@ -155,29 +187,51 @@ class AnswerStore:
             return
         now = _clock()
         with _failures(self.path, "write"), self._transaction():
+            self._forget_damaged()
             model_id = self._model_id(model, description)
-            self._write("answers", "INSERT OR IGNORE INTO answers VALUES (?, ?, ?, ?, ?)",
-                        [(a.key, model_id, KIND_CODES[a.kind], _pack(a.key, a.value), now) for a in answers])
+            cursor = self._db.executemany(
+                "INSERT OR IGNORE INTO answers VALUES (?, ?, ?, ?, ?)",
+                [(a.key, model_id, KIND_CODES[a.kind], _pack(a.key, a.value), now) for a in answers])
+            self._db.execute("UPDATE counts SET value = value + ? WHERE name = 'answers'", (max(cursor.rowcount, 0),))
+            self._touch()
+            self._evict_answers()
 
     # -- token ids ----------------------------------------------------------------------------------
 
     def token_lists(self, keys: Iterable[Key]) -> dict[Key, TokenIds]:
         """The stored token ids among `keys` (see `quail.cache.token_ids` for how texts are keyed)."""
+        self._require_token_lists()
         return self._read("token_lists", "ids", keys, _unpack_ids)
 
     def put_token_lists(self, lists: Sequence[tuple[Key, TokenIds]]) -> None:
-        """Store token ids in one transaction (all or nothing), evicting past the limit."""
+        """Store token ids in one transaction (all or nothing), evicting past `token_list_bytes`."""
+        self._require_token_lists()
         if not lists:
             return
+        try:
+            rows = [(key, _pack_ids(key, ids)) for key, ids in lists]
+        except (OverflowError, TypeError) as error:  # an id outside 0 … 2³² − 1
+            raise StoreError(f"token ids that the answer store {self.path} cannot hold: {error}") from error
         now = _clock()
         with _failures(self.path, "write"), self._transaction():
-            self._write("token_lists", "INSERT OR IGNORE INTO token_lists VALUES (?, ?, ?)",
-                        [(key, _pack_ids(key, ids), now) for key, ids in lists])
+            self._forget_damaged()
+            added = 0
+            for key, packed in rows:  # one by one: only the rows inserted count their bytes
+                if self._db.execute("INSERT OR IGNORE INTO token_lists VALUES (?, ?, ?)", (key, packed, now)).rowcount:
+                    added += len(packed)
+            self._db.execute("UPDATE counts SET value = value + ? WHERE name = 'token_list_bytes'", (added,))
+            self._touch()
+            self._evict_token_lists()
+
+    def _require_token_lists(self) -> None:
+        if not self._token_lists_ready:
+            raise StoreError(f"the answer store {self.path} has no table of token ids and cannot be given one "
+                             "(read-only?)")
 
     # -- both tables ----------------------------------------------------------------------------------
 
     def _read(self, table: Table, column: str, keys: Iterable[Key],
-              unpack: Callable[[Key, bytes], Value | None]) -> dict[Key, Value]:
+              unpack: Callable[[Key, object], Value | None]) -> dict[Key, Value]:
         """The checksummed values stored under `keys`; a damaged one counts as missing and is deleted later."""
         wanted = list(dict.fromkeys(keys))
         found: dict[Key, Value] = {}
@@ -196,22 +250,18 @@ class AnswerStore:
         self._touched[table].update(found)
         return found
 
-    def _write(self, table: Table, statement: str, rows: Sequence[tuple[object, ...]]) -> None:
-        """Inside a write transaction: drop damaged values, insert `rows`, count them, record use, evict."""
-        self._forget_damaged()
-        added = max(self._db.executemany(statement, rows).rowcount, 0)
-        self._db.execute("UPDATE counts SET value = value + ? WHERE name = ?", (added, table))
-        self._touch()
-        self._evict(table)
-
     def _forget_damaged(self) -> None:
         """Delete the damaged values read so far, so they can be stored again."""
-        for table, keys in self._damaged_keys.items():
-            if keys:
-                removed = self._db.executemany(f"DELETE FROM {table} WHERE key = ?", [(k,) for k in keys])
-                self._db.execute("UPDATE counts SET value = value - ? WHERE name = ?",
-                                 (max(removed.rowcount, 0), table))
-                keys.clear()
+        answers, token_lists = self._damaged_keys["answers"], self._damaged_keys["token_lists"]
+        if answers:
+            removed = self._db.executemany("DELETE FROM answers WHERE key = ?", [(k,) for k in answers])
+            self._db.execute("UPDATE counts SET value = value - ? WHERE name = 'answers'", (max(removed.rowcount, 0),))
+            answers.clear()
+        if token_lists:  # rare: the bytes are counted again
+            self._db.executemany("DELETE FROM token_lists WHERE key = ?", [(k,) for k in token_lists])
+            self._db.execute("UPDATE counts SET value = (SELECT coalesce(sum(length(ids)), 0) FROM token_lists) "
+                             "WHERE name = 'token_list_bytes'")
+            token_lists.clear()
 
     def _touch(self) -> None:
         now = _clock()
@@ -220,14 +270,28 @@ class AnswerStore:
                 self._db.executemany(f"UPDATE {table} SET used = ? WHERE key = ?", [(now, k) for k in keys])
                 keys.clear()
 
-    def _evict(self, table: Table) -> None:
-        count = int(self._db.execute("SELECT value FROM counts WHERE name = ?", (table,)).fetchone()[0])
+    def _evict_answers(self) -> None:
+        count = int(self._db.execute("SELECT value FROM counts WHERE name = 'answers'").fetchone()[0])
         if count <= self.limit:
             return
         excess = count - int(self.limit * EVICT_TO)
         cursor = self._db.execute(
-            f"DELETE FROM {table} WHERE key IN (SELECT key FROM {table} ORDER BY used LIMIT ?)", (excess,))
-        self._db.execute("UPDATE counts SET value = value - ? WHERE name = ?", (max(cursor.rowcount, 0), table))
+            "DELETE FROM answers WHERE key IN (SELECT key FROM answers ORDER BY used LIMIT ?)", (excess,))
+        self._db.execute("UPDATE counts SET value = value - ? WHERE name = 'answers'", (max(cursor.rowcount, 0),))
+
+    def _evict_token_lists(self) -> None:
+        total = int(self._db.execute("SELECT value FROM counts WHERE name = 'token_list_bytes'").fetchone()[0])
+        if total <= self.token_list_bytes:
+            return
+        excess = total - int(self.token_list_bytes * EVICT_TO)
+        doomed, freed = [], 0
+        for key, size in self._db.execute("SELECT key, length(ids) FROM token_lists ORDER BY used").fetchall():
+            if freed >= excess:
+                break
+            doomed.append((key,))
+            freed += int(size)
+        self._db.executemany("DELETE FROM token_lists WHERE key = ?", doomed)
+        self._db.execute("UPDATE counts SET value = value - ? WHERE name = 'token_list_bytes'", (freed,))
 
     def _model_id(self, identity: str, description: str) -> int:
         found = self._models.get(identity)
@@ -267,21 +331,25 @@ class AnswerStore:
             entry = models.setdefault(identity, ModelCount(identity, description, {}))
             entry.answers[KIND_NAMES.get(int(kind), "margin")] = int(count)
         total = sum(sum(m.answers.values()) for m in models.values())
-        with _failures(self.path, "read"):
-            token_lists = int(self._db.execute("SELECT count(*) FROM token_lists").fetchone()[0])
+        token_lists = 0
+        if self._token_lists_ready:
+            with _failures(self.path, "read"):
+                token_lists = int(self._db.execute("SELECT count(*) FROM token_lists").fetchone()[0])
         return StoreStats(self.path, disk_bytes(self.path), total, tuple(models.values()), token_lists)
 
-    def clear(self) -> int:
-        """Delete every answer and token list (file digests stay: they describe files, not answers); how many
-        answers there were."""
+    def clear(self) -> Cleared:
+        """Delete every answer and token list (file digests stay: they describe files, not answers)."""
         with _failures(self.path, "write"), self._transaction():
-            removed = self._db.execute("DELETE FROM answers").rowcount
+            answers = self._db.execute("DELETE FROM answers").rowcount
             self._db.execute("DELETE FROM models")
-            self._db.execute("DELETE FROM token_lists")
-            self._db.execute("UPDATE counts SET value = 0 WHERE name IN ('answers', 'token_lists')")
+            self._db.execute("UPDATE counts SET value = 0 WHERE name = 'answers'")
+            token_lists = 0
+            if self._token_lists_ready:
+                token_lists = self._db.execute("DELETE FROM token_lists").rowcount
+                self._db.execute("UPDATE counts SET value = 0 WHERE name = 'token_list_bytes'")
         with _failures(self.path, "write"):
             self._db.execute("VACUUM")
-        return max(removed, 0)
+        return Cleared(max(answers, 0), max(token_lists, 0))
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -332,8 +400,11 @@ def _pack(key: Key, value: Readout) -> bytes:
     return floats + struct.pack("<I", zlib.crc32(key + floats))
 
 
-def _unpack(key: Key, value: bytes) -> Readout | None:
-    """A readout, or None for a damaged value (wrong length or checksum): read as a miss, never as an answer."""
+def _unpack(key: Key, value: object) -> Readout | None:
+    """A readout, or None for a damaged value (not bytes, wrong length or checksum): read as a miss, never as an
+    answer."""
+    if not isinstance(value, bytes):
+        return None
     floats, check = value[:-4], value[-4:]
     if not floats or len(floats) % 8 or struct.pack("<I", zlib.crc32(key + floats)) != check:
         return None
@@ -345,8 +416,10 @@ def _pack_ids(key: Key, ids: TokenIds) -> bytes:
     return packed + struct.pack("<I", zlib.crc32(key + packed))
 
 
-def _unpack_ids(key: Key, value: bytes) -> TokenIds | None:
+def _unpack_ids(key: Key, value: object) -> TokenIds | None:
     """Token ids, or None for a damaged value (an empty list is a value: the ids of an empty text)."""
+    if not isinstance(value, bytes):
+        return None
     packed, check = value[:-4], value[-4:]
     if len(check) != 4 or len(packed) % 4 or struct.pack("<I", zlib.crc32(key + packed)) != check:
         return None

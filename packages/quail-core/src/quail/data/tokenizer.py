@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.metadata
 import importlib.util
 import threading
 from collections.abc import Sequence
@@ -25,7 +27,10 @@ class Tokenizer(Protocol):
     """
 
     @property
-    def identity(self) -> str: ...
+    def identity(self) -> str:
+        """Keys cached token files and remembered ids (`quail.cache.token_ids`): it must differ whenever the
+        ids of some text could."""
+        ...
 
     @property
     def bos_id(self) -> int | None: ...
@@ -56,7 +61,7 @@ class HuggingFaceTokenizer:
         if importlib.util.find_spec("tokenizers") is None:  # optional: only backends that load HF checkpoints
             raise ImportError("reading tokenizer.json needs the tokenizers package: pip install tokenizers")
         self._path = path
-        self._identity = "hf-" + hashlib.sha256(path.read_bytes()).hexdigest()[:20]
+        self._identity = _identity(path.read_bytes())
         self._bos = bos_id
         self._parsed: TokenizerFile | None = None
         self._parsing = threading.Lock()
@@ -66,12 +71,20 @@ class HuggingFaceTokenizer:
         if self._parsed is None:
             with self._parsing:
                 if self._parsed is None:
-                    from tokenizers import Tokenizer as TokenizerFile
-
-                    parsed = TokenizerFile.from_file(str(self._path))
-                    parsed.encode_special_tokens = True
-                    self._parsed = parsed
+                    self._parsed = self._parse()
         return self._parsed
+
+    def _parse(self) -> TokenizerFile:
+        """The file as it was when its identity was taken: one that changed since is an error, never ids
+        under another file's identity."""
+        from tokenizers import Tokenizer as TokenizerFile
+
+        content = self._path.read_bytes()
+        if _identity(content) != self._identity:
+            raise ValueError(f"{self._path} changed after it was opened as tokenizer {self._identity}; open it again")
+        parsed = TokenizerFile.from_str(content.decode("utf-8"))
+        parsed.encode_special_tokens = True
+        return parsed
 
     @property
     def identity(self) -> str:
@@ -93,3 +106,20 @@ class HuggingFaceTokenizer:
     def token_id(self, token: str) -> int | None:
         found = self._tokenizer.token_to_id(token)
         return None if found is None else int(found)
+
+
+ENCODING_SETTINGS = b"add_special_tokens=False;encode_special_tokens=True"
+"""How `HuggingFaceTokenizer` encodes: part of its identity, like the library's version."""
+
+
+def _identity(content: bytes) -> str:
+    """What decides a Hugging Face tokenizer's ids: its file, the `tokenizers` version that reads it, and the
+    encoding settings above (the version is read from the package metadata, without importing it)."""
+    state = hashlib.sha256(content)
+    state.update(f"\0tokenizers={_library_version()}\0".encode() + ENCODING_SETTINGS)
+    return "hf-" + state.hexdigest()[:20]
+
+
+@functools.cache
+def _library_version() -> str:
+    return importlib.metadata.version("tokenizers")

@@ -36,8 +36,9 @@ def read_config(path: Path) -> tuple[HFConfig, Family]:
 
 
 def load_tokenizer(path: Path) -> HuggingFaceTokenizer:
-    """The checkpoint's tokenizer; parsed once per process and file version (Gemma's 262k-entry file takes
-    seconds on a slow CPU), as planning and the engine both need it."""
+    """The checkpoint's tokenizer, made once per process and file version as planning and the engine both
+    need it; its file is parsed on first use (Gemma's 262k-entry file takes seconds on a slow CPU), which a
+    query whose texts' ids are all remembered never makes."""
     tokenizer_path = path / "tokenizer.json"
     stat = tokenizer_path.stat() if tokenizer_path.is_file() else None
     return _tokenizer(path, None if stat is None else (stat.st_size, stat.st_mtime_ns))
