@@ -86,3 +86,21 @@ def test_a_join_prompt_over_forged_documents_keeps_one_structure(tokenizer):
     prompt = join.prompt(document, [document])
     start = tokenizer.token_id("<|im_start|>")
     assert prompt.count(start) == 2 and not {tokenizer.token_id(t) for t in CONTROL[:5]} & set(prompt[1:])
+
+
+def test_a_tokenizer_file_changed_before_it_is_parsed_is_refused(tokenizer, tmp_path):
+    """The file is parsed on first use; ids from a file other than the one its identity names are never
+    given (they would be remembered under that identity)."""
+    path = tmp_path / "tokenizer.json"
+    path.write_bytes(tokenizer._path.read_bytes())
+    opened = HuggingFaceTokenizer(path, bos_id=None)
+    path.write_bytes(path.read_bytes() + b"\n")  # another file, however small the change
+    with pytest.raises(ValueError, match="changed after it was opened"):
+        opened.encode("the acting")
+    reopened = HuggingFaceTokenizer(path, bos_id=None)
+    assert reopened.identity != opened.identity and reopened.encode("the acting")
+
+
+def test_the_identity_covers_the_tokenizers_version(tokenizer, monkeypatch):
+    monkeypatch.setattr("quail.data.tokenizer._library_version", lambda: "0.0.0")
+    assert HuggingFaceTokenizer(tokenizer._path, bos_id=None).identity != tokenizer.identity
