@@ -5,7 +5,8 @@ Answers are keyed by `quail.cache.keys` and hold the raw readout as little-endia
 calibration and thresholds still apply when they are read — followed by a CRC-32 of key and
 readout: a damaged value is read as missing (and computed again), never as an answer. Writes are batches in one `BEGIN
 IMMEDIATE` transaction each: a process killed mid-write leaves the last committed batch, never
-half of one. Concurrent writers wait for each other (busy timeout); readers never wait (WAL).
+half of one. Answer writers wait for each other (busy timeout); readers never wait (WAL); what is only
+a cache of a cache (when answers were last used, token lists) never waits for a lock.
 
 The store keeps at most `limit` answers: past it, the least recently used (read or written) are
 deleted in the same transaction that overflowed it. Every SQLite failure surfaces as `StoreError`
@@ -15,8 +16,9 @@ Beside the answers it keeps token ids (`token_lists`): what a tokenizer made of 
 (tokenizer identity, text) and checksummed like answers. Stored answers are keyed by prompt token
 ids, so a query whose answers are all stored still needs its texts' ids; read from here, no tokenizer
 is parsed (seconds for a 262k-entry vocabulary). Token lists are bounded by bytes (documents are
-long), least recently used evicted first. The table came without a schema change: a Quail that
-does not know it reads the store as before, and a store that cannot be written keeps its answers.
+long; a row is counted with its key and overhead), least recently used evicted first. The table came
+without a schema change: a Quail that does not know it reads the store as before, and a store that
+cannot be written keeps its answers.
 """
 
 from __future__ import annotations
@@ -41,9 +43,12 @@ BUSY_TIMEOUT_S = 5.0
 LOOKUP_BATCH = 500
 """Keys per SELECT (SQLite limits the number of bound parameters)."""
 EVICT_TO = 0.9
-TOKEN_LIST_BYTES = 256 << 20
-"""The most bytes of token ids a store keeps (about 64M tokens)."""
 """An overflowing store is trimmed to this fraction of its limit, so eviction does not run on every write."""
+TOKEN_LIST_BYTES = 256 << 20
+"""The most bytes of token lists a store keeps, counted as `_ROW_BYTES` each."""
+ROW_OVERHEAD = 48
+"""Bytes a token list's row costs besides its key and ids (its `used` time, index entry, record header)."""
+_ROW_BYTES = f"length(key) + length(ids) + {ROW_OVERHEAD}"
 KIND_CODES: dict[ReadoutKind, int] = {"margin": 1, "labels": 2, "calibration": 3}
 KIND_NAMES: dict[int, ReadoutKind] = {code: kind for kind, code in KIND_CODES.items()}
 Readout = tuple[float, ...]
@@ -158,21 +163,29 @@ class AnswerStore:
         if self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'token_lists'").fetchone():
             return True
         try:
-            with self._transaction():
+            with self._without_waiting(), self._transaction():
                 for statement in _TOKEN_SCHEMA:
                     self._db.execute(statement)
-        except sqlite3.OperationalError:
+        except sqlite3.OperationalError:  # read-only, or locked now: a later open tries again
             return False
         return True
+
+    @contextlib.contextmanager
+    def _without_waiting(self) -> Iterator[None]:
+        """For writes that are only worth it when no other process holds the lock."""
+        self._db.execute("PRAGMA busy_timeout = 0")
+        try:
+            yield
+        finally:
+            self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
 
     def close(self) -> None:
         """Record when the values read were last used: best effort and without waiting for another writer's
         lock, since only the eviction order depends on it."""
         if any(self._touched.values()):
-            with contextlib.suppress(StoreError, sqlite3.Error), _failures(self.path, "update"):
-                self._db.execute("PRAGMA busy_timeout = 0")
-                with self._transaction():
-                    self._touch()
+            with contextlib.suppress(StoreError, sqlite3.Error), _failures(self.path, "update"), \
+                    self._without_waiting(), self._transaction():
+                self._touch()
         self._db.close()
 
     # -- answers ----------------------------------------------------------------------------------
@@ -204,7 +217,8 @@ class AnswerStore:
         return self._read("token_lists", "ids", keys, _unpack_ids)
 
     def put_token_lists(self, lists: Sequence[tuple[Key, TokenIds]]) -> None:
-        """Store token ids in one transaction (all or nothing), evicting past `token_list_bytes`."""
+        """Store token ids in one transaction (all or nothing), evicting past `token_list_bytes`; StoreError
+        at once, without waiting, when another process holds the lock (they are only a cache)."""
         self._require_token_lists()
         if not lists:
             return
@@ -213,20 +227,21 @@ class AnswerStore:
         except (OverflowError, TypeError) as error:  # an id outside 0 … 2³² − 1
             raise StoreError(f"token ids that the answer store {self.path} cannot hold: {error}") from error
         now = _clock()
-        with _failures(self.path, "write"), self._transaction():
+        with _failures(self.path, "write"), self._without_waiting(), self._transaction():
             self._forget_damaged()
             added = 0
             for key, packed in rows:  # one by one: only the rows inserted count their bytes
                 if self._db.execute("INSERT OR IGNORE INTO token_lists VALUES (?, ?, ?)", (key, packed, now)).rowcount:
-                    added += len(packed)
+                    added += len(key) + len(packed) + ROW_OVERHEAD
+            self._db.execute("INSERT OR IGNORE INTO counts VALUES ('token_list_bytes', 0)")
             self._db.execute("UPDATE counts SET value = value + ? WHERE name = 'token_list_bytes'", (added,))
             self._touch()
             self._evict_token_lists()
 
     def _require_token_lists(self) -> None:
         if not self._token_lists_ready:
-            raise StoreError(f"the answer store {self.path} has no table of token ids and cannot be given one "
-                             "(read-only?)")
+            raise StoreError(f"the answer store {self.path} has no table of token ids and could not be given one "
+                             "when opened (read-only, or another process was writing)")
 
     # -- both tables ----------------------------------------------------------------------------------
 
@@ -259,7 +274,7 @@ class AnswerStore:
             answers.clear()
         if token_lists:  # rare: the bytes are counted again
             self._db.executemany("DELETE FROM token_lists WHERE key = ?", [(k,) for k in token_lists])
-            self._db.execute("UPDATE counts SET value = (SELECT coalesce(sum(length(ids)), 0) FROM token_lists) "
+            self._db.execute(f"UPDATE counts SET value = (SELECT coalesce(sum({_ROW_BYTES}), 0) FROM token_lists) "
                              "WHERE name = 'token_list_bytes'")
             token_lists.clear()
 
@@ -285,11 +300,13 @@ class AnswerStore:
             return
         excess = total - int(self.token_list_bytes * EVICT_TO)
         doomed, freed = [], 0
-        for key, size in self._db.execute("SELECT key, length(ids) FROM token_lists ORDER BY used").fetchall():
+        oldest = self._db.execute(f"SELECT key, {_ROW_BYTES} FROM token_lists ORDER BY used")
+        for key, size in oldest:  # read only as far as needed
             if freed >= excess:
                 break
             doomed.append((key,))
             freed += int(size)
+        oldest.close()
         self._db.executemany("DELETE FROM token_lists WHERE key = ?", doomed)
         self._db.execute("UPDATE counts SET value = value - ? WHERE name = 'token_list_bytes'", (freed,))
 

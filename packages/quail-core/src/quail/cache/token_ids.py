@@ -25,13 +25,13 @@ from quail.config import EngineConfig
 from quail.data.tokenizer import Tokenizer
 
 _PERSON = b"quail-tokens-1"
-SHORT_TEXT = 256
-"""Texts up to this many characters (prompt pieces, labels) and vocabulary look-ups are also kept in the
-process: a query asks for the same few many times, and each store call opens the file."""
 KEPT_IN_PROCESS = 4096
+"""Texts asked for one at a time (prompt pieces, labels) and vocabulary look-ups also kept in the process, at
+most this many: a query asks for the same few many times, and each store call opens the file. Documents
+come in batches and are not kept."""
 RETRY_AFTER_S = 60.0
-"""A store that failed is left alone this long (a lock held by a long write would otherwise cost its busy
-timeout on every call)."""
+"""A store that failed to open or read is left alone this long; one that failed a write (locked, read-only)
+is still read, and written to again after this long."""
 
 
 class RememberedTokenizer:
@@ -48,6 +48,7 @@ class RememberedTokenizer:
         self._start.update(len(identity).to_bytes(8, "little") + identity)
         self._kept: dict[Key, TokenIds] = {}
         self._failed_at: float | None = None
+        self._write_failed_at: float | None = None
 
     @property
     def identity(self) -> str:
@@ -58,22 +59,29 @@ class RememberedTokenizer:
         return self._tokenizer.bos_id
 
     def encode(self, text: str) -> list[int]:
-        return self.encode_batch([text])[0]
+        key = self._key("text", text)
+        known = self._kept.get(key)
+        if known is None:
+            known = self._lists([key], [text])[key]
+            self._keep(key, known)
+        return list(known)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         keys = [self._key("text", text) for text in texts]
-        known = {key: self._kept[key] for key in keys if key in self._kept}
-        if len(known) < len(set(keys)):
-            with self._opened() as store:
-                known.update(self._read(store, [key for key in keys if key not in known]))
-                missing = [i for i, key in enumerate(keys) if key not in known]
-                if missing:
-                    computed = self._tokenizer.encode_batch([texts[i] for i in missing])
-                    new = [(keys[i], tuple(ids)) for i, ids in zip(missing, computed, strict=True)]
-                    known.update(new)
-                    self._write(store, new)
-        self._keep({key: known[key] for key, text in zip(keys, texts, strict=True) if len(text) <= SHORT_TEXT})
+        known = self._lists(keys, texts)
         return [list(known[key]) for key in keys]
+
+    def _lists(self, keys: list[Key], texts: Sequence[str]) -> dict[Key, TokenIds]:
+        """The ids of `texts` (keyed `keys`): stored ones read, the rest from the tokenizer, then stored."""
+        with self._opened() as store:
+            known = self._read(store, keys)
+            missing = [i for i, key in enumerate(keys) if key not in known]
+            if missing:
+                computed = self._tokenizer.encode_batch([texts[i] for i in missing])
+                new = [(keys[i], tuple(ids)) for i, ids in zip(missing, computed, strict=True)]
+                known.update(new)
+                self._write(store, new)
+        return known
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tokenizer.decode(ids)
@@ -89,7 +97,7 @@ class RememberedTokenizer:
                     found = self._tokenizer.token_id(token)
                     known = () if found is None else (found,)
                     self._write(store, [(key, known)])
-            self._keep({key: known})
+            self._keep(key, known)
         return known[0] if known else None
 
     def _key(self, kind: str, text: str) -> Key:
@@ -97,10 +105,10 @@ class RememberedTokenizer:
         state.update(kind.encode() + b"\0" + text.encode("utf-8", "surrogatepass"))
         return state.digest()
 
-    def _keep(self, lists: dict[Key, TokenIds]) -> None:
-        if len(self._kept) + len(lists) > KEPT_IN_PROCESS:
+    def _keep(self, key: Key, ids: TokenIds) -> None:
+        if len(self._kept) >= KEPT_IN_PROCESS:
             self._kept.clear()
-        self._kept.update(lists)
+        self._kept[key] = ids
 
     @contextmanager
     def _opened(self) -> Iterator[AnswerStore | None]:
@@ -120,7 +128,7 @@ class RememberedTokenizer:
 
     @property
     def _usable(self) -> bool:
-        return self._failed_at is None or time.monotonic() - self._failed_at >= RETRY_AFTER_S
+        return _long_ago(self._failed_at)
 
     def _read(self, store: AnswerStore | None, keys: list[Key]) -> dict[Key, TokenIds]:
         if store is None or not self._usable:
@@ -132,17 +140,22 @@ class RememberedTokenizer:
             return {}
 
     def _write(self, store: AnswerStore | None, lists: list[tuple[Key, TokenIds]]) -> None:
-        if store is None or not self._usable:
+        if store is None or not self._usable or not _long_ago(self._write_failed_at):
             return
         try:
             store.put_token_lists(lists)
         except StoreError as error:
-            self._drop(error)
+            self._write_failed_at = time.monotonic()
+            warn_unusable(error, computed="new token ids", stacklevel=4)
 
     def _drop(self, error: StoreError) -> None:
-        """The store failed: one warning, then only the tokenizer's own work for RETRY_AFTER_S."""
+        """The store failed to open or read: one warning, then only the tokenizer's own work for RETRY_AFTER_S."""
         self._failed_at = time.monotonic()
-        warn_unusable(error, computed="token ids", stacklevel=5)
+        warn_unusable(error, computed="token ids", stacklevel=4)
+
+
+def _long_ago(failed_at: float | None) -> bool:
+    return failed_at is None or time.monotonic() - failed_at >= RETRY_AFTER_S
 
 
 def remembered(tokenizer: Tokenizer, backend: ModelBackend, config: EngineConfig) -> Tokenizer:
