@@ -106,6 +106,8 @@ class StoreStats:
 
 @dataclass(frozen=True)
 class Cleared:
+    """What `clear` removed, for the CLI to say."""
+
     answers: int
     token_lists: int
 
