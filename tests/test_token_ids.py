@@ -123,12 +123,8 @@ def test_token_lists_are_bounded_by_bytes_least_recently_used_first(tmp_path, mo
     writer = RememberedTokenizer(CountingTokenizer(), store, 100)
     for n in range(30):
         writer.encode(f"text number {n:02}")
-    opened = AnswerStore.open(store, 100)
-    try:
-        kept = opened.stats().token_lists
-        stored_bytes = opened._db.execute("SELECT sum(length(ids)) FROM token_lists").fetchone()[0]
-    finally:
-        opened.close()
+    with sqlite3.connect(store) as db:  # the file as any SQLite reader sees it
+        kept, stored_bytes = db.execute("SELECT count(*), sum(length(ids)) FROM token_lists").fetchone()
     assert 0 < kept < 30 and stored_bytes <= 400
     reader = CountingTokenizer()
     RememberedTokenizer(reader, store, 100).encode_batch(["text number 29", "text number 00"])

@@ -36,8 +36,8 @@ is still read, and written to again after this long."""
 
 class RememberedTokenizer:
     """`tokenizer`, with what it encodes read from and written to the answer store at `path`. The store is
-    opened for each call and closed after it, so the tokenizer holds no file open between queries and can
-    be used from any thread."""
+    opened for each call that is not answered from the process's own few kept texts, and closed after it,
+    so the tokenizer holds no file open between queries and can be used from any thread."""
 
     def __init__(self, tokenizer: Tokenizer, path: Path, limit: int) -> None:
         self._tokenizer = tokenizer
