@@ -316,7 +316,7 @@ def fused_pass(operands: dict[str, torch.Tensor], shapes: torch.Tensor, masks: t
     with torch.inference_mode():
         ran = kernels.attention(operands["q"], out, operands.get("queries"),
                                 (operands["context_keys"], operands["context_values"]), operands["keys"],
-                                operands["values"], shapes, operands["slots"], masks)
+                                operands["values"], kernels.flat_segments(shapes, operands["slots"]), masks)
     return ran, out
 
 

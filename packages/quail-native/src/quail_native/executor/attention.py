@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from quail_native.models import kernels
 from quail_native.models.transformer import LayerType
 
 
@@ -36,6 +37,7 @@ class PassSegments:
     shapes: torch.Tensor  # long [segments, 2]: (own rows, context columns)
     slots: torch.Tensor  # long [Σ context columns]
     masks: dict[LayerType, torch.Tensor]  # bool [Σ rows × (context columns + rows)]
+    flat: kernels.FlatSegments | None  # shapes and slots checked for the fused kernel, None where it cannot read them
 
     def to(self, device: torch.device) -> PassSegments:
         if self.slots.device == device:
@@ -70,7 +72,7 @@ def _flat(found: Sequence[Segment], masks: dict[LayerType, torch.Tensor], slots:
                               for kind, mask in masks.items()}))
         mask_at += size
         slot_at += context
-    return PassSegments(tuple(views), shapes, slots, masks)
+    return PassSegments(tuple(views), shapes, slots, masks, kernels.flat_segments(shapes, slots))
 
 
 @dataclass(frozen=True)

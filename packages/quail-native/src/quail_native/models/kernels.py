@@ -152,25 +152,52 @@ def gelu_tanh_times_eager(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return inner.sigmoid_().mul_(wide).to(gate.dtype).mul_(up)
 
 
+@dataclass(frozen=True)
+class FlatSegments:
+    """A pass's segments as `attention` reads them, checked once (`flat_segments`) for every layer that attends.
+
+    Segment s has shapes[s] = (own rows, context columns); `slots` holds the segments' context slots one after
+    the other; a mask for them flattens each segment's [own rows, context + own rows] mask one after the other,
+    `mask_entries` in all. `rows` is the pass's: the segments' own rows, in order."""
+
+    shapes: torch.Tensor  # long [segments, 2], contiguous
+    slots: torch.Tensor  # long [Σ context columns], contiguous
+    rows: int
+    mask_entries: int
+
+
+def flat_segments(shapes: torch.Tensor, slots: torch.Tensor) -> FlatSegments | None:
+    """The layout checked and summed once per pass (it cost a layer 0.1 ms of torch reductions when each layer
+    checked it); None where the kernel cannot read it: not on a CPU, not contiguous long tensors, negative
+    sizes, or slots that are not the shapes' context columns."""
+    if not (shapes.is_cpu and slots.is_cpu and _long_vector(slots) and shapes.dim() == 2 and shapes.shape[1] == 2
+            and shapes.is_contiguous() and shapes.dtype == torch.long) or bool((shapes < 0).any()):
+        return None
+    own, context = shapes.unbind(1)
+    if int(context.sum()) != slots.numel():
+        return None
+    return FlatSegments(shapes, slots, int(own.sum()), int((own * (own + context)).sum()))
+
+
 def attention(q: torch.Tensor, out: torch.Tensor, queries: torch.Tensor | None,
               context: tuple[torch.Tensor, torch.Tensor], keys: torch.Tensor, values: torch.Tensor,
-              shapes: torch.Tensor, slots: torch.Tensor, masks: torch.Tensor) -> bool:
+              segments: FlatSegments | None, mask: torch.Tensor) -> bool:
     """Masked attention of a whole pass into `out`, every segment in one call of the fused kernel: True when it
-    ran, False (nothing written) where it cannot — no kernel for this dtype here, or operands it does not
-    read — and the caller's GEMM path runs instead.
+    ran, False (nothing written) where it cannot — no kernel for this dtype here, no `segments`, or operands it
+    does not read — and the caller's GEMM path runs instead.
 
-    The pass's rows form segments, in order: segment s has shapes[s] = (own rows, context columns), reads its
-    context columns from the arena's [kv_heads, slots, head_dim] keys and values (`context`) at its run of
-    `slots` (the segments' runs one after the other), then its own rows of the pass's [tokens, kv_heads,
-    head_dim] `keys` and `values`, under its bool [rows, context + rows] mask (True = may attend; the masks
-    flattened one after the other in `masks`). q and out: [queries, heads, head_dim] (queries already scaled);
-    query i is pass row queries[i], or row i when `queries` is None. The slots are not re-checked: they come
-    from `KVArena.slots`, inside the arena by construction. A row that may attend to nothing gets zeros (the
-    GEMMs give NaN); causal masks always show a row itself."""
-    kernel = _kernel(_ATTENTION_KERNELS, q.dtype, _attention_fits(q, out, queries, context, keys, values, shapes,
-                                                                  slots, masks))
-    if kernel is None:
+    The pass's rows form `segments`, in order: each reads its context columns from the arena's [kv_heads,
+    slots, head_dim] keys and values (`context`) at its run of slots, then its own rows of the pass's [tokens,
+    kv_heads, head_dim] `keys` and `values`, under its bool [rows, context + rows] part of `mask` (True = may
+    attend). q and out: [queries, heads, head_dim] (queries already scaled); query i is pass row queries[i], or
+    row i when `queries` is None. The slots are not re-checked: they come from `KVArena.slots`, inside the arena
+    by construction. A row that may attend to nothing gets zeros (the GEMMs give NaN); causal masks always show
+    a row itself."""
+    kernel = _kernel(_ATTENTION_KERNELS, q.dtype, _attention_fits(q, out, queries, context, keys, values, segments,
+                                                                  mask))
+    if kernel is None or segments is None:
         return False
+    shapes, slots = segments.shapes, segments.slots
     arena_keys, arena_values = context
     pointer, size = ctypes.c_void_p, ctypes.c_int64
     failed = kernel(pointer(q.data_ptr()), size(q.stride(0)), pointer(out.data_ptr()), size(out.stride(0)),
@@ -178,7 +205,7 @@ def attention(q: torch.Tensor, out: torch.Tensor, queries: torch.Tensor | None,
                     pointer(arena_keys.data_ptr()), pointer(arena_values.data_ptr()), size(arena_keys.stride(0)),
                     pointer(slots.data_ptr()), pointer(keys.data_ptr()), size(keys.stride(0)),
                     pointer(values.data_ptr()), size(values.stride(0)), pointer(shapes.data_ptr()),
-                    size(shapes.shape[0]), pointer(masks.data_ptr()), size(q.shape[1]), size(keys.shape[1]),
+                    size(shapes.shape[0]), pointer(mask.data_ptr()), size(q.shape[1]), size(keys.shape[1]),
                     size(q.shape[2]))
     if failed:
         raise MemoryError(f"the attention kernel could not allocate its scratch for a pass of {keys.shape[0]} rows "
@@ -205,27 +232,27 @@ def attention_status(dtype: torch.dtype) -> str:
 
 def _attention_fits(q: torch.Tensor, out: torch.Tensor, queries: torch.Tensor | None,
                     context: tuple[torch.Tensor, torch.Tensor], keys: torch.Tensor, values: torch.Tensor,
-                    shapes: torch.Tensor, slots: torch.Tensor, masks: torch.Tensor) -> bool:
+                    segments: FlatSegments | None, mask: torch.Tensor) -> bool:
     """The layouts the kernel reads: rows of heads of contiguous head_dim vectors, the arena's kv heads each
-    a contiguous [slots, head_dim], contiguous long shapes, slots and query rows, a contiguous bool mask;
-    head_dim a multiple of 32. The sizes the shapes name are checked by `_segments_fit`."""
+    a contiguous [slots, head_dim], contiguous long query rows, a contiguous bool mask of the segments' size;
+    head_dim a multiple of 32; the segments' rows those of the pass (their own sums are `flat_segments`')."""
+    if segments is None or torch.is_grad_enabled():
+        return False
     arena_keys, arena_values = context
-    tensors = (q, out, arena_keys, arena_values, keys, values, shapes, slots, masks)
-    if torch.is_grad_enabled() or not all(t.is_cpu for t in tensors):  # is_cpu: a fifth of device.type's cost
+    tensors = (q, out, arena_keys, arena_values, keys, values, mask)
+    if not all(t.is_cpu for t in tensors):  # is_cpu: a fifth of device.type's cost
         return False
     rows, heads, dim = q.shape if q.dim() == 3 else (0, 0, 0)
     kv_heads = keys.shape[1] if keys.dim() == 3 else 0
     return (dim % 32 == 0 and dim > 0 and kv_heads > 0 and heads % kv_heads == 0
             and all(t.dtype == q.dtype for t in (arena_keys, arena_values, keys, values, out))
             and all(_heads_of_rows(t) for t in (q, keys, values, out)) and out.shape == q.shape
-            and keys.shape == values.shape == (keys.shape[0], kv_heads, dim)
+            and keys.shape == values.shape == (keys.shape[0], kv_heads, dim) and keys.shape[0] == segments.rows
             and arena_keys.shape == arena_values.shape and arena_keys.stride() == arena_values.stride()
             and arena_keys.dim() == 3 and arena_keys.shape[0] == kv_heads and arena_keys.shape[2] == dim
             and arena_keys.stride()[1:] == (dim, 1)
-            and _long_vector(slots) and shapes.is_contiguous() and _long_vector(shapes.view(-1))
             and (_rows_within(queries, rows, keys.shape[0]) if queries is not None else rows == keys.shape[0])
-            and masks.dtype == torch.bool and masks.is_contiguous()
-            and _segments_fit(shapes, keys.shape[0], slots.numel(), masks.numel()))
+            and mask.dtype == torch.bool and mask.is_contiguous() and mask.numel() == segments.mask_entries)
 
 
 def _long_vector(t: torch.Tensor) -> bool:
@@ -236,16 +263,6 @@ def _rows_within(queries: torch.Tensor, count: int, rows: int) -> bool:
     """`count` query rows, each a row of the pass's `rows` (the kernel reads its mask row)."""
     return (queries.is_cpu and _long_vector(queries) and queries.numel() == count
             and (count == 0 or (int(queries.min()) >= 0 and int(queries.max()) < rows)))
-
-
-def _segments_fit(shapes: torch.Tensor, rows: int, slots: int, mask: int) -> bool:
-    """Whether segments of these (own rows, context columns) cover exactly `rows` rows, `slots` slots and a
-    flat mask of `mask` entries."""
-    if shapes.dim() != 2 or shapes.shape[1] != 2:
-        return False
-    own, context = shapes.unbind(1)
-    return (int(own.sum()) == rows and int(context.sum()) == slots
-            and int((own * (own + context)).sum()) == mask and bool((shapes >= 0).all()))
 
 
 def _heads_of_rows(t: torch.Tensor) -> bool:
