@@ -90,13 +90,13 @@ def test_the_peak_is_the_best_of_squares_and_model_projections_in_the_dtype_auto
         return 100e9
 
     def projection_rate(dtype, device, rows, inputs, outputs, repeats):
-        measured.append((names[dtype], inputs, outputs))
+        measured.append((names[dtype], rows, inputs, outputs))
         return 150e9 if (inputs, outputs) == (640, 4096) else 50e9
 
     monkeypatch.setattr(command, "gemm_peak", gemm_peak)
     monkeypatch.setattr(command, "projection_rate", projection_rate)
-    peak, name = command.device_peak(torch.device("cpu"), hidden=640, ffn=2048)
+    peak, name = command.device_peak(torch.device("cpu"), hidden=640, ffn=2048, rows=512)
     assert name == winner
     assert peak == 150e9
     assert squared == [winner]
-    assert measured == [(winner, 640, 4096), (winner, 2048, 640)]
+    assert measured == [(winner, 512, 640, 4096), (winner, 512, 2048, 640)]  # a full pass of the run's rows

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from quail.config import EngineConfig
+
 SCALE_NAMES = ("tiny", "small", "medium", "large", "xlarge")
 
 
@@ -21,8 +23,8 @@ def add_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
                         help="directory the results are written to (default: %(default)s)")
     parser.add_argument("--backends", default="native",
                         help="comma-separated backends to run, e.g. native,vllm (default: %(default)s)")
-    parser.add_argument("--chunk-tokens", type=int, default=1024,
-                        help="tokens per forward pass (default: %(default)s)")
+    parser.add_argument("--chunk-tokens", type=int, default=EngineConfig.chunk_tokens,
+                        help="tokens per forward pass (default: the engine's, %(default)s)")
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                         help="every backend's precision (default auto: bf16 where a GEMM probe finds it clearly "
                              "faster here, the same for all backends); naive runs fp32 on a CPU, so bf16 agreement "

@@ -74,11 +74,7 @@ def gemm_peak(device: torch.device, dtype: torch.dtype, sizes: tuple[int, ...] =
     return best
 
 
-PEAK_ROWS = 1024
-"""Rows of the model-shaped GEMMs the peak is also measured on: a full pass's chunk of tokens."""
-
-
-def device_peak(device: torch.device, hidden: int, ffn: int) -> tuple[float, str]:
+def device_peak(device: torch.device, hidden: int, ffn: int, rows: int) -> tuple[float, str]:
     """The ceiling for efficiency: the best GEMM rate measured here, in the dtype `auto` computes in (and which).
 
     The dtype is the engine's own `auto` choice (`choose_precision`: the precision probe, remembered per CPU),
@@ -86,15 +82,15 @@ def device_peak(device: torch.device, hidden: int, ffn: int) -> tuple[float, str
     A CPU without bf16 units multiplies bf16 hundreds of times slower than fp32 (0.2 vs ~160 GFLOP/s), so
     only that dtype is measured at size. Square GEMMs alone understate it: on a 2-core AVX-512 CPU a 256³ bf16
     GEMM ran at 244–330 GFLOP/s while the model's own projections, prepacked, ran at 385–440 — efficiencies
-    over 100 % in all but name. So the rate is also measured on the model's two MLP shapes ([PEAK_ROWS ×
-    hidden] @ [hidden × 2·ffn] and [PEAK_ROWS × ffn] @ [ffn × hidden]) the way the model multiplies them, and
-    the best of all is the ceiling.
+    over 100 % in all but name. So the rate is also measured on the model's two MLP shapes ([rows × hidden] @
+    [hidden × 2·ffn] and [rows × ffn] @ [ffn × hidden], `rows` a full pass: the run's chunk of tokens) the way
+    the model multiplies them, and the best of all is the ceiling.
     """
     dtype = choose_precision("auto", device, hidden, ffn).dtype
     name = "bf16" if dtype == torch.bfloat16 else "fp32"
     best = gemm_peak(device, dtype, sizes=(1024, 2048) if device.type == "cpu" else (4096, 8192))
     for inputs, outputs in ((hidden, 2 * ffn), (ffn, hidden)):
-        best = max(best, projection_rate(dtype, device, PEAK_ROWS, inputs, outputs, repeats=5))
+        best = max(best, projection_rate(dtype, device, rows, inputs, outputs, repeats=5))
     return best, name
 
 
@@ -106,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device("cpu" if args.device == "cpu" else "cuda")
     registry = quail.ExtensionRegistry.with_built_ins()
     model = registry.model("gemma-3-270m")
-    first_peak, precision = device_peak(device, model.hidden, model.ffn)
+    first_peak, precision = device_peak(device, model.hidden, model.ffn, args.chunk_tokens)
     model_dir = args.model_dir or embedded_model_dir()
     if args.model_dir is not None:
         model = replace(model, name="gemma-3-270m-shaped", source=str(args.model_dir))
@@ -127,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
             session.close()
         quail.release_engines()
     # measured again after the run: the better is the ceiling
-    peak = max(first_peak, device_peak(device, model.hidden, model.ffn)[0])
+    peak = max(first_peak, device_peak(device, model.hidden, model.ffn, args.chunk_tokens)[0])
     rows = [rescaled(r, first_peak / peak) for r in rows]
     notes.append(f"GEMM peak: torch {precision} on {device.type}, {peak / 1e9:.1f} GFLOP/s (the best of square GEMMs "
                  f"and the model's MLP projections, in the dtype precision auto computes in, before and after the "

@@ -1,6 +1,6 @@
 """Side-by-side: the packed executor vs one plain transformers forward per (document, predicate).
 
-    python -m quail_native.benchmark.naive_filters [--reviews 64] [--chunk-tokens 1024]
+    python -m quail_native.benchmark.naive_filters [--reviews 64] [--chunk-tokens N]
 
 Both evaluate the same canonical prompts with the same weights; the ratio lines compare them in
 one run, so the machine's speed cancels out.
@@ -74,7 +74,7 @@ def run_naive(directory: str, prompts: list[tuple[int, int, tuple[int, ...]]], t
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reviews", type=int, default=64)
-    parser.add_argument("--chunk-tokens", type=int, default=1024)
+    parser.add_argument("--chunk-tokens", type=int, default=quail.EngineConfig.chunk_tokens)
     args = parser.parse_args()
     from quail_native.models.embedded import embedded_model_dir
 
