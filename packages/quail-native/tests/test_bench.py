@@ -8,6 +8,7 @@ import pytest
 
 import quail
 from quail.cli import main
+from quail_native.benchmark.steal import read_cpu_times
 
 pytestmark = pytest.mark.slow
 
@@ -23,6 +24,8 @@ def test_bench_writes_report_results_and_chart_and_prints_the_ratio_lines_last(t
     assert out[-4].startswith("ratio fresh/minimum tokens:")
     assert out[-3].startswith("ratio SoL/measured wall:")
     assert any(line.startswith("note: nope: skipped") for line in out)
+    if read_cpu_times() is not None:  # Linux: the host's share of the timed runs
+        assert any(line.startswith("note: host steal during the timed runs: ") for line in out)
     [cache] = [line for line in out if line.startswith("note: ratio warm/cold wall (answer cache, reviews: 1 filter")]
     assert cache.endswith(" → 0"), "the warm run reads every answer from the store"
     results = json.loads((tmp_path / "results.json").read_text())

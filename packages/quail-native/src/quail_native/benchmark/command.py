@@ -7,6 +7,7 @@ import json
 import statistics
 import tempfile
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from quail.runtime.results import QueryResult
 from quail_native.backend import NativeBackend
 from quail_native.benchmark.computes import compute_lines, computes_of, labelled, shard_walls
 from quail_native.benchmark.naive import NaiveModel
+from quail_native.benchmark.steal import StealMeter
 from quail_native.benchmark.workloads import Workload, selected, tables
 from quail_native.precision import choose_precision, projection_rate, synchronize
 
@@ -167,6 +169,7 @@ def measure_all(sessions: dict[str, quail.Session], workloads: tuple[Workload, .
     naive: NaiveModel | None = None
     samples: dict[tuple[str, str], list[Sample]] = {}
     refused: set[tuple[str, str]] = set()
+    steal = StealMeter()
     for round_ in range(repeats + 1):
         for workload in workloads:
             for backend, session in sessions.items():
@@ -174,7 +177,8 @@ def measure_all(sessions: dict[str, quail.Session], workloads: tuple[Workload, .
                 if key in refused:
                     continue
                 try:
-                    sample = timed_run(session, workload.sql)
+                    with steal.window() if round_ > 0 else nullcontext():
+                        sample = timed_run(session, workload.sql)
                 except quail.RefusalError as error:
                     refused.add(key)
                     notes.append(f"{workload.name} [{backend}]: refused — {error}")
@@ -186,6 +190,9 @@ def measure_all(sessions: dict[str, quail.Session], workloads: tuple[Workload, .
         for note in taken[0].result.report["engine"] or ():  # type: ignore[union-attr]
             if f"engine: {note}" not in notes:
                 notes.append(f"engine: {note}")
+    stolen = steal.note()
+    if stolen is not None:
+        notes.append(stolen)
     rows = []
     for (name, backend), taken in samples.items():
         session = sessions[backend]
