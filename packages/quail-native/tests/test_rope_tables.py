@@ -7,7 +7,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from quail_native.models.transformer import Arch, RopeTables, rope_tables
+from quail_native.models.transformer import ROPE_TABLE_POSITIONS, Arch, RopeTables, rope_tables
 
 
 def gemma_like() -> Arch:
@@ -30,16 +30,17 @@ def assert_same(got: dict[str, tuple[torch.Tensor, ...]], want: dict[str, tuple[
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gathered_rows_are_bit_identical_to_computed_ones_across_growth(dtype: torch.dtype) -> None:
     """Passes in any order of reach — the table grows past the furthest position yet and keeps answering
-    exactly; negative positions (no row of the table) are computed as they are."""
+    exactly; negative positions and those past what a table keeps are computed as they are."""
     arch = gemma_like()
     tables = RopeTables(arch)
 
     @settings(max_examples=40, deadline=None)
-    @given(st.lists(st.integers(-5, 5000), max_size=300))
+    @given(st.lists(st.integers(-5, ROPE_TABLE_POSITIONS + 5), max_size=300))
     @example([0]).via("the first table: one row")
     @example([1, 2]).via("grown to hold the furthest position")
     @example([4, 3, 2]).via("exactly to its last row")
     @example([-1, 3]).via("a negative position")
+    @example([2, ROPE_TABLE_POSITIONS]).via("past the positions a table keeps")
     def exact(positions: list[int]) -> None:
         asked = torch.tensor(positions, dtype=torch.long)
         assert_same(tables(asked, dtype), rope_tables(arch, asked, dtype))
