@@ -206,6 +206,21 @@ def test_short_texts_and_vocabulary_entries_are_kept_in_the_process(tmp_path):
     assert sorted(inner.texts) == sorted(pieces) and inner.entries == ["a"]
 
 
+def test_texts_the_process_keeps_and_uses_are_not_evicted_as_unused(tmp_path, monkeypatch):
+    """Served from the process's kept texts, a prompt piece is still marked used in the store (the next time the
+    store is opened), so filling the store evicts texts nobody asked for since, not it."""
+    monkeypatch.setattr(store_module, "TOKEN_LIST_BYTES", 400)  # room for a few of these lists
+    store = tmp_path / "answers.sqlite"
+    tokenizer = RememberedTokenizer(CountingTokenizer(), store, 100)
+    tokenizer.encode("prompt piece 00")  # stored first: the oldest
+    for n in range(1, 30):
+        tokenizer.encode("prompt piece 00")  # from the process's kept texts
+        tokenizer.encode(f"text number {n:02}")  # opens the store
+    reader = CountingTokenizer()
+    RememberedTokenizer(reader, store, 100).encode_batch(["prompt piece 00", "text number 01"])
+    assert reader.texts == ["text number 01"]  # used all along: kept; asked for once, long ago: evicted
+
+
 def test_cache_clear_removes_the_token_ids_and_stats_counts_them(tmp_path, capsys):
     store = tmp_path / "answers.sqlite"
     RememberedTokenizer(CountingTokenizer(), store, 100).encode_batch(TEXTS)

@@ -28,7 +28,9 @@ _PERSON = b"quail-tokens-1"
 KEPT_IN_PROCESS = 4096
 """Texts asked for one at a time (prompt pieces, labels) and vocabulary look-ups also kept in the process, at
 most this many: a query asks for the same few many times, and each store call opens the file. Documents
-come in batches and are not kept."""
+come in batches and are not kept. A kept text served is read from the store again (which marks it used) the
+next time the store is opened, so the store's eviction does not take the texts a process uses most for
+unused ones."""
 RETRY_AFTER_S = 60.0
 """A store that failed to open or read is left alone this long; one that failed a write (locked, read-only)
 is still read, and written to again after this long."""
@@ -47,6 +49,7 @@ class RememberedTokenizer:
         self._start = hashlib.blake2b(digest_size=KEY_BYTES, person=_PERSON)
         self._start.update(len(identity).to_bytes(8, "little") + identity)
         self._kept: dict[Key, TokenIds] = {}
+        self._served: set[Key] = set()  # kept texts served since the store last saw them
         self._failed_at: float | None = None
         self._write_failed_at: float | None = None
 
@@ -64,6 +67,8 @@ class RememberedTokenizer:
         if known is None:
             known = self._lists([key], [text])[key]
             self._keep(key, known)
+        else:
+            self._served.add(key)
         return list(known)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
@@ -98,6 +103,8 @@ class RememberedTokenizer:
                     known = () if found is None else (found,)
                     self._write(store, [(key, known)])
             self._keep(key, known)
+        else:
+            self._served.add(key)
         return known[0] if known else None
 
     def _key(self, kind: str, text: str) -> Key:
@@ -131,13 +138,17 @@ class RememberedTokenizer:
         return _long_ago(self._failed_at)
 
     def _read(self, store: AnswerStore | None, keys: list[Key]) -> dict[Key, TokenIds]:
+        """The stored ids among `keys`; the kept texts served since the last read are read along (and so marked
+        used) but not returned."""
         if store is None or not self._usable:
             return {}
+        served, self._served = self._served, set()
         try:
-            return store.token_lists(keys)
+            found = store.token_lists([*keys, *served])
         except StoreError as error:
             self._drop(error)
             return {}
+        return {key: found[key] for key in keys if key in found}
 
     def _write(self, store: AnswerStore | None, lists: list[tuple[Key, TokenIds]]) -> None:
         if store is None or not self._usable or not _long_ago(self._write_failed_at):
