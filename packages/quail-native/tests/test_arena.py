@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from quail.errors import RefusalError
-from quail_native.executor.arena import ArenaFull, KVArena, KVShape
+from quail_native.executor.arena import ArenaFull, KeptSpan, KVArena, KVShape
 from quail_native.executor.memory import Memory, RecomputeCost
 
 SHAPE = KVShape(layers=2, kv_heads=1, head_dim=4, dtype=torch.float32)
@@ -28,6 +28,25 @@ def read(kv: KVArena, block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     slots = kv.slots(block)
     return kv.keys[0][:, slots], kv.values[0][:, slots], kv.keys[1][:, slots]
 
+
+
+def test_a_passes_kept_spans_each_come_back_as_their_rows_of_the_pass():
+    """Spans kept from one pass (any rows, any order, a part-page each) are stored together, each block reading
+    back exactly its rows at its positions; spans that do not all fit allocate nothing."""
+    kv = arena(8)
+    keys, values = span(20, 3)
+    spans = [KeptSpan(100, 13, 5), KeptSpan(7, 0, 4), KeptSpan(40, 5, 1)]
+    blocks = kv.add_spans(spans, keys, values)
+    assert kv.used_pages == 2 + 1 + 1
+    for block, kept in zip(blocks, spans, strict=True):
+        rows = slice(kept.row, kept.row + kept.length)
+        assert kv.get(block).positions.tolist() == list(range(kept.start, kept.start + kept.length))
+        k0, v0, k1 = read(kv, block)
+        assert torch.equal(k0, keys[0][:, rows]) and torch.equal(v0, values[0][:, rows])
+        assert torch.equal(k1, keys[1][:, rows])
+    with pytest.raises(ArenaFull):
+        kv.add_spans([KeptSpan(0, 0, 8), KeptSpan(0, 8, 12)], keys, values)  # 2 + 3 pages, 4 free
+    assert kv.used_pages == 4 and len(kv) == 3
 
 def test_blocks_come_back_exactly_in_whole_pages():
     kv = arena()

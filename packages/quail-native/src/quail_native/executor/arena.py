@@ -10,6 +10,7 @@ into fresh pages; pages written once are never written again. Nothing is allocat
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,15 @@ class KVShape:
 
     def bytes_per_token(self) -> int:
         return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class KeptSpan:
+    """Tokens of a pass kept as a block: `length` of them from pass row `row`, at positions from `start`."""
+
+    start: int
+    row: int
+    length: int
 
 
 @dataclass(frozen=True)
@@ -85,13 +95,24 @@ class KVArena:
 
     def add(self, start: int, keys: list[torch.Tensor], values: list[torch.Tensor]) -> int:
         """Store a span's KV (per layer [kv_heads, length, head_dim]) in fresh pages."""
-        length = keys[0].shape[1]
-        pages = self._allocate(self.pages_for(length))
-        rows = self._rows(pages, length)
-        for layer, (k, v) in enumerate(zip(keys, values, strict=True)):
-            self.keys[layer].index_copy_(1, rows, k)
-            self.values[layer].index_copy_(1, rows, v)
-        return self._register(start, length, pages)
+        return self.add_spans([KeptSpan(start, 0, keys[0].shape[1])], keys, values)[0]
+
+    def add_spans(self, spans: Sequence[KeptSpan], keys: list[torch.Tensor], values: list[torch.Tensor]) -> list[int]:
+        """Store spans of one pass's KV (per layer [kv_heads, rows, head_dim]), each in fresh pages of its own, with
+        one copy per layer for all of them: a copy per span and layer cost about 5 µs of dispatch, and Gemma 3
+        has 36 per span. Nothing is allocated when they do not all fit."""
+        needed = sum(self.pages_for(span.length) for span in spans)
+        if needed > len(self._free):
+            raise ArenaFull(f"{needed} KV pages asked for, {len(self._free)} of {self.pages} free")
+        pages = [self._allocate(self.pages_for(span.length)) for span in spans]
+        if spans:
+            device = keys[0].device
+            targets = torch.cat([self._rows(p, span.length) for p, span in zip(pages, spans, strict=True)])
+            sources = torch.cat([torch.arange(span.row, span.row + span.length, device=device) for span in spans])
+            for layer, (k, v) in enumerate(zip(keys, values, strict=True)):
+                self.keys[layer].index_copy_(1, targets, k.index_select(1, sources))
+                self.values[layer].index_copy_(1, targets, v.index_select(1, sources))
+        return [self._register(span.start, span.length, p) for span, p in zip(spans, pages, strict=True)]
 
     def reserve(self, start: int, length: int) -> int:
         """A block of fresh pages for a span not computed yet: the pass that computes it writes its KV there

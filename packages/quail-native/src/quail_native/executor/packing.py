@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from quail_native.executor.arena import KVArena
+from quail_native.executor.arena import KeptSpan, KVArena
 from quail_native.executor.attention import ItemSpan, pass_segments
 from quail_native.models.transformer import Arch, LayerType, Transformer, WrittenRows
 
@@ -185,18 +185,23 @@ class Packer:
 
     def _results(self, items: Sequence[Item], hidden: torch.Tensor, keys: list[torch.Tensor],
                  values: list[torch.Tensor]) -> list[ItemResult]:
-        results = []
-        offset, read = 0, 0
-        for item in items:
-            kept = [] if item.into is None else [item.into]
+        """Each item's read-out rows, and its blocks: the one it was computed into, then its kept spans (all the
+        pass's kept spans stored in one go)."""
+        spans: list[KeptSpan] = []
+        owners: list[int] = []
+        offset = 0
+        for index, item in enumerate(items):
             for span_start, span_length in item.keep:
-                if span_length <= 0:
-                    continue
-                lo, hi = offset + span_start, offset + span_start + span_length
-                kept.append(self.arena.add(item.start + span_start, [k[:, lo:hi] for k in keys],
-                                           [v[:, lo:hi] for v in values]))
-            results.append(ItemResult(hidden[read: read + len(item.readout)], tuple(kept)))
+                if span_length > 0:
+                    spans.append(KeptSpan(item.start + span_start, offset + span_start, span_length))
+                    owners.append(index)
             offset += len(item.tokens)
+        kept: list[list[int]] = [[] if item.into is None else [item.into] for item in items]
+        for index, block in zip(owners, self.arena.add_spans(spans, keys, values), strict=True):
+            kept[index].append(block)
+        results, read = [], 0
+        for item, blocks in zip(items, kept, strict=True):
+            results.append(ItemResult(hidden[read: read + len(item.readout)], tuple(blocks)))
             read += len(item.readout)
         return results
 
