@@ -19,6 +19,11 @@ def span(length: int, seed: int) -> tuple[list[torch.Tensor], list[torch.Tensor]
     return keys, [k * 2 for k in keys]
 
 
+def stored(kv: KVArena, start: int, keys: list[torch.Tensor], values: list[torch.Tensor]) -> int:
+    """A block of one span's KV (per layer [kv_heads, length, head_dim]) at positions from `start`."""
+    return kv.add_spans([KeptSpan(start, 0, keys[0].shape[1])], keys, values)[0]
+
+
 def arena(pages: int = 8) -> KVArena:
     return KVArena(SHAPE, pages, PAGE, torch.device("cpu"))
 
@@ -51,7 +56,7 @@ def test_a_passes_kept_spans_each_come_back_as_their_rows_of_the_pass():
 def test_blocks_come_back_exactly_in_whole_pages():
     kv = arena()
     keys, values = span(6, 0)
-    block = kv.add(10, keys, values)
+    block = stored(kv, 10, keys, values)
     assert kv.used_pages == 2 and kv.get(block).positions.tolist() == list(range(10, 16))
     k0, v0, k1 = read(kv, block)
     assert torch.equal(k0, keys[0]) and torch.equal(v0, values[0]) and torch.equal(k1, keys[1])
@@ -59,12 +64,12 @@ def test_blocks_come_back_exactly_in_whole_pages():
 
 def test_a_view_shares_pages_until_the_last_reader_frees_them():
     kv = arena()
-    lender = kv.add(0, *span(10, 1))
+    lender = stored(kv, 0, *span(10, 1))
     view = kv.view(lender, 8)
     assert kv.used_pages == 3 and kv.exclusive_pages(lender) == 1 and kv.exclusive_pages(view) == 0
     kv.free(lender)
     assert kv.used_pages == 2 and kv.exclusive_pages(view) == 2
-    tail = kv.add(8, *span(3, 2))
+    tail = stored(kv, 8, *span(3, 2))
     whole = kv.concat(view, tail)
     assert view not in kv and tail not in kv and kv.get(whole).length == 11 and kv.used_pages == 3
     kv.free(whole)
@@ -74,11 +79,11 @@ def test_a_view_shares_pages_until_the_last_reader_frees_them():
 def test_a_view_ending_inside_a_page_is_continued_by_copying_its_part_page_and_the_tail():
     kv = arena()
     keys, values = span(10, 3)
-    lender = kv.add(0, keys, values)  # pages of 4: [0..3] [4..7] [8, 9]
+    lender = stored(kv, 0, keys, values)  # pages of 4: [0..3] [4..7] [8, 9]
     view = kv.view(lender, 6)  # two pages, the second read only up to position 5
     assert kv.used_pages == 3 and kv.exclusive_pages(view) == 0
     tail_keys, tail_values = span(5, 4)
-    tail = kv.add(6, tail_keys, tail_values)
+    tail = stored(kv, 6, tail_keys, tail_values)
     assert kv.continuation_pages(6, 5) == 1 and kv.continuation_pages(8, 5) == 0
     free_before = kv.free_pages
     joined = kv.concat(view, tail)
@@ -96,19 +101,19 @@ def test_a_view_ending_inside_a_page_is_continued_by_copying_its_part_page_and_t
 
 def test_views_and_continuations_are_checked():
     kv = arena()
-    block = kv.add(0, *span(10, 3))
+    block = stored(kv, 0, *span(10, 3))
     with pytest.raises(ValueError, match="1 to 10 tokens"):
         kv.view(block, 11)
-    odd = kv.add(20, *span(3, 4))
+    odd = stored(kv, 20, *span(3, 4))
     with pytest.raises(ValueError, match="right after it"):
-        kv.concat(odd, kv.add(24, *span(2, 5)))
+        kv.concat(odd, stored(kv, 24, *span(2, 5)))
 
 
 def test_asking_for_more_pages_than_are_free_fails_loudly():
     kv = arena(2)
-    kv.add(0, *span(5, 6))
+    stored(kv, 0, *span(5, 6))
     with pytest.raises(ArenaFull, match="2 KV pages asked for, 0 of 2 free"):
-        kv.add(5, *span(5, 7))
+        stored(kv, 5, *span(5, 7))
 
 
 def test_a_budget_in_bytes_becomes_whole_pages():
@@ -123,22 +128,22 @@ def memory(pages: int) -> Memory:
 def test_admission_evicts_the_lowest_priority_kept_entry_first():
     mem = memory(6)
     evicted: list[str] = []
-    cheap = mem.arena.add(0, *span(8, 8))   # 8 tokens to recompute over 2 pages
-    dear = mem.arena.add(0, *span(8, 9))
-    unlikely = mem.arena.add(0, *span(8, 10))
+    cheap = stored(mem.arena, 0, *span(8, 8))   # 8 tokens to recompute over 2 pages
+    dear = stored(mem.arena, 0, *span(8, 9))
+    unlikely = stored(mem.arena, 0, *span(8, 10))
     mem.keep(cheap, 1.0, lambda: evicted.append("cheap"))
     mem.keep(dear, 1.0, lambda: evicted.append("dear"))
     mem.keep(unlikely, 0.1, lambda: evicted.append("unlikely"))
     assert mem.admit(2, busy=True)
     assert evicted == ["unlikely"] and mem.counters.evictions == 1
     mem.pass_ran()
-    mem.arena.add(0, *span(8, 11))
+    stored(mem.arena, 0, *span(8, 11))
     assert mem.admit(2, busy=True) and len(evicted) == 2
 
 
 def test_admission_waits_while_work_is_in_flight_and_refuses_when_nothing_could_ever_fit():
     mem = memory(2)
-    mem.arena.add(0, *span(8, 12))  # in flight: not evictable
+    stored(mem.arena, 0, *span(8, 12))  # in flight: not evictable
     assert not mem.admit(1, busy=True)
     empty = memory(2)
     with pytest.raises(RefusalError, match="needed 3 pages of 4 tokens, 2 of 2 free"):
@@ -147,7 +152,7 @@ def test_admission_waits_while_work_is_in_flight_and_refuses_when_nothing_could_
 
 def test_entries_sharing_all_their_pages_are_not_worth_evicting():
     mem = memory(3)
-    lender = mem.arena.add(0, *span(8, 13))
+    lender = stored(mem.arena, 0, *span(8, 13))
     view = mem.arena.view(lender, 8)
     mem.keep(view, 0.0, lambda: None)
     assert not mem.admit(2, busy=True) and view in mem.arena

@@ -93,10 +93,6 @@ class KVArena:
 
     # -- blocks -------------------------------------------------------------------------------
 
-    def add(self, start: int, keys: list[torch.Tensor], values: list[torch.Tensor]) -> int:
-        """Store a span's KV (per layer [kv_heads, length, head_dim]) in fresh pages."""
-        return self.add_spans([KeptSpan(start, 0, keys[0].shape[1])], keys, values)[0]
-
     def add_spans(self, spans: Sequence[KeptSpan], keys: list[torch.Tensor], values: list[torch.Tensor]) -> list[int]:
         """Store spans of one pass's KV (per layer [kv_heads, rows, head_dim]), each in fresh pages of its own, with
         one copy per layer for all of them: a copy per span and layer cost about 5 µs of dispatch, and Gemma 3
