@@ -34,7 +34,6 @@ def read(kv: KVArena, block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     return kv.keys[0][:, slots], kv.values[0][:, slots], kv.keys[1][:, slots]
 
 
-
 def test_a_passes_kept_spans_each_come_back_as_their_rows_of_the_pass():
     """Spans kept from one pass (any rows, any order, a part-page each) are stored together, each block reading
     back exactly its rows at its positions; spans that do not all fit allocate nothing."""
@@ -52,6 +51,7 @@ def test_a_passes_kept_spans_each_come_back_as_their_rows_of_the_pass():
     with pytest.raises(ArenaFull):
         kv.add_spans([KeptSpan(0, 0, 8), KeptSpan(0, 8, 12)], keys, values)  # 2 + 3 pages, 4 free
     assert kv.used_pages == 4 and len(kv) == 3
+
 
 def test_blocks_come_back_exactly_in_whole_pages():
     kv = arena()
