@@ -312,12 +312,17 @@ class RecombineFilter(PhysicalNode):
 @dataclass(frozen=True, kw_only=True)
 class RecombineJoin(PhysicalNode):
     """Left ⋈ right through the TRUE join answers (full), left rows with / without one (exists / anti),
-    or every left row with its TRUE partners and NULLs where it has none (left)."""
+    or every left row with its TRUE partners and NULLs where it has none (left).
+
+    `candidates`, when connected, holds the left × right rows that satisfy the join's column equalities:
+    the answers are joined through them, never through every left × right pair, because an equality may
+    read an alias the AI predicate does not (answers are keyed by the predicate's aliases only)."""
 
     semantics: Semantics
 
     INPUTS: ClassVar[Mapping[str, PortType]] = _ports(left=PortType.ROWS, right=PortType.ROWS,
-                                                      answers=PortType.JOIN_ANSWERS)
+                                                      answers=PortType.JOIN_ANSWERS, candidates=PortType.ROWS)
+    OPTIONAL_INPUTS: ClassVar[frozenset[str]] = frozenset({"candidates"})
     OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
 
     def describe(self) -> str:

@@ -147,13 +147,17 @@ class _GraphBuilder:
         read = predicate.aliases
         inputs: dict[str, Port] = {"left": self.documents(left, _within(read, node.left.aliases)),
                                    "right": self.documents(right, _within(read, node.right.aliases))}
+        recombined: dict[str, Port] = {}
         if node.equalities:
             pairs = self.add(ph.HashJoin(f"candidates_{predicate.position}", equalities=node.equalities),
                              left=inputs["left"], right=inputs["right"])
-            inputs["candidates"] = (pairs, "rows")
+            inputs["candidates"] = recombined["candidates"] = (pairs, "rows")
         selectivity, assumed = selectivity_of(predicate.selectivity)
-        # a LEFT join evaluates every candidate, as a full one does; only its recombination differs
-        semantics = "full" if node.semantics == "left" else node.semantics
+        # A LEFT join evaluates every candidate, as a full one does; only its recombination differs. So does
+        # an EXISTS whose equalities read an alias the predicate does not: whether a left row has a TRUE
+        # partner then depends on more than the anchor, so no anchor may stop at its first TRUE.
+        beyond = any(a not in read for e in node.equalities for a in e.aliases)
+        semantics = "full" if node.semantics == "left" or beyond else node.semantics
         model = self.add(ph.AiJoin(f"join_{predicate.position}", self.join_estimate(predicate.position),
                                    predicate=predicate, anchor=bound.anchor, partners=bound.partners,
                                    semantics=semantics, preamble=bound.preamble, frame=bound.frame,
@@ -165,7 +169,7 @@ class _GraphBuilder:
         if node.semantics == "left":
             self.nullable.update(node.right.aliases)
         return self.add(ph.RecombineJoin(f"joined_{predicate.position}", semantics=node.semantics),
-                        left=left, right=right, answers=(model, "answers")), "rows"
+                        left=left, right=right, answers=(model, "answers"), **recombined), "rows"
 
     def join_estimate(self, position: int) -> ph.NodeEstimate:
         plan = self.decisions.join_plan

@@ -98,28 +98,65 @@ def _distinct(table: pa.Table) -> pa.Table:
     return table.group_by(table.column_names).aggregate([]) if table.num_columns else table
 
 
-def recombine_join(left: pa.Table, right: pa.Table, answers: pa.Table, semantics: Semantics) -> pa.Table:
+def recombine_join(left: pa.Table, right: pa.Table, answers: pa.Table, semantics: Semantics,
+                   candidates: pa.Table | None = None) -> pa.Table:
     """Full: left ⋈ TRUE answers ⋈ right. Exists / anti: left rows with / without a TRUE answer.
-    Left: the full join, and every left row without a TRUE answer once, its right side NULL."""
+    Left: the full join, and every left row without a TRUE answer once, its right side NULL.
+
+    With `candidates` (the left ⋈ right rows that satisfy the join's column equalities) the answers are
+    joined through those rows: an equality may read an alias the predicate does not, and the answers,
+    keyed by the predicate's aliases alone, cannot say which left rows a TRUE tuple belongs to."""
     answer_aliases = [c for c in answers.column_names if c not in ("answer", "margin")]
-    true = answers.filter(pc.field("answer")).select(answer_aliases)
+    true = _distinct(answers.filter(pc.field("answer")).select(answer_aliases))
     left_keys = [a for a in answer_aliases if a in left.column_names]
-    if semantics in ("exists", "anti"):
+    order = [*left.column_names, *[c for c in right.column_names if c not in left.column_names]]
+    if candidates is None and semantics in ("exists", "anti"):
         matched = true.select(left_keys).group_by(left_keys).aggregate([])
         join_type = "left semi" if semantics == "exists" else "left anti"
         return _ordered(left.join(matched, left_keys, join_type=join_type), left_keys)
+    if candidates is None:
+        joined = _through_answers(left, right, true, answer_aliases)
+    else:
+        joined = candidates.select(order).join(true, answer_aliases, join_type="left semi") if (
+            candidates.num_rows and true.num_rows) else candidates.select(order).slice(0, 0)
+    if semantics in ("exists", "anti"):
+        return _ordered(_rows_matched(left, joined, semantics == "exists"), _row_columns(left))
+    if semantics == "left":
+        alone = _rows_matched(left, joined, False)
+        nulls = {c: pa.nulls(alone.num_rows, right.schema.field(c).type) for c in order if c not in left.column_names}
+        joined = pa.concat_tables([joined, pa.table({**{c: alone.column(c) for c in left.column_names}, **nulls})])
+    return _ordered(joined, [c for c in order if joined.schema.field(c).type == ROW])
+
+
+def _through_answers(left: pa.Table, right: pa.Table, true: pa.Table, answer_aliases: Sequence[str]) -> pa.Table:
+    """Every left × right row whose tuple of the predicate's aliases has a TRUE answer."""
+    left_keys = [a for a in answer_aliases if a in left.column_names]
     through = left.join(true, left_keys, join_type="inner")
     right_keys = [a for a in answer_aliases if a in right.column_names]
     extra = [c for c in right.column_names if c not in through.column_names or c in right_keys]
     joined = through.join(right.select(extra), right_keys, join_type="inner")
-    order = [*left.column_names, *[c for c in right.column_names if c not in left.column_names]]
-    joined = joined.select(order)
-    if semantics == "left":
-        matched = joined.select(left.column_names).group_by(left.column_names).aggregate([])
-        alone = left.join(matched, left.column_names, join_type="left anti") if matched.num_rows else left
-        nulls = {c: pa.nulls(alone.num_rows, right.schema.field(c).type) for c in order if c not in left.column_names}
-        joined = pa.concat_tables([joined, pa.table({**{c: alone.column(c) for c in left.column_names}, **nulls})])
-    return _ordered(joined, [c for c in order if joined.schema.field(c).type == ROW])
+    return joined.select([*left.column_names, *[c for c in right.column_names if c not in left.column_names]])
+
+
+def _row_columns(table: pa.Table) -> list[str]:
+    """The columns that name a row: one row id per alias (AI outputs beside them follow from those)."""
+    return [c for c in table.column_names if table.schema.field(c).type == ROW]
+
+
+def _rows_matched(left: pa.Table, joined: pa.Table, keep: bool) -> pa.Table:
+    """The left rows that appear in `joined` (keep) or that do not; a NULL row id (a LEFT JOIN's missing
+    side) matches a NULL, which Acero's joins never do, so the ids are compared with NULL as -1."""
+    columns = _row_columns(left)
+    keys = [f"__row_{i}" for i in range(len(columns))]
+
+    def keyed(table: pa.Table) -> pa.Table:
+        return pa.table({k: pc.fill_null(table.column(c), -1) for k, c in zip(keys, columns, strict=True)})
+
+    matched = _distinct(keyed(joined)) if joined.num_rows else keyed(joined).slice(0, 0)
+    marked = keyed(left).append_column("__position", pa.array(range(left.num_rows), pa.int64()))
+    join_type = "left semi" if keep else "left anti"
+    positions = marked.join(matched, keys, join_type=join_type).column("__position").combine_chunks()
+    return left.take(pc.take(positions, pc.sort_indices(positions)))
 
 
 def add_labels(rows: pa.Table, answers: pa.Table, alias: str, output: str,

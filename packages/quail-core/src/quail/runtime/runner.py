@@ -176,7 +176,8 @@ class Runner:
         if isinstance(node, ph.RecombineFilter):
             return relational.survivors(inputs["rows"], inputs["answers"], node.alias)
         if isinstance(node, ph.RecombineJoin):
-            return relational.recombine_join(inputs["left"], inputs["right"], inputs["answers"], node.semantics)
+            return relational.recombine_join(inputs["left"], inputs["right"], inputs["answers"], node.semantics,
+                                           inputs.get("candidates"))
         if isinstance(node, ph.RecombineLabels):
             return relational.add_labels(inputs["rows"], inputs["answers"], node.alias, node.output, node.allowed)
         if isinstance(node, ph.RecombineScores):
