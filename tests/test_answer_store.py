@@ -401,16 +401,89 @@ def test_the_store_evicts_the_least_recently_used_answers_past_its_limit(tmp_pat
 
 def test_a_corrupt_store_warns_computes_the_right_rows_and_cli_clear_removes_it(capsys):
     path = Path(os.environ[STORE_ENVIRONMENT])
-    path.write_bytes(b"this is not a database" * 200)
-    with pytest.warns(AnswerStoreWarning, match="not a database"):
+    run(TWO_FILTERS)
+    damaged = path.read_bytes()
+    path.write_bytes(damaged[:100] + b"this is not a database" * 200)  # Quail's header, its pages gone
+    with pytest.warns(AnswerStoreWarning, match="malformed|not a database"):
         result = run(TWO_FILTERS)
     assert result.report["fresh_tokens"] > 0
     assert result.collect().equals(run(TWO_FILTERS, cache="off").collect())
     assert main(["cache", "stats"]) == 2
+    assert "`quail cache clear` deletes it" in capsys.readouterr().err
     assert main(["cache", "clear"]) == 0
     assert "removed the unusable answer store" in capsys.readouterr().out
     run(TWO_FILTERS)
     assert run(TWO_FILTERS).report["fresh_tokens"] == 0, "a fresh store works again"
+
+
+def _foreign_files(directory: Path) -> dict[str, Path]:
+    """Files Quail did not make, at a path a user might give as the store."""
+    text = directory / "notes.txt"
+    text.write_text("my notes\n" * 50)
+    other_app = directory / "app.sqlite"
+    with sqlite3.connect(other_app) as db:
+        db.execute("CREATE TABLE things (id INTEGER PRIMARY KEY, name TEXT)")
+        db.execute("INSERT INTO things VALUES (1, 'one')")
+        db.execute("PRAGMA user_version = 7")
+    db.close()
+    plain = directory / "plain.sqlite"
+    with sqlite3.connect(plain) as db:  # user_version 0, no application id
+        db.execute("CREATE TABLE answers (x)")
+    db.close()
+    look_alike = directory / "lookalike.sqlite"  # Quail's table names, another application's id
+    with sqlite3.connect(look_alike) as db:
+        for table in ("answers", "models", "files", "counts"):
+            db.execute(f"CREATE TABLE {table} (x)")
+        db.execute("PRAGMA user_version = 1")
+        db.execute("PRAGMA application_id = 42")
+    db.close()
+    empty = directory / "empty.sqlite"
+    empty.write_bytes(b"")
+    return {"text": text, "other_app": other_app, "plain": plain, "look_alike": look_alike, "empty": empty}
+
+
+@pytest.mark.parametrize("kind", ["text", "other_app", "plain", "look_alike", "empty"])
+def test_cache_commands_and_queries_leave_a_file_quail_did_not_make_byte_identical(tmp_path, capsys, kind):
+    path = _foreign_files(tmp_path)[kind]
+    before = path.read_bytes()
+    siblings = sorted(p.name for p in tmp_path.iterdir())
+    for action in ("stats", "clear"):
+        assert main(["cache", action, "--store", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert str(path) in err and "not an answer store" in err and "clear` deletes" not in err
+    with pytest.warns(AnswerStoreWarning, match="not an answer store"):
+        result = run(FILTER, cache=str(path))
+    assert result.collect().equals(run(FILTER, cache="off").collect())
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == siblings, "no journal, log or index left beside it"
+
+
+def test_a_directory_given_as_the_store_is_refused_by_name(tmp_path, capsys):
+    (tmp_path / "inside.txt").write_text("keep me")
+    for action in ("stats", "clear"):
+        assert main(["cache", action, "--store", str(tmp_path)]) == 2
+        assert f"{tmp_path} is a directory, not an answer store" in capsys.readouterr().err
+    assert (tmp_path / "inside.txt").read_text() == "keep me"
+
+
+def test_a_store_of_an_older_quail_without_the_marker_is_kept_and_marked(tmp_path):
+    path = tmp_path / "answers.sqlite"
+    run(FILTER, cache=str(path))
+    with sqlite3.connect(path) as db:  # what stores looked like before the marker
+        db.execute("PRAGMA application_id = 0")
+    db.close()
+    assert run(FILTER, cache=str(path)).report["fresh_tokens"] == 0
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA application_id").fetchone()[0] == store.APPLICATION_ID
+    db.close()
+
+
+def test_a_new_store_leaves_no_temporary_file_and_two_openers_share_one(tmp_path):
+    path = tmp_path / "answers.sqlite"
+    first, second = AnswerStore.open(path, 10), AnswerStore.open(path, 10)
+    first.close()
+    second.close()
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(("-wal", "-shm"))) == ["answers.sqlite"]
 
 
 def test_a_damaged_stored_value_is_computed_again_never_read_as_an_answer():

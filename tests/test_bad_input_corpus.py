@@ -531,3 +531,15 @@ def test_tables_a_user_would_expect_to_just_work_do(tmp_path):
                      "--table", f"reviews={tmp_path / name}", "--output", str(out), *KEYWORD])
         assert code == 0, name
         assert pq.read_table(out).num_rows == rows, name
+
+
+@pytest.mark.parametrize("name", ["g[ab].csv", "s*.csv", "q?.csv"])
+def test_a_path_with_glob_characters_names_that_one_file(tmp_path, name):
+    """A path is a path: `g[ab].csv` is read, never `ga.csv` and `gb.csv` beside it (DuckDB's readers glob)."""
+    pa_csv.write_csv(REVIEWS.slice(0, 1), tmp_path / name)
+    for decoy in ("ga.csv", "gb.csv", "sa.csv", "qa.csv"):
+        pa_csv.write_csv(REVIEWS.slice(1), tmp_path / decoy)
+    with Session(EngineConfig(backend="example-keyword")) as session:
+        session.register("reviews", str(tmp_path / name), id_column="id")
+        rows = session.sql("SELECT r.id, AI.SCORE(PROMPT('Is {0} good?', r.body)) AS s FROM reviews r").run()
+        assert rows.collect().column("r.id").to_pylist() == [1]

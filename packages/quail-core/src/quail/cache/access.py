@@ -16,7 +16,7 @@ from pathlib import Path
 from quail.backends.base import ModelBackend
 from quail.cache.identity import ResolvedIdentity, named_identity, resolved
 from quail.cache.keys import Key, Keys
-from quail.cache.store import Answer, AnswerStore, Readout, StoreError
+from quail.cache.store import Answer, AnswerStore, NotAnAnswerStore, Readout, StoreError
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.locations import quail_cache_home
 from quail.catalog.models import ModelSpec
@@ -111,5 +111,15 @@ class StoredAnswerAccess:
 def warn_unusable(error: Exception, computed: str = "answers", stacklevel: int = 3) -> None:
     """One warning that the store is dropped (for this query, or a while for a tokenizer) and why; `stacklevel`
     points it at the caller's caller outside the store's code."""
-    warnings.warn(f"{error}; {computed} are computed instead of read or stored (`quail cache clear` starts a fresh "
-                  "store)", AnswerStoreWarning, stacklevel=stacklevel)
+    warnings.warn(f"{error}; {computed} are computed instead of read or stored{_remedy(error)}", AnswerStoreWarning,
+                  stacklevel=stacklevel)
+
+
+def _remedy(error: Exception) -> str:
+    """Advice only where it cannot destroy anything: never `clear` for another writer's lock or a foreign file."""
+    text = str(error)
+    if isinstance(error, NotAnAnswerStore):
+        return " (set EngineConfig.cache or $QUAIL_ANSWER_STORE to a path of its own)"
+    if "locked" in text or "busy" in text:
+        return " (another Quail process was writing to it; later queries use it again)"
+    return " (`quail cache clear` starts a fresh store)"

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TextIO
 
 from quail.cache.access import store_location
-from quail.cache.store import AnswerStore, StoreError, remove_files
+from quail.cache.store import AnswerStore, NotAnAnswerStore, StoreError, remove_files
 from quail.config import DEFAULT_CACHE_LIMIT, EngineConfig
 
 UNUSABLE = 2
@@ -40,8 +40,11 @@ def _stats(path: Path, out: TextIO, err: TextIO) -> int:
             stats = store.stats()
         finally:
             store.close()
+    except NotAnAnswerStore as error:
+        print(f"quail: {error}", file=err)
+        return UNUSABLE
     except StoreError as error:
-        print(f"quail: {error}; `quail cache clear` deletes it", file=err)
+        print(f"quail: {error}{_advice(error)}", file=err)
         return UNUSABLE
     print(f"answer store {stats.path}: {stats.answers:,} answers, {stats.token_lists:,} texts' token ids, "
           f"{stats.bytes_on_disk / 2**20:.2f} MiB on disk", file=out)
@@ -57,8 +60,18 @@ def _clear(path: Path, out: TextIO, err: TextIO) -> int:
         return 0
     try:
         store = AnswerStore.open(path, DEFAULT_CACHE_LIMIT)
+    except NotAnAnswerStore as error:
+        print(f"quail: {error}", file=err)
+        return UNUSABLE
     except StoreError as error:
-        remove_files(path)
+        if _locked(error):
+            print(f"quail: {error}{_advice(error)}", file=err)
+            return UNUSABLE
+        try:
+            remove_files(path)
+        except (NotAnAnswerStore, OSError) as refused:
+            print(f"quail: {refused}", file=err)
+            return UNUSABLE
         print(f"removed the unusable answer store {path} ({error.__cause__ or error})", file=out)
         return 0
     try:
@@ -70,3 +83,14 @@ def _clear(path: Path, out: TextIO, err: TextIO) -> int:
         store.close()
     print(f"removed {removed.answers:,} answers and {removed.token_lists:,} texts' token ids from {path}", file=out)
     return 0
+
+
+def _locked(error: StoreError) -> bool:
+    return "locked" in str(error.__cause__ or error) or "busy" in str(error.__cause__ or error)
+
+
+def _advice(error: StoreError) -> str:
+    """What to do about a store Quail made but cannot use now: wait for a writer, or clear a damaged one."""
+    if _locked(error):
+        return "; another Quail process is writing to it: try again when it has finished"
+    return "; `quail cache clear` deletes it (it carries Quail's marker)"

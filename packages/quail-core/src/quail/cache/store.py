@@ -8,6 +8,12 @@ IMMEDIATE` transaction each: a process killed mid-write leaves the last committe
 half of one. Answer writers wait for each other (busy timeout); readers never wait (WAL); what is only
 a cache of a cache (when answers were last used, token lists) never waits for a lock.
 
+A store file carries Quail's marker: SQLite's `application_id` in its header (an older Quail's store,
+without it, is known by its schema and gets it). Nothing else is ever opened for writing, changed or
+deleted: a path that holds another application's database, a text file or a directory is refused
+(`NotAnAnswerStore`) with what was found there. A new store is made whole in a temporary file beside it
+and linked into place, so a file at the path without the marker was never Quail's.
+
 The store keeps at most `limit` answers: past it, the least recently used (read or written) are
 deleted in the same transaction that overflowed it. Every SQLite failure surfaces as `StoreError`
 with the file's path; callers decide whether that stops them (the CLI) or only the store (queries).
@@ -26,9 +32,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import os
 import sqlite3
+import stat
 import struct
+import tempfile
 import time
+import urllib.parse
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -38,6 +48,11 @@ from typing import Literal, TypeVar
 from quail.cache.keys import Key, ReadoutKind, TokenIds, token_bytes
 
 SCHEMA_VERSION = 1
+APPLICATION_ID = 0x5155414C
+"""SQLite's `application_id` of an answer store ("QUAL"): the marker that says Quail made the file."""
+SQLITE_MAGIC = b"SQLite format 3\x00"
+_QUAIL_TABLES = frozenset({"answers", "models", "files", "counts"})
+"""The tables of every Quail store; an older one without the marker is known by them."""
 BUSY_TIMEOUT_S = 5.0
 """How long a write waits for another process's write before the store gives up on that batch."""
 LOOKUP_BATCH = 500
@@ -77,6 +92,11 @@ Table = Literal["answers", "token_lists"]
 
 class StoreError(Exception):
     """The answer store could not be read or written (corrupt, locked, made by a newer Quail, unwritable)."""
+
+
+class NotAnAnswerStore(StoreError):
+    """The path holds something Quail did not make (another database, a text file, a directory): it is left
+    exactly as it was, never opened for writing, never deleted."""
 
 
 @dataclass(frozen=True)
@@ -129,9 +149,11 @@ class AnswerStore:
 
     @classmethod
     def open(cls, path: Path, limit: int) -> AnswerStore:
-        """Open (creating when missing) the store at `path`; StoreError when it is not a usable store."""
+        """Open (creating when missing) the store at `path`; StoreError when it is not a usable store,
+        NotAnAnswerStore when the file there is not one Quail made."""
         with _failures(path, "open"):
-            path.parent.mkdir(parents=True, exist_ok=True)
+            if identify(path) == "missing":
+                _create(path)
             connection = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         store = cls(connection, path, limit)
         try:
@@ -151,13 +173,16 @@ class AnswerStore:
         if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
             db.execute("PRAGMA journal_mode = WAL")
         db.execute("PRAGMA synchronous = NORMAL")
-        if version < SCHEMA_VERSION:
-            with self._transaction():
-                for statement in _SCHEMA:
-                    db.execute(statement)
-                db.execute("INSERT OR IGNORE INTO counts VALUES ('answers', 0)")
-                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        self._mark()
         self._token_lists_ready = self._ensure_token_lists()
+
+    def _mark(self) -> None:
+        """An older Quail's store (known by its schema) gets the marker; where it cannot be written now
+        (read-only, locked) the schema still tells, next time too."""
+        if int(self._db.execute("PRAGMA application_id").fetchone()[0]) == APPLICATION_ID:
+            return
+        with contextlib.suppress(sqlite3.OperationalError), self._without_waiting(), self._transaction():
+            self._db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
 
     def _ensure_token_lists(self) -> bool:
         """The token_lists table, created where missing; False where it cannot be (a store this process may
@@ -408,8 +433,90 @@ def disk_bytes(path: Path) -> int:
                if p.exists())
 
 
+def identify(path: Path) -> Literal["missing", "ours", "older"]:
+    """What is at `path`: nothing, a store with Quail's marker, or an older Quail's store (its schema, no
+    marker); NotAnAnswerStore for anything else. Reads the header, and the schema of a SQLite file without
+    an application id through an immutable read-only connection: a foreign file is never changed."""
+    try:
+        status = path.stat()
+    except FileNotFoundError:
+        return "missing"
+    if stat.S_ISDIR(status.st_mode):
+        raise NotAnAnswerStore(f"{path} is a directory, not an answer store; name a file (Quail makes it)")
+    if not stat.S_ISREG(status.st_mode):
+        raise NotAnAnswerStore(f"{path} is not a regular file, so not an answer store; name a file (Quail makes it)")
+    with path.open("rb") as handle:
+        header = handle.read(100)
+    if len(header) < 100 or not header.startswith(SQLITE_MAGIC):
+        what = "an empty file" if not header else f"a file of {status.st_size:,} bytes that is no SQLite database"
+        raise NotAnAnswerStore(f"{path} is not an answer store: it is {what}; Quail leaves it as it is "
+                               "(name another path, or remove it yourself)")
+    application = int.from_bytes(header[68:72], "big")
+    version = int.from_bytes(header[60:64], "big")
+    if application == APPLICATION_ID:
+        return "ours"
+    if application == 0 and version == SCHEMA_VERSION:
+        tables = _tables(path)
+        if _QUAIL_TABLES <= tables <= _QUAIL_TABLES | {"token_lists"}:
+            return "older"
+    else:
+        tables = set()
+    found = f"application_id {application:#x}, " if application else ""
+    listed = f"; tables: {', '.join(sorted(tables))}" if tables else ""
+    raise NotAnAnswerStore(f"{path} is not an answer store: it is a SQLite database Quail did not make "
+                           f"({found}user_version {version}{listed}); Quail leaves it as it is")
+
+
+def _tables(path: Path) -> set[str]:
+    """The table names of a SQLite file, read without a lock, a journal or any write."""
+    uri = f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro&immutable=1"
+    try:
+        connection = sqlite3.connect(uri, uri=True)
+        try:
+            rows = connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+        finally:
+            connection.close()
+    except sqlite3.Error:
+        return set()
+    return {str(name) for (name,) in rows if not str(name).startswith("sqlite_")}
+
+
+def _create(path: Path) -> None:
+    """A new store, made whole (marker, schema, WAL mode) in a temporary file beside `path` and linked into
+    place: the path holds either nothing or a complete store. When another process links its store first,
+    that one is used. The temporary file is removed on every exit."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".new", dir=path.parent)
+    os.close(handle)
+    temporary = Path(name)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        temporary.chmod(0o666 & ~umask)
+        connection = sqlite3.connect(temporary, isolation_level=None)
+        try:
+            connection.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            connection.execute("BEGIN IMMEDIATE")
+            for statement in (*_SCHEMA, *_TOKEN_SCHEMA):
+                connection.execute(statement)
+            connection.execute("INSERT OR IGNORE INTO counts VALUES ('answers', 0)")
+            connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            connection.execute("COMMIT")
+            connection.execute("PRAGMA journal_mode = WAL")
+        finally:
+            connection.close()
+        with contextlib.suppress(FileExistsError):
+            os.link(temporary, path)
+    finally:
+        for leftover in (temporary, temporary.with_name(temporary.name + "-wal"),
+                         temporary.with_name(temporary.name + "-shm")):
+            leftover.unlink(missing_ok=True)
+
+
 def remove_files(path: Path) -> None:
-    """Delete a store that cannot be opened (corrupt, foreign), with its log and index."""
+    """Delete a damaged store, with its log and index — only one that carries Quail's marker (or an older
+    Quail's schema): NotAnAnswerStore, and nothing deleted, for any other file."""
+    identify(path)
     for candidate in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
         candidate.unlink(missing_ok=True)
 

@@ -66,6 +66,12 @@ def literal(text: str) -> str:
     return exp.Literal.string(text).sql("duckdb")
 
 
+def literal_path(path: str) -> str:
+    """A path as DuckDB's readers take it, naming that one file: they expand `*`, `?` and `[...]` as a glob,
+    so each is written as a one-character class (`[[]`) that matches only itself."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in path)
+
+
 @dataclass(frozen=True)
 class ArrowSource:
     """Arrow data in memory, or a pyarrow dataset (read again when its local files change)."""
@@ -126,7 +132,7 @@ class DuckFileSource:
         return [str(self.path)]
 
     def bind(self, connection: duckdb.DuckDBPyConnection, name: str) -> None:
-        files = ", ".join(literal(f) for f in self.files())
+        files = ", ".join(literal(literal_path(f)) for f in self.files())
         reader = DUCKDB_READERS[self.reader]
         connection.execute(f"CREATE OR REPLACE TEMP VIEW {quoted(name)} AS SELECT * FROM {reader}([{files}])")
 
