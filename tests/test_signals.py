@@ -116,3 +116,65 @@ def test_a_python_error_inside_duckdb_is_still_a_compile_error_naming_it():
     connection.register("answers", pa.RecordBatchReader.from_batches(schema, batches()))
     with pytest.raises(CompileError, match="the answers file is truncated"), translated():
         connection.sql("SELECT * FROM answers").fetchall()
+
+
+NEVER_ENDING = ("WITH RECURSIVE counter(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM counter) "
+                "SELECT r.id, (SELECT count(*) FROM counter) AS c "
+                "FROM reviews r WHERE AI_FILTER(PROMPT('Does {0} mention \"acting\"?', r.body))")
+
+
+def _start_never_ending_query(tmp_path: Path, scratch: Path) -> subprocess.Popen[str]:
+    """`quail query` whose relational part never ends; it touches `tail-started` once DuckDB runs it."""
+    script = f"""
+        import sys
+        from pathlib import Path
+        import quail.data.database as database
+
+        original = database.Database.run
+        def announced(self, *args, **kwargs):
+            Path("tail-started").touch()
+            return original(self, *args, **kwargs)
+        database.Database.run = announced
+        from quail.cli import main
+        sys.exit(main(["query", {NEVER_ENDING!r}, "--table", "reviews=reviews.parquet",
+                       "--backend", "example-keyword", "--no-progress", "--cache", "off"]))
+    """
+    env = {**os.environ, "TMPDIR": str(scratch), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+                            preexec_fn=ctrl_c_as_in_a_terminal)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("signal_number", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
+                         ids=["sigint", "sigterm"])
+def test_a_never_ending_relational_part_stops_on_a_signal_within_2_s_ten_times_in_ten(tmp_path, signal_number,
+                                                                                      code):
+    import time
+
+    pq.write_table(REVIEWS, tmp_path / "reviews.parquet")
+    outcomes = []
+    for attempt in range(10):
+        scratch = tmp_path / f"tmpdir{attempt}"
+        scratch.mkdir()
+        marker = tmp_path / "tail-started"
+        marker.unlink(missing_ok=True)
+        process = _start_never_ending_query(tmp_path, scratch)
+        try:
+            deadline = time.monotonic() + 60
+            while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert marker.exists(), process.communicate(timeout=10)
+            time.sleep(0.3)  # well inside DuckDB's never-ending query
+            signalled = time.monotonic()
+            process.send_signal(signal_number)
+            _, err = process.communicate(timeout=30)
+            took = time.monotonic() - signalled
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        outcomes.append((process.returncode, round(took, 2), "Traceback" in err, sorted(os.listdir(scratch)),
+                         err[-600:]))
+    assert all(rc == code and took < 2.0 and not traceback and left == []
+               for rc, took, traceback, left, _ in outcomes), outcomes

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
 import uuid
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import duckdb
 import pyarrow as pa
@@ -27,6 +29,9 @@ from quail.errors import CompileError, QuailError
 from quail.interrupts import Terminated
 
 VIEW_BATCH_ROWS = 65_536
+INTERRUPT_WAIT_S = 10.0
+"""How long an interrupted DuckDB call may take to stop before the interruption is raised regardless."""
+Result = TypeVar("Result")
 _CONTEXT = re.compile(r"\n\s*\nLINE \d+:.*", re.DOTALL)
 
 
@@ -177,9 +182,10 @@ class Database:
         cached = self._views.get(key)
         if cached is not None:
             return cached
+        path = self._directory() / _view_name(sql)
         with translated("the scan failed: "):
-            reader = self._connection.sql(sql).to_arrow_reader(VIEW_BATCH_ROWS)
-            view = ScanView(_mapped(reader, self._directory() / _view_name(sql)), sql)
+            view = ScanView(self._interruptible(
+                lambda: _mapped(self._connection.sql(sql).to_arrow_reader(VIEW_BATCH_ROWS), path)), sql)
         self._views[key] = view
         return view
 
@@ -187,7 +193,41 @@ class Database:
         """Run `sql` with these Arrow tables as named relations."""
         self._check_open()
         with self._relations(relations), translated("the relational part failed: "):
-            return self._connection.sql(sql).to_arrow_table()
+            return self._interruptible(lambda: self._connection.sql(sql).to_arrow_table())
+
+    def _interruptible(self, work: Callable[[], Result]) -> Result:
+        """`work` (DuckDB calls) on a thread of its own while this one waits, so that Ctrl-C and SIGTERM stop it.
+
+        Python runs its signal handlers on the main thread, between bytecodes; a thread blocked inside a
+        DuckDB call never gets there, and a query that never ends would ignore every signal. Waiting here
+        instead, the handler runs, and the interruption it raises asks DuckDB to stop (`interrupt()`),
+        waits for the call to end and goes on up — KeyboardInterrupt or `Terminated`, whichever it was.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return work()
+        outcome: dict[str, object] = {}
+        finished = threading.Event()  # not Thread.join: an interrupted join marks a running thread stopped
+
+        def target() -> None:
+            try:
+                outcome["value"] = work()
+            except BaseException as error:  # handed to the waiting thread, which raises it
+                outcome["error"] = error
+            finally:
+                finished.set()
+
+        threading.Thread(target=target, name="quail-duckdb", daemon=True).start()
+        try:
+            while not finished.wait(0.1):
+                pass
+        except BaseException:
+            self._connection.interrupt()
+            finished.wait(INTERRUPT_WAIT_S)
+            raise
+        error = outcome.get("error")
+        if isinstance(error, BaseException):
+            raise error
+        return outcome["value"]  # type: ignore[return-value]
 
     @contextmanager
     def _relations(self, relations: Mapping[str, pa.Table]) -> Iterator[None]:
