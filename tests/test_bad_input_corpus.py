@@ -411,6 +411,15 @@ CLI_CASES = [
           "files of one format"),
     Exits("demo: unknown backend", ("demo", "--backend", "nope"), "'nope'"),
     Exits("bench: unknown scale", ("bench", "--scale", "huge"), "'huge'"),
+    Exits("--table a DuckDB table name with an unbalanced quote",
+          (*Q, "--table", 'reviews={dir}/films.duckdb:t"; ATTACH \'x\'; --', *KEYWORD), "is not a table name"),
+    Exits("LIMIT past any row count", ("query", f"{GOOD} LIMIT 18446744073709551616", *T, *KEYWORD),
+          "LIMIT 18446744073709551616 is larger than any row count"),
+    Exits("OFFSET past any row count", ("query", f"{GOOD} LIMIT 1 OFFSET 99999999999999999999", *T, *KEYWORD),
+          "OFFSET 99999999999999999999 is larger"),
+    Exits("cache stats of a directory", ("cache", "stats", "--store", "{dir}/folder"), "is a directory"),
+    Exits("cache clear of a directory", ("cache", "clear", "--store", "{dir}/folder"), "is a directory"),
+    Exits("cache clear of a text file", ("cache", "clear", "--store", "{dir}/notes.txt"), "not an answer store"),
 ]
 
 
@@ -435,6 +444,10 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (folder / "ragged.csv").write_text("id,body\n1,a fine film\n2,a dull film,extra\n")
     (folder / "garbage.parquet").write_bytes(b"these bytes are not a Parquet file")
     pq.write_table(pa.table({"id": [[1], [2]], "body": ["a", "b"]}), folder / "listid.parquet")
+    import duckdb
+
+    with duckdb.connect(str(folder / "films.duckdb")) as database:
+        database.execute("CREATE TABLE t AS SELECT 1 AS id, 'a fine film' AS body")
     (folder / "mixed").mkdir()
     pa_csv.write_csv(REVIEWS, folder / "mixed" / "part-1.csv")
     pq.write_table(REVIEWS, folder / "mixed" / "part-2.parquet")
@@ -543,3 +556,25 @@ def test_a_path_with_glob_characters_names_that_one_file(tmp_path, name):
         session.register("reviews", str(tmp_path / name), id_column="id")
         rows = session.sql("SELECT r.id, AI.SCORE(PROMPT('Is {0} good?', r.body)) AS s FROM reviews r").run()
         assert rows.collect().column("r.id").to_pylist() == [1]
+
+
+def test_compute_ray_where_ray_cannot_be_imported_is_refused_saying_what_to_install(data, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # what a missing ray looks like to `import ray`
+    code = main([*Q, "--table", f"reviews={data / 'reviews.parquet'}", *KEYWORD, "--compute", "ray"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "the ray package does not import" in err and "pip install" in err
+
+
+def test_a_garbage_tokenizer_file_is_a_model_file_error_naming_it(tmp_path):
+    pytest.importorskip("tokenizers")
+    from quail import ModelFileError
+    from quail.data.tokenizer import HuggingFaceTokenizer
+
+    path = tmp_path / "tokenizer.json"
+    path.write_text('{"model": {"type": "BPE", "vocab": {"a": "not a number"}}, 7: 8}')
+    tokenizer = HuggingFaceTokenizer(path, None)
+    with pytest.raises(ModelFileError, match=f"the tokenizer file {path} cannot be read"):
+        tokenizer.encode("text")

@@ -50,3 +50,15 @@ def test_missing_weights_are_refused_with_how_to_provide_them(tmp_path, monkeypa
     with pytest.raises(RefusalError, match="not on this machine") as caught:
         model_directory(spec("Qwen/Qwen3-8B"))
     assert "never downloads" in str(caught.value)
+
+
+def test_truncated_weights_are_a_model_file_error_naming_the_file(tmp_path):
+    """A weights file cut in half (a full disk, a copy stopped midway) is the user's to fix: named, no
+    safetensors traceback."""
+    from quail import ModelFileError
+
+    directory = tiny_models.build("qwen3", tmp_path / "qwen")
+    weights = directory / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ModelFileError, match=f"the weights file {weights} cannot be read"):
+        load_model(directory)

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from quail.compute.lifetime import release_engines
     from quail.config import EngineConfig
     from quail.data.providers import DocumentProvider
-    from quail.errors import CompileError, PlanEditError, QuailError, Refusal, RefusalError
+    from quail.errors import CompileError, ModelFileError, PlanEditError, QuailError, Refusal, RefusalError
     from quail.frontend.builder import col, prompt, score
     from quail.plugins.hookspecs import hookimpl
     from quail.plugins.registry import ExtensionRegistry
@@ -51,7 +51,7 @@ _HOMES = {
     "quail.compute.lifetime": ("release_engines",),
     "quail.config": ("EngineConfig",),
     "quail.data.providers": ("DocumentProvider",),
-    "quail.errors": ("CompileError", "PlanEditError", "QuailError", "Refusal", "RefusalError"),
+    "quail.errors": ("CompileError", "ModelFileError", "PlanEditError", "QuailError", "Refusal", "RefusalError"),
     "quail.frontend.builder": ("col", "prompt", "score"),
     "quail.plugins.hookspecs": ("hookimpl",),
     "quail.plugins.registry": ("ExtensionRegistry",),
@@ -72,6 +72,7 @@ __all__ = [
     "GpuContext",
     "ModelBackend",
     "ModelExecution",
+    "ModelFileError",
     "ModelIdentity",
     "ModelIdentitySource",
     "ModelRegion",

@@ -63,6 +63,11 @@ class UsageError(QuailError):
     """A command-line option, argument or file that cannot be used as given (a bad path, a duplicate name)."""
 
 
+class ModelFileError(QuailError, ValueError):
+    """A model's file (weights, tokenizer, config) that is missing, damaged or of another kind: names the file
+    and what was wrong. A ValueError, and a user error to the command line."""
+
+
 class PlanEditError(QuailError):
     """An edit of a physical plan that would make it invalid."""
 

@@ -64,7 +64,10 @@ class TableArgument:
         if self.table is None:
             raise CompileError(f"--table {self.name}: {self.path} is a DuckDB database; write "
                                f"{self.name}={self.path}:table")
-        session.register(self.name, self.path, id_column=self.id_column, table=self.table)
+        try:
+            session.register(self.name, self.path, id_column=self.id_column, table=self.table)
+        except ValueError as error:
+            raise CompileError(f"--table {self.name}: {error}") from None
 
     def directory_suffix(self) -> str:
         """The one file format a directory's files share (a directory is read as one table of them)."""

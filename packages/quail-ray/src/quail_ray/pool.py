@@ -214,8 +214,8 @@ class WorkerPool:
     def close(self) -> None:
         """Stop every worker (their engines closed first) and the progress queue; shut down a cluster
         this pool started. Nothing is left on the cluster."""
-        if "ray" not in sys.modules:
-            return  # this process never used Ray: nothing to stop, and no reason to import it now
+        if sys.modules.get("ray") is None:
+            return  # this process never used Ray (or it cannot import): nothing to stop, no reason to import it
         import ray
 
         with self._lock:

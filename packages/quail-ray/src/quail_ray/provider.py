@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import time
 import uuid
+from types import ModuleType
 
 from quail.backends.base import PhysicalRequest, PhysicalResponse, ShardMetrics
 from quail.compute.base import Caller
 from quail.compute.lifetime import on_release
 from quail.compute.sharding import Answers, finish, merge_metrics, progress_of, request_partition, scan_port
 from quail.config import EngineConfig
+from quail.errors import Refusal, RefusalError
 from quail_ray.dispatch import PhaseRun
 from quail_ray.pool import WorkerPool
 from quail_ray.transport import TokenShipment
@@ -34,8 +36,7 @@ class RayProvider:
         return config.workers if config.workers is not None else POOL.planned()
 
     def execute(self, request: PhysicalRequest, caller: Caller) -> PhysicalResponse:
-        import ray
-
+        ray = _ray()
         started = time.perf_counter()
         workers = POOL.workers(request.config, request.device)
         partition = request_partition(request, len(workers))
@@ -60,3 +61,15 @@ class RayProvider:
 
     def close(self) -> None:
         POOL.close()
+
+
+def _ray() -> ModuleType:
+    """The ray module, or a refusal that says how to get it (before any worker or model work starts)."""
+    try:
+        import ray
+    except ImportError as error:
+        raise RefusalError(Refusal("compute provider 'ray' cannot run here: the ray package does not import",
+                                   (f"{type(error).__name__}: {error}",),
+                                   hints=("install it (pip install 'ray[default]'), or choose --compute local "
+                                          "or process",))) from None
+    return ray

@@ -19,6 +19,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
 from sqlglot import exp
+from sqlglot.errors import SqlglotError
 
 from quail.data.providers import DocumentProvider, FileSource, FileStamp, dataset_files, file_stamps
 
@@ -156,12 +157,24 @@ class DuckTableSource:
     def bind(self, connection: duckdb.DuckDBPyConnection, name: str) -> None:
         database = f"__quail_db_{next(_ATTACHED)}"
         connection.execute(f"ATTACH {literal(str(self.path))} AS {quoted(database)} (READ_ONLY)")
-        table = exp.to_table(self.table)
+        table = table_name(self.table, self.path)
         target = ".".join(quoted(part.name) for part in (table.args.get("db"), table.this) if part is not None)
         connection.execute(f"CREATE OR REPLACE TEMP VIEW {quoted(name)} AS SELECT * FROM {quoted(database)}.{target}")
 
     def stamp(self) -> tuple[FileStamp, ...]:
         return file_stamps([str(self.path)])
+
+
+def table_name(text: str, path: Path) -> exp.Table:
+    """`table` or `schema.table` of a DuckDB database; ValueError naming it when it is anything else."""
+    try:
+        table = exp.to_table(text, dialect="duckdb")
+    except SqlglotError as error:
+        raise ValueError(f"{text!r} is not a table name of {path} ({error.__class__.__name__}: it does not parse "
+                         "as [schema.]table)") from None
+    if not isinstance(table.this, exp.Identifier) or table.args.get("catalog") is not None:
+        raise ValueError(f"{text!r} is not a table name of {path}: write table or schema.table")
+    return table
 
 
 ACCEPTED = ("a DocumentProvider, a pyarrow Table / RecordBatch / RecordBatchReader / Dataset, a pandas or polars "
@@ -191,6 +204,7 @@ def file_source(path: Path, id_column: str | None, table: str | None = None) -> 
     if reader == "duckdb":
         if not table:
             raise ValueError(f"{path} is a DuckDB database: name its table (path:table)")
+        table_name(table, path)
         return DuckTableSource(path, table, id_column)
     if table:
         raise ValueError(f"{path} is not a DuckDB database; only those take a table name")

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from quail.errors import ModelFileError
+
 if TYPE_CHECKING:
     from tokenizers import Tokenizer as TokenizerFile
 
@@ -82,7 +84,11 @@ class HuggingFaceTokenizer:
         content = self._path.read_bytes()
         if _identity(content) != self._identity:
             raise ValueError(f"{self._path} changed after it was opened as tokenizer {self._identity}; open it again")
-        parsed = TokenizerFile.from_str(content.decode("utf-8"))
+        try:
+            parsed = TokenizerFile.from_str(content.decode("utf-8"))
+        except Exception as error:  # the tokenizers library raises plain Exceptions for a malformed file
+            raise ModelFileError(f"the tokenizer file {self._path} cannot be read: {error}; restore the model's "
+                                 "tokenizer.json (or convert the model again)") from None
         parsed.encode_special_tokens = True
         return parsed
 

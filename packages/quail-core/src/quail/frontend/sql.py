@@ -82,6 +82,8 @@ from quail.logical.expressions import Comparison, ScoreThreshold
 
 __all__ = ["DIALECTS", "Dialect", "RelationalCatalog", "ai_call", "parse_sql"]
 
+MAX_ROWS = 2**63 - 1
+"""The largest LIMIT / OFFSET a row count can reach (DuckDB's and Arrow's signed 64-bit lengths)."""
 COMPARISONS: dict[type[exp.Expression], Comparison] = {exp.GTE: ">=", exp.GT: ">", exp.LTE: "<=", exp.LT: "<"}
 FLIPPED: dict[Comparison, Comparison] = {">=": "<=", ">": "<", "<=": ">=", "<": ">"}
 # What the AI block may carry; anything else sqlglot parsed is refused by name (an allow-list, so a
@@ -204,6 +206,12 @@ class _Reader:
         value = limit.args.get("expression") if isinstance(limit, exp.Limit) else None
         if isinstance(value, exp.Literal) and not value.is_string and not value.this.isdigit():
             raise unsupported("LIMIT with a non-integer value", limit, "write LIMIT n")
+        for clause in self.statement.find_all(exp.Limit, exp.Offset):
+            count = clause.args.get("expression")
+            if isinstance(count, exp.Literal) and not count.is_string and count.this.isdigit() and (
+                    int(count.this) > MAX_ROWS):
+                word = "LIMIT" if isinstance(clause, exp.Limit) else "OFFSET"
+                raise fail_at(f"{word} {count.this} is larger than any row count (at most {MAX_ROWS:,})", clause)
 
     def _read_ctes(self) -> None:
         ctes = visible_ctes(self.statement, self.block)

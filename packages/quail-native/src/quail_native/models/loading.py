@@ -37,7 +37,13 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
         raise ModelLoadError(f"{path} has no .safetensors weights")
     weights: dict[str, torch.Tensor] = {}
     for file in files:
-        for name, tensor in load_file(str(file)).items():
+        try:
+            tensors = load_file(str(file))
+        except Exception as error:  # safetensors' own SafetensorError for a truncated or damaged file
+            raise ModelLoadError(f"the weights file {file} cannot be read ({type(error).__name__}: {error}); it is "
+                                 "damaged or truncated: restore it, or delete the directory to convert it "
+                                 "again") from None
+        for name, tensor in tensors.items():
             weights[_local_name(name)] = tensor
     return weights
 

@@ -12,6 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
+from quail import ModelFileError
 from quail.data.tokenizer import HuggingFaceTokenizer
 from quail_native.models.config import HFConfig
 
@@ -19,8 +20,8 @@ Family = Literal["qwen3", "gemma3"]
 FAMILIES: dict[str, Family] = {"qwen3": "qwen3", "gemma3_text": "gemma3", "gemma3": "gemma3"}
 
 
-class ModelLoadError(ValueError):
-    """The directory does not hold a model this executor can run."""
+class ModelLoadError(ModelFileError):
+    """The directory does not hold a model this executor can run (a user error naming the file)."""
 
 
 def read_config(path: Path) -> tuple[HFConfig, Family]:
