@@ -10,6 +10,7 @@ answers at zero. (Real models, new processes and kill -9: packages/quail-native/
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -504,11 +505,14 @@ def test_a_store_locked_by_another_writer_warns_and_computes(monkeypatch):
     holder = sqlite3.connect(os.environ[STORE_ENVIRONMENT], isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")
     try:
-        with pytest.warns(AnswerStoreWarning, match="locked"):
+        with pytest.warns(AnswerStoreWarning, match="locked") as warned:
             result = run(TWO_FILTERS)
     finally:
         holder.execute("ROLLBACK")
         holder.close()
+    said = " ".join(str(w.message) for w in warned)
+    assert "another Quail process was writing" in said and "cache clear" not in said, (
+        "no advice that would destroy the other writer's work")
     assert result.report["answers"]["stored"] > 0, "reads go on under another writer (WAL)"
     assert result.collect().equals(run(TWO_FILTERS, cache="off").collect())
 
@@ -598,3 +602,36 @@ def test_two_processes_write_overlapping_queries_to_one_store_at_once(many_revie
 def _no_engines() -> Iterator[None]:
     yield
     quail.release_engines()
+
+
+@pytest.mark.parametrize("immutable", [False, True])
+def test_a_store_this_process_cannot_write_is_read_and_left_unchanged(tmp_path, monkeypatch, immutable):
+    """A shared store another user filled (its file or directory not writable here): its answers serve and
+    nothing is written to it — neither answers nor when they were used. (As root every file is writable, so
+    the permission check is what this test replaces.)"""
+    store_path = tmp_path / "answers.sqlite"
+    run(FILTER, cache=str(store_path))
+    with sqlite3.connect(store_path) as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    before = store_path.read_bytes()
+    monkeypatch.setattr(store, "_writable", lambda path: False)
+    if immutable:  # a WAL store whose index cannot be made here: read as the file holds it
+        real_connect = sqlite3.connect
+        monkeypatch.setattr(store.sqlite3, "connect", lambda target, *a, **k: real_connect(target, *a, **k) if (
+            "immutable" in str(target)) else (_ for _ in ()).throw(sqlite3.OperationalError("unable to open")))
+    with warnings_as_errors():
+        warm = run(FILTER, cache=str(store_path))
+        added = run(TWO_FILTERS, cache=str(store_path))  # new answers are computed, and not stored
+    assert warm.report["fresh_tokens"] == 0 and warm.count() == run(FILTER, cache="off").count()
+    assert added.report["fresh_tokens"] > 0
+    assert store_path.read_bytes() == before
+
+
+@contextlib.contextmanager
+def warnings_as_errors() -> Iterator[None]:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AnswerStoreWarning)
+        yield

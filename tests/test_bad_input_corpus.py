@@ -84,12 +84,15 @@ SQL: list[tuple[str, str, str]] = [
     ("empty query", "", "got 0"),
     ("only a comment", "-- nothing here", "got 0"),
     ("two statements", f"{GOOD}; SELECT 1", "got 2"),
-    ("misspelled SELECT", "SELEC x", "not a SELECT statement"),
-    ("create table", "CREATE TABLE t (a INT)", "not a SELECT statement"),
-    ("drop table", "DROP TABLE reviews", "not a SELECT statement"),
-    ("insert", "INSERT INTO reviews VALUES (1, 'x')", "not a SELECT statement"),
-    ("update", "UPDATE reviews SET body = 'x'", "not a SELECT statement"),
-    ("delete", "DELETE FROM reviews", "not a SELECT statement"),
+    ("misspelled SELECT", "SELEC x", "it starts with 'SELEC' (did you mean SELECT?)"),
+    ("create table", "CREATE TABLE t (a INT)", "CREATE is not a query"),
+    ("drop table", "DROP TABLE reviews", "DROP is not a query"),
+    ("insert", "INSERT INTO reviews VALUES (1, 'x')", "INSERT is not a query"),
+    ("update", "UPDATE reviews SET body = 'x'", "UPDATE is not a query"),
+    ("delete", "DELETE FROM reviews", "DELETE is not a query"),
+    ("attach", "ATTACH 'other.db' AS o", "ATTACH is not a query"),
+    ("install", "INSTALL httpfs", "INSTALL is not a query"),
+    ("copy after a comment", "-- export\nCOPY reviews TO 'out.csv'", "COPY is not a query"),
     ("no FROM", "SELECT 1", "FROM"),
     ("unknown table", f"SELECT r.id FROM nowhere r WHERE {FILTER}", "'nowhere'"),
     ("unknown selected column", f"SELECT r.nope FROM reviews r WHERE {FILTER}", "r.nope"),
@@ -420,6 +423,8 @@ CLI_CASES = [
     Exits("cache stats of a directory", ("cache", "stats", "--store", "{dir}/folder"), "is a directory"),
     Exits("cache clear of a directory", ("cache", "clear", "--store", "{dir}/folder"), "is a directory"),
     Exits("cache clear of a text file", ("cache", "clear", "--store", "{dir}/notes.txt"), "not an answer store"),
+    Exits("glob() of another dialect", ("query", "SELECT * FROM glob('/etc/*')", *T, *KEYWORD),
+          "GLOB is missing its first argument"),
 ]
 
 
@@ -578,3 +583,137 @@ def test_a_garbage_tokenizer_file_is_a_model_file_error_naming_it(tmp_path):
     tokenizer = HuggingFaceTokenizer(path, None)
     with pytest.raises(ModelFileError, match=f"the tokenizer file {path} cannot be read"):
         tokenizer.encode("text")
+
+
+# -- the relational sandbox -----------------------------------------------------------------------------------
+
+
+SANDBOX_ESCAPES = {
+    "read a file": "AND r.body IN (SELECT column0 FROM read_csv('{outside}', header = false))",
+    "read a text file": "AND r.body IN (SELECT content FROM read_text('{outside}'))",
+}
+
+
+@pytest.mark.parametrize("escape", ["read a file", "read a text file"])
+def test_the_relational_part_reads_only_registered_tables_unless_told(tmp_path, escape):
+    outside = tmp_path / "secret.csv"
+    outside.write_text("great acting\n")
+    condition = SANDBOX_ESCAPES[escape].format(outside=outside, dir=tmp_path)
+    sql = f"{GOOD} {condition}"
+    with Session(EngineConfig(backend="example-keyword", cache="off")) as session:
+        session.register("reviews", REVIEWS)
+        with pytest.raises(CompileError, match=r"file system operations are disabled.*external_access=True"):
+            session.sql(sql).run()
+    with Session(EngineConfig(backend="example-keyword", cache="off", external_access=True)) as session:
+        session.register("reviews", REVIEWS)
+        session.sql(sql).run()  # a local user's own files, when asked for
+
+
+def test_a_file_fed_to_the_model_through_a_subquery_is_refused_before_any_model_work(tmp_path):
+    outside = tmp_path / "secret.csv"
+    outside.write_text("id,body\n1,the password is swordfish\n")
+    sql = (f"SELECT s.id FROM (SELECT * FROM read_csv('{outside}')) s "
+           "WHERE AI_FILTER(PROMPT('Is {0} good?', s.body))")
+    with Session(EngineConfig(backend="example-keyword", cache="off")) as session, \
+            pytest.raises(CompileError, match="file system operations are disabled"):
+        session.sql(sql)
+
+
+def test_registered_files_of_every_kind_stay_readable_in_the_sandbox(tmp_path, data):
+    """Registering a file opens it to the sandbox (its directory too, for a directory of files), and every
+    table registered before stays bound."""
+    import duckdb
+
+    with duckdb.connect(str(tmp_path / "films.duckdb")) as database:
+        database.execute("CREATE TABLE t AS SELECT * FROM (VALUES (1, 'great acting'), (2, 'dull')) v(id, body)")
+    (tmp_path / "parts").mkdir()
+    pq.write_table(REVIEWS, tmp_path / "parts" / "a.parquet")
+    with Session(EngineConfig(backend="example-keyword", cache="off")) as session:
+        session.register("a", data / "reviews.parquet")
+        session.register("b", data / "reviews.csv", id_column="id")
+        session.register("c", tmp_path / "films.duckdb", table="t")
+        session.register("d", tmp_path / "parts")
+        for table in "abcd":
+            rows = session.sql(f"SELECT r.id FROM {table} r WHERE AI_FILTER(PROMPT('Is {{0}} good?', r.body))").run()
+            assert rows.count() >= 0
+        pq.write_table(ASPECTS.rename_columns(["id", "body"]), tmp_path / "parts" / "b.parquet")  # a new file
+        assert session.sql("SELECT r.id FROM d r WHERE AI_FILTER(PROMPT('Is {0} good?', r.body))").run().count() >= 0
+
+
+@pytest.mark.parametrize("sql", [
+    f"SELECT r.id FROM reviews r, __quail_rows_0 x WHERE {FILTER}",
+    f"SELECT r.id, (SELECT count(*) FROM __quail_rows_0) AS n FROM reviews r WHERE {FILTER}",
+    f"SELECT r.id, __quail.x FROM reviews r WHERE {FILTER}",
+    f"SELECT r.id FROM reviews __QUAIL_mine WHERE {FILTER}",
+], ids=["joined", "in a subquery", "the outputs relation", "as an alias"])
+def test_quails_own_relations_cannot_be_named(session, sql):
+    with pytest.raises(CompileError, match="reserved for Quail's own relations"):
+        session.sql(sql)
+
+
+def test_no_extension_is_installed_and_no_duckdb_folder_made(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with Session(EngineConfig(backend="example-keyword", cache="off")) as session:
+        session.register("reviews", REVIEWS)
+        with pytest.raises(CompileError, match="spatial"):
+            session.sql(f"SELECT r.id, ST_Point(1, 2) AS p FROM reviews r WHERE {FILTER}").run()
+    assert not (tmp_path / ".duckdb").exists()
+
+
+def test_a_full_temporary_directory_is_said_plainly_not_an_internal_error(data, monkeypatch, capsys):
+    import errno
+
+    import quail.data.tokens
+
+    def full(path, batches):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(quail.data.tokens, "_write", full)
+    code = main([*Q, "--table", f"reviews={data / 'reviews.parquet'}", *KEYWORD, "--cache", "off"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "no space left on the device writing" in err and "TMPDIR" in err
+
+
+def test_a_document_longer_than_pyarrows_default_block_is_read(tmp_path, capsys):
+    """A 1.3 MB JSON line or CSV field: pyarrow's 1 MiB default blocks refuse it ("straddling object") or,
+    for a JSON line read for a few columns, read its values as nulls."""
+    import csv
+
+    long = "word " * 260_000
+    with (tmp_path / "long.jsonl").open("w") as out:
+        out.write(json.dumps({"id": 1, "body": long}) + "\n" + json.dumps({"id": 2, "body": "great acting"}) + "\n")
+    with (tmp_path / "long.csv").open("w", newline="") as out:
+        csv.writer(out).writerows([["id", "body"], [1, long], [2, "great acting"]])
+    for name in ("long.jsonl", "long.csv"):
+        output = tmp_path / f"{name}.parquet"
+        code = main(["query", "SELECT r.id, length(r.body) AS n, AI.SCORE(PROMPT('Is {0} good?', r.body)) AS s "
+                     "FROM reviews r", "--table", f"reviews={tmp_path / name}", *KEYWORD, "--oversized-documents",
+                     "skip", "--output", str(output)])
+        out = capsys.readouterr()
+        assert code == 0, out.err
+        assert "oversized documents (skip): {'r': 1}" in out.out, "the long document was read whole, not as NULL"
+        assert pq.read_table(output).select(["r.id", "n"]).to_pylist() == [{"r.id": 2, "n": 12}]
+
+
+def test_control_characters_in_documents_reach_the_terminal_as_visible_escapes():
+    from quail.presentation import format_rows
+
+    shown = format_rows(pa.table({"body\x1b[2J": ["\x1b[31mred\x1b[0m\r\x07 bell"]}))
+    assert "\x1b" not in shown and "\r" not in shown and "\x07" not in shown
+    assert "\\x1b[31mred" in shown and "body\\x1b[2J" in shown
+
+
+def test_a_cross_join_hidden_in_a_cte_is_said_before_any_token_and_shown_in_explain(monkeypatch):
+    import quail.runtime.views
+    from quail.errors import LargeInputWarning
+
+    monkeypatch.setattr(quail.runtime.views, "LARGE_SCAN_ROWS", 1000)
+    sql = ("WITH x AS (SELECT a1.id * 100 + a2.id AS id, a1.body || ' ' || a2.body AS body FROM films a1, films a2) "
+           "SELECT x.id FROM x WHERE AI_FILTER(PROMPT('Is {0} good?', x.body))")
+    with Session(EngineConfig(backend="example-keyword", cache="off")) as session:
+        session.register("films", pa.table({"id": list(range(40)), "body": [f"film {i}" for i in range(40)]}))
+        with pytest.warns(LargeInputWarning, match="x \\(a CTE or subquery\\) keeps 1,600 rows"):
+            assert "Scan x AS x [scan_x]  — rows≈1,600" in session.sql(sql).explain()
+        with pytest.warns(LargeInputWarning):
+            session.sql(sql).run()

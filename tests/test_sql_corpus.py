@@ -132,6 +132,9 @@ VALID: list[Valid] = [
           "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {0} positive?', r.body), {'selectivity': 0.3})",
           {"shape": ONE_FILTER, "columns": ("r.id",), "predicates": 1, "selectivities": (0.3,),
            "prompt_columns": (("r.body",),), "filter_aliases": ("r",)}),
+    Valid("filter_snowflake_dollar_quoted_template", SF,
+          "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT($$Is it 'great'? {0}$$, r.body))",
+          {"shape": "Project(SemanticFilter(Scan))", "predicates": 1}),
     Valid("filter_bigquery_ai_if_without_options", BQ,
           "SELECT * FROM reviews r WHERE AI.IF(PROMPT('Is {0} positive?', r.body))",
           {"shape": ONE_FILTER, "columns": REVIEW_COLUMNS, "selectivities": (None,), "anchors": (None,)}),
@@ -443,7 +446,7 @@ INVALID: list[Invalid] = [
             f"WHERE {FILTER_R}", "AI functions in two query blocks"),
     Invalid("except", SF, f"SELECT r.id FROM reviews r WHERE {FILTER_R} EXCEPT SELECT r.id FROM reviews r "
             f"WHERE {FILTER_R}", "AI functions in two query blocks"),
-    Invalid("not_a_select_statement", SF, "INSERT INTO reviews VALUES (1)", "not a SELECT statement"),
+    Invalid("not_a_select_statement", SF, "INSERT INTO reviews VALUES (1)", "INSERT is not a query"),
     Invalid("two_ai_predicates_in_one_on", SF,
             f"SELECT r.id FROM reviews r JOIN aspects a ON {JOIN_RA} "
             "AND AI_FILTER(PROMPT('Does {1} describe {0}?', r.body, a.aspect))", "two AI predicates in one ON clause"),

@@ -559,6 +559,28 @@ def test_a_file_that_no_longer_validates_is_refused(tmp_path, as_provider: bool)
             s.sql(FILE_QUERY).run()
 
 
+@pytest.mark.parametrize("as_provider", [False, True])
+def test_a_broken_file_fails_only_the_queries_that_read_it_and_is_read_again_once_fixed(tmp_path, as_provider):
+    path, other = tmp_path / "reviews.parquet", tmp_path / "aspects.parquet"
+    pq.write_table(TABLES["reviews"], path)
+    pq.write_table(TABLES["aspects"], other)
+    aspects = f"SELECT a.aspect_id FROM aspects a WHERE {f(ACTING.replace('review', 'aspect'), 'a.aspect')}"
+    with keyword_session({}) as s:
+        s.register("reviews", quail.DocumentProvider.from_parquet(path, "id") if as_provider else path,
+                   id_column=None if as_provider else "id")
+        s.register("aspects", other, id_column="aspect_id")
+        expected = s.sql(aspects).run().to_rows()
+        path.write_bytes(b"no longer a Parquet file")
+        _touch_later(path)
+        assert s.sql(aspects).run().to_rows() == expected, "a query over another table is not its concern"
+        with pytest.raises(quail.CompileError, match=r"table 'reviews': its file changed since register"):
+            s.sql(FILE_QUERY).run()
+        s.register("critics", other, id_column="aspect_id")  # registering more still works
+        pq.write_table(TABLES["reviews"], path)
+        _touch_later(path)
+        assert s.sql(FILE_QUERY).run().count() == 7
+
+
 # -- property: any boolean mix of column predicates and AI filters answers like the oracle ------------
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402 - the property tests of this module

@@ -408,3 +408,35 @@ def test_gemma_reads_a_positive_review_as_true(gemma_dir):
     true, false = logits[[23096, 6288, 22369, 4339]].max(), logits[[24907, 8450, 25874, 9277]].max()
     assert torch.isfinite(logits).all()
     assert 0.5 < float(true - false) < 2.0  # measured +1.17 in fp32 (" TRUE" 16.18 vs " FALSE" 15.01)
+
+
+def test_a_process_waiting_for_a_conversion_says_who_holds_it(tmp_path):
+    import os
+    import threading
+
+    lock = tmp_path / ".model.lock"
+    said: list[str] = []
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with embedded._exclusive_lock(lock, None):
+            holding.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    holding.wait(10)
+    def wait() -> None:
+        with embedded._exclusive_lock(lock, said.append):
+            pass
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    for _ in range(50):
+        if said:
+            break
+        threading.Event().wait(0.1)
+    release.set()
+    holder.join(10)
+    waiter.join(10)
+    assert said and f"waiting for process {os.getpid()} (converting since" in said[0]

@@ -4,7 +4,10 @@ they cannot be built."""
 from __future__ import annotations
 
 import math
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,8 +46,22 @@ def test_a_machine_with_a_c_compiler_builds_the_fused_kernels(fresh_build: Path)
         pytest.skip("no C compiler on this machine")
     state = kernels.status()
     assert state.fused, state.detail
-    built = list((fresh_build / "kernels").iterdir())
-    assert [p.suffix for p in built] == [".so"]  # the library, no build leftovers
+    built = sorted((fresh_build / "kernels").iterdir())
+    assert [p.suffix for p in built] == [".so", ".sha256"]  # the library and its digest, no build leftovers
+
+
+def test_a_cached_library_cut_short_is_built_again(fresh_build: Path) -> None:
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler on this machine")
+    assert kernels.status().fused
+    [library] = (fresh_build / "kernels").glob("*.so")
+    library.write_bytes(library.read_bytes()[:1000])
+    probe = "from quail_native.models import kernels; state = kernels.status(); print(state.fused, state.detail)"
+    # a new process: this one has the library loaded already, and the loader would hand that back
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120,
+                         env={**os.environ, "QUAIL_HOME": str(fresh_build)})
+    assert run.stdout.startswith("True"), run.stdout + run.stderr
+    assert library.stat().st_size > 1000
 
 
 @pytest.mark.parametrize(("rows", "width"), [(1, 1), (3, 255), (7, 256), (64, 2048), (257, 700), (0, 16)])

@@ -131,7 +131,9 @@ def test_the_choice_follows_the_rule_applied_to_the_remembered_rates(fresh_cpu, 
 
 @pytest.mark.parametrize("content", ["{not json", json.dumps({"bf16_flops": -1, "fp32_flops": 1,
                                                                 "measured_on": "2026-01-01"}),
-                                     json.dumps({"bf16_flops": 1e9}), json.dumps([1, 2]), "\udcff"])
+                                     json.dumps({"bf16_flops": 1e9}), json.dumps([1, 2]), "\udcff",
+                                     '{"bf16_flops": Infinity, "fp32_flops": 1e9, "measured_on": "2026-01-01"}',
+                                     '{"bf16_flops": 1e9, "fp32_flops": NaN, "measured_on": "2026-01-01"}'])
 def test_a_record_that_cannot_be_read_is_measured_again_and_replaced(fresh_cpu, content):
     path = record_path(640, 2048)
     path.parent.mkdir(parents=True)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import gc
 import sys
+import tempfile
 import traceback
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -71,10 +73,26 @@ def _run(argv: Sequence[str] | None) -> int:
     except QuailError as exc:
         print(f"quail: {exc}", file=sys.stderr)
         return USER_ERROR
+    except OSError as exc:
+        if not _disk_full(exc):
+            return _internal_error()
+        where = f" writing {exc.filename}" if exc.filename else ""
+        print(f"quail: no space left on the device{where} (temporary files go to {tempfile.gettempdir()}, "
+              "TMPDIR chooses another place); nothing was left behind", file=sys.stderr)
+        return USER_ERROR
     except Exception:
-        print("quail: internal error — please report it with the traceback below", file=sys.stderr)
-        traceback.print_exc()
-        return INTERNAL_ERROR
+        return _internal_error()
+
+
+def _internal_error() -> int:
+    print("quail: internal error — please report it with the traceback below", file=sys.stderr)
+    traceback.print_exc()
+    return INTERNAL_ERROR
+
+
+def _disk_full(error: OSError) -> bool:
+    """A full disk or quota: the machine's state, not a bug (pyarrow's errors may carry only the message)."""
+    return error.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in str(error)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -65,6 +65,11 @@ class EngineConfig:
     """CPUs (threads) each distributed worker holds."""
     worker_gpus: float | None = None
     """GPUs each distributed worker holds; None: one on a GPU device, none on `cpu`."""
+    external_access: bool = False
+    """Whether a query's SQL may read files the session did not register (`read_csv('...')`, `glob`,
+    `ATTACH`, COPY). Off: the relational part reads only the registered tables' files, installs no
+    extension and cannot change its settings (what a server must guarantee); on: DuckDB as a local
+    user has it."""
 
     def __post_init__(self) -> None:
         for name in ("model", "device", "backend"):
@@ -86,6 +91,8 @@ class EngineConfig:
         if not isinstance(self.cache, str) or not self.cache.strip():
             raise ConfigError(f"EngineConfig.cache must be 'auto', 'off' or a store file's path, got {self.cache!r}")
         _require_count("cache_limit", self.cache_limit, 1)
+        if not isinstance(self.external_access, bool):
+            raise TypeError(f"EngineConfig.external_access must be a bool, got {self.external_access!r}")
         self._check_placement()
 
     def _check_placement(self) -> None:
@@ -100,6 +107,19 @@ class EngineConfig:
             raise ConfigError(f"EngineConfig.worker_cpus must be more than 0, got {self.worker_cpus!r}")
         if self.worker_gpus is not None and not self.worker_gpus >= 0:
             raise ConfigError(f"EngineConfig.worker_gpus must be None or at least 0, got {self.worker_gpus!r}")
+        if self.compute == DEFAULT_COMPUTE:
+            self._check_no_placement()
+
+    def _check_no_placement(self) -> None:
+        """`local` runs the model work in this process: a worker count, a cluster or a worker's share would
+        be silently ignored, so each is refused by name."""
+        given = {"workers": self.workers is not None, "address": self.address is not None,
+                 "worker_cpus": self.worker_cpus != 1.0, "worker_gpus": self.worker_gpus is not None}
+        for name, set_ in given.items():
+            if set_:
+                raise ConfigError(f"EngineConfig.{name} places work on the workers of a distributed compute "
+                                  f"provider; compute={self.compute!r} runs it in this process (choose "
+                                  "compute='ray', or leave it out)")
 
     def engine_settings(self) -> EngineConfig:
         """This config with every field that only planning or placement reads set to its default.
@@ -109,7 +129,7 @@ class EngineConfig:
         return replace(self, prefix_sharing="auto", calibration="auto", oversized_documents="refuse",
                        compute=DEFAULT_COMPUTE, worker_setup=None, engines_per_device=1, cache=DEFAULT_CACHE,
                        cache_limit=DEFAULT_CACHE_LIMIT, address=None, workers=None, worker_cpus=1.0,
-                       worker_gpus=None)
+                       worker_gpus=None, external_access=False)
 
 
 def _require_name(field: str, value: object) -> None:

@@ -82,3 +82,8 @@ class ComputeError(QuailError):
 
 class WorkerLostError(ComputeError):
     """A compute worker died while it held a query (a crash, a signal, out of memory)."""
+
+
+class LargeInputWarning(UserWarning):
+    """A query's model part is about to read far more rows than a query usually does (a cross join hidden in a
+    CTE, a condition left out): said before the first token, so a user can stop it (Ctrl-C) or `explain()` it."""

@@ -59,13 +59,23 @@ def format_rows(table: pa.Table, limit: int = 30) -> str:
     if not rows:
         return "(no rows)"
     names = table.column_names
-    cells = [[str(row[n])[:60] for n in names] for row in rows]
-    widths = [max(len(n), *(len(c[i]) for c in cells)) for i, n in enumerate(names)]
-    lines = ["  ".join(n.ljust(w) for n, w in zip(names, widths, strict=True))]
+    cells = [[printable(str(row[n]))[:60] for n in names] for row in rows]
+    widths = [max(len(printable(n)), *(len(c[i]) for c in cells)) for i, n in enumerate(names)]
+    lines = ["  ".join(printable(n).ljust(w) for n, w in zip(names, widths, strict=True))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(cell, widths, strict=True)) for cell in cells]
     if table.num_rows > limit:
         lines.append(f"... {table.num_rows - limit} more rows")
     return "\n".join(lines)
+
+
+_CONTROL = {code: f"\\x{code:02x}" for code in [*range(0x20), 0x7F, *range(0x80, 0xA0)]}
+_CONTROL.update({ord("\t"): "\\t", ord("\n"): "\\n", ord("\r"): "\\r"})
+
+
+def printable(text: str) -> str:
+    """`text` as a terminal should show a cell of data: control characters (an ANSI escape, a carriage return,
+    a bell) written as visible escapes, never sent to the terminal to act on."""
+    return text.translate(_CONTROL)
 
 
 def progress_bar(out: TextIO) -> Callable[[PhysicalNode, int, int], None]:

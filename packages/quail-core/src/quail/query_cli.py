@@ -59,7 +59,13 @@ class TableArgument:
     def register(self, session: Session) -> None:
         """Register the table: a file through its DocumentProvider, a DuckDB database's table through DuckDB."""
         if self.path.suffix.lower() not in DATABASES or not self.path.is_file():
-            session.register(self.name, self.provider())
+            try:
+                provider = self.provider()
+            except CompileError as error:
+                if str(error).startswith(f"--table {self.name}"):
+                    raise
+                raise CompileError(f"--table {self.name}: {error}") from None
+            session.register(self.name, provider)
             return
         if self.table is None:
             raise CompileError(f"--table {self.name}: {self.path} is a DuckDB database; write "
@@ -136,6 +142,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"write the rows to a {', '.join(OUTPUT_SUFFIXES)} file (checked before the model "
                              "runs; an existing file is replaced only once the new one is complete)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--external-access", action="store_true",
+                        help="let the query's SQL read files that are not registered tables (read_csv('...'), "
+                             "ATTACH, COPY); off by default")
 
 
 def query_text(args: argparse.Namespace) -> str:
@@ -154,7 +163,7 @@ def query_text(args: argparse.Namespace) -> str:
 
 def config_of(args: argparse.Namespace) -> EngineConfig:
     keys = ("model", "device", "backend", "cache", "chunk_tokens", "compute", "workers", "address", "worker_cpus",
-            "worker_gpus")
+            "worker_gpus", "external_access")
     chosen = {key: getattr(args, key) for key in keys if getattr(args, key, None) is not None}
     try:
         return EngineConfig(**chosen, oversized_documents=args.oversized_documents)

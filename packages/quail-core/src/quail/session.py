@@ -56,7 +56,7 @@ class Session:
         self.backend: ModelBackend = self.registry.backend(self.config.backend)
         self._check_support()
         self.compute: ComputeProvider = self.registry.compute(self.config.compute)
-        self.database = Database()
+        self.database = Database(external_access=self.config.external_access)
         self.token_store = TokenStore()
         self._closed = False
 

@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import tempfile
 from dataclasses import asdict, dataclass
@@ -136,7 +137,8 @@ def _is_record(fields: object) -> bool:
     if not isinstance(fields, dict):
         return False
     rates = (fields.get("bf16_flops"), fields.get("fp32_flops"))
-    return (all(isinstance(r, int | float) and not isinstance(r, bool) and r > 0 for r in rates)
+    return (all(isinstance(r, int | float) and not isinstance(r, bool) and math.isfinite(r) and r > 0
+                for r in rates)
             and isinstance(fields.get("measured_on"), str))
 
 

@@ -146,6 +146,8 @@ class AnswerStore:
         self._damaged_keys: dict[Table, set[Key]] = {"answers": set(), "token_lists": set()}
         self.token_list_bytes = TOKEN_LIST_BYTES
         self._token_lists_ready = False
+        self.writable = True
+        """False for a store this process may only read: writes are skipped, never attempted."""
 
     @classmethod
     def open(cls, path: Path, limit: int) -> AnswerStore:
@@ -154,6 +156,8 @@ class AnswerStore:
         with _failures(path, "open"):
             if identify(path) == "missing":
                 _create(path)
+            if not _writable(path):
+                return cls._read_only(path, limit)
             connection = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         store = cls(connection, path, limit)
         try:
@@ -163,6 +167,37 @@ class AnswerStore:
             connection.close()
             raise
         return store
+
+    @classmethod
+    def _read_only(cls, path: Path, limit: int) -> AnswerStore:
+        """A store this process may only read (its file or directory is not writable): its answers serve, and
+        nothing is written — not an answer, not when one was used. Through SQLite's read-only mode, else (a
+        WAL store whose index this process cannot create) as an immutable file: what was checkpointed."""
+        quoted_path = urllib.parse.quote(str(path.resolve()))
+        last: sqlite3.Error | None = None
+        for mode in ("mode=ro", "mode=ro&immutable=1"):
+            try:
+                connection = sqlite3.connect(f"file:{quoted_path}?{mode}", uri=True, isolation_level=None)
+            except sqlite3.Error as error:
+                last = error
+                continue
+            store = cls(connection, path, limit)
+            store.writable = False
+            try:
+                store._prepare_read_only()
+                return store
+            except sqlite3.Error as error:
+                connection.close()
+                last = error
+        raise StoreError(f"could not open the read-only answer store {path}: {last}") from last
+
+    def _prepare_read_only(self) -> None:
+        version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+        if version > SCHEMA_VERSION:
+            raise sqlite3.DatabaseError(f"made by a newer Quail (schema {version}; this one reads {SCHEMA_VERSION})")
+        self._db.execute("SELECT count(*) FROM answers WHERE 0").fetchone()
+        self._token_lists_ready = bool(self._db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'token_lists'").fetchone())
 
     def _prepare(self) -> None:
         db = self._db
@@ -209,7 +244,7 @@ class AnswerStore:
     def close(self) -> None:
         """Record when the values read were last used: best effort and without waiting for another writer's
         lock, since only the eviction order depends on it."""
-        if any(self._touched.values()):
+        if self.writable and any(self._touched.values()):
             with contextlib.suppress(StoreError, sqlite3.Error), _failures(self.path, "update"), \
                     self._without_waiting(), self._transaction():
                 self._touch()
@@ -222,8 +257,8 @@ class AnswerStore:
         return self._read("answers", "value", keys, _unpack)
 
     def put(self, model: str, description: str, answers: Sequence[Answer]) -> None:
-        """Store one batch in one transaction (all or nothing), evicting past the limit."""
-        if not answers:
+        """Store one batch in one transaction (all or nothing), evicting past the limit (nothing, read-only)."""
+        if not answers or not self.writable:
             return
         now = _clock()
         with _failures(self.path, "write"), self._transaction():
@@ -247,7 +282,7 @@ class AnswerStore:
         """Store token ids in one transaction (all or nothing), evicting past `token_list_bytes`; StoreError
         at once, without waiting, when another process holds the lock (they are only a cache)."""
         self._require_token_lists()
-        if not lists:
+        if not lists or not self.writable:
             return
         try:
             rows = [(key, _pack_ids(key, ids)) for key, ids in lists]
@@ -358,6 +393,8 @@ class AnswerStore:
         if row is not None:
             return str(row[0])
         digest = content_digest(path)
+        if not self.writable:
+            return digest
         with _failures(self.path, "write"), self._transaction():
             self._db.execute("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?)",
                              (resolved, status.st_size, status.st_mtime_ns, digest))
@@ -465,6 +502,11 @@ def identify(path: Path) -> Literal["missing", "ours", "older"]:
     listed = f"; tables: {', '.join(sorted(tables))}" if tables else ""
     raise NotAnAnswerStore(f"{path} is not an answer store: it is a SQLite database Quail did not make "
                            f"({found}user_version {version}{listed}); Quail leaves it as it is")
+
+
+def _writable(path: Path) -> bool:
+    """Whether this process may write the store: its file, and its directory (SQLite's log and index)."""
+    return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
 
 
 def _tables(path: Path) -> set[str]:

@@ -24,7 +24,7 @@ import pyarrow as pa
 from quail.data.providers import FileStamp, TableSchema
 from quail.data.scan import ScanView
 from quail.data.scratch import ScratchDirectory
-from quail.data.sources import Source, quoted
+from quail.data.sources import Source, literal, quoted
 from quail.errors import CompileError, QuailError
 from quail.interrupts import Terminated
 
@@ -57,6 +57,10 @@ def translated(prefix: str = "") -> Iterator[None]:
         yield
     except duckdb.InterruptException:
         raise KeyboardInterrupt from None
+    except duckdb.PermissionException as error:
+        raise CompileError(f"{prefix}{duck_message(error)}; the relational part reads only the registered "
+                           "tables: register the file (Session.register, --table), or allow every file with "
+                           "EngineConfig(external_access=True) (--external-access)") from None
     except duckdb.Error as error:
         raise _interruption(str(error)) or CompileError(f"{prefix}{duck_message(error)}") from None
     except RuntimeError as error:
@@ -78,18 +82,55 @@ class _Registered:
     source: Source
     stamp: tuple[FileStamp, ...]
     schema: TableSchema
+    broken: CompileError | None = None
+    """Why the table's files, changed since they were read, cannot be read now: raised for a query that reads
+    this table, never for one that does not (read again once they change)."""
 
 
 class Database:
-    """One in-memory DuckDB connection per session; `close()` removes the view files it wrote."""
+    """One in-memory DuckDB connection per session; `close()` removes the view files it wrote.
 
-    def __init__(self) -> None:
-        self._connection = duckdb.connect(":memory:")
+    Sandboxed unless `external_access`: the connection may open only the files of registered tables
+    (DuckDB's `allowed_paths` / `allowed_directories`), installs no extension and its settings are locked,
+    so a query's SQL cannot read, write or attach anything else. DuckDB fixes the allowed paths when the
+    sandbox closes, so registering a file not yet allowed opens a new connection and binds every table on it.
+    """
+
+    def __init__(self, external_access: bool = False) -> None:
+        self.external_access = external_access
+        self._allowed: frozenset[str] = frozenset()
+        self._held = [_connect(external_access, self._allowed)]
         self._tables: dict[str, _Registered] = {}
         self._generation = 0
         self._views: dict[tuple[str, int], ScanView] = {}
         self._directories: list[ScratchDirectory] = []
-        self._finalizer = weakref.finalize(self, _remove, self._connection, self._directories)
+        self._finalizer = weakref.finalize(self, _remove, self._held, self._directories)
+
+    @property
+    def _connection(self) -> duckdb.DuckDBPyConnection:
+        return self._held[0]
+
+    def _allow(self, source: Source) -> None:
+        """Make the files `source` reads openable: a new sandboxed connection with every table bound again."""
+        wanted = frozenset(source.paths())
+        if self.external_access or wanted <= self._allowed:
+            return
+        allowed = self._allowed | wanted
+        connection = _connect(False, allowed)
+        try:
+            for name, table in self._tables.items():
+                try:
+                    with translated(f"cannot read {table.source.origin} as table {name!r}: "):
+                        table.source.bind(connection, name)
+                except (CompileError, OSError) as error:  # that table only: the others stay readable
+                    table.broken = CompileError(f"table {name!r} cannot be read now: {error}")
+                    table.stamp = ()
+        except BaseException:
+            connection.close()
+            raise
+        previous, self._held[0] = self._held[0], connection
+        self._allowed = allowed
+        previous.close()
 
     # -- registered tables ---------------------------------------------------------------------
 
@@ -108,7 +149,10 @@ class Database:
         return {name: table.schema for name, table in self._tables.items()}
 
     def schema(self, name: str) -> TableSchema | None:
+        """The table's columns; CompileError when its files changed and no longer read."""
         table = self._tables.get(name)
+        if table is not None and table.broken is not None:
+            raise table.broken
         return None if table is None else table.schema
 
     @property
@@ -119,17 +163,22 @@ class Database:
     def refresh(self) -> None:
         """Read again every table whose files changed since they were read; refuse one that no longer validates."""
         for name, table in self._tables.items():
-            stamp = table.source.stamp()
-            if stamp == table.stamp:
-                continue
             try:
+                stamp = table.source.stamp()
+                if stamp == table.stamp:
+                    continue
                 schema = self._bind(name, table.source)
             except (CompileError, OSError) as error:
-                raise CompileError(f"file changed since register: {table.source.origin}: {error}") from None
-            table.stamp, table.schema = stamp, schema
+                if table.broken is None:
+                    self._generation += 1
+                table.broken = CompileError(f"table {name!r}: its file changed since register and cannot be read "
+                                            f"now: {table.source.origin}: {error}")
+                continue
+            table.stamp, table.schema, table.broken = stamp, schema, None
             self._generation += 1
 
     def _bind(self, name: str, source: Source) -> TableSchema:
+        self._allow(source)
         with translated(f"cannot read {source.origin} as table {name!r}: "):
             source.bind(self._connection, name)
             arrow = self._connection.sql(f"SELECT * FROM {quoted(name)} LIMIT 0").to_arrow_table().schema
@@ -150,17 +199,17 @@ class Database:
     def _check_ids(self, name: str, id_column: str, arrow: pa.Schema) -> None:
         """Ids are non-null and unique, like a DocumentProvider's."""
         if id_column not in arrow.names:
-            raise CompileError(f"id column {id_column!r} is missing; columns are {list(arrow.names)}")
+            raise CompileError(f"table {name!r}: id column {id_column!r} is missing; columns are {list(arrow.names)}")
         table, column = quoted(name), quoted(id_column)
         counts = f"SELECT count(*), count(*) - count({column}), count(DISTINCT {column}) FROM {table}"
         rows, nulls, distinct = self._connection.execute(counts).fetchall()[0]
         if nulls:
-            raise CompileError(f"id column {id_column!r} has {nulls} null value(s)")
+            raise CompileError(f"table {name!r}: id column {id_column!r} has {nulls} null value(s)")
         if distinct != rows:
             value, count = self._connection.execute(
                 f"SELECT {column}, count(*) AS n FROM {table} GROUP BY ALL HAVING n > 1 ORDER BY n DESC, 1 "
                 f"LIMIT 1").fetchall()[0]
-            raise CompileError(f"id column {id_column!r} repeats the value {value!r} ({count} rows)")
+            raise CompileError(f"table {name!r}: id column {id_column!r} repeats the value {value!r} ({count} rows)")
 
     # -- relations of a query ------------------------------------------------------------------
 
@@ -275,9 +324,27 @@ def _mapped(reader: pa.RecordBatchReader, path: Path) -> pa.Table:
         return pa.ipc.open_file(source).read_all()
 
 
-def _remove(connection: duckdb.DuckDBPyConnection, directories: list[ScratchDirectory]) -> None:
+def _connect(external_access: bool, allowed: frozenset[str]) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB that never installs an extension; sandboxed to `allowed` unless `external_access`."""
+    connection = duckdb.connect(":memory:", config={"autoinstall_known_extensions": False})
+    if external_access:
+        return connection
+    files = sorted(path for path in allowed if not path.endswith("/"))
+    directories = sorted(path for path in allowed if path.endswith("/"))
     try:
+        connection.execute(f"SET allowed_paths = [{', '.join(literal(p) for p in files)}]")
+        connection.execute(f"SET allowed_directories = [{', '.join(literal(p) for p in directories)}]")
+        connection.execute("SET enable_external_access = false")
+        connection.execute("SET lock_configuration = true")
+    except BaseException:
         connection.close()
+        raise
+    return connection
+
+
+def _remove(held: list[duckdb.DuckDBPyConnection], directories: list[ScratchDirectory]) -> None:
+    try:
+        held[0].close()
     finally:
         for directory in directories:
             directory.remove()

@@ -21,8 +21,10 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
 import pyarrow.dataset as ds
 import pyarrow.fs
+import pyarrow.json as pa_json
 
 from quail.errors import CompileError
 
@@ -253,9 +255,27 @@ def _file_dataset(path: str | os.PathLike[str], file_format: str) -> ds.Dataset:
     if not location.exists():
         raise FileNotFoundError(f"no such file or directory: {str(location)!r}")
     try:
-        return ds.dataset(str(location), format=file_format)
+        return ds.dataset(str(location), format=_text_format(file_format))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as error:
-        raise CompileError(f"cannot read {str(location)!r} as {file_format}: {_first_line(error)}") from None
+        reason = _first_line(error)
+        if "straddl" in reason:
+            reason = (f"a row of it is longer than {TEXT_BLOCK_BYTES >> 20} MiB, the most Quail reads as one CSV "
+                      "record or JSON line")
+        raise CompileError(f"cannot read {str(location)!r} as {file_format}: {reason}") from None
+
+
+TEXT_BLOCK_BYTES = 64 << 20
+"""Bytes pyarrow reads of a CSV or JSON file at a time: one record must fit. Its 1 MiB default refuses a long
+document as a "straddling object", or — for a JSON line read for a few columns — reads its values as nulls."""
+
+
+def _text_format(file_format: str) -> str | ds.FileFormat:
+    """CSV and JSON read in blocks that hold a long document; other formats as pyarrow has them."""
+    if file_format == "csv":
+        return ds.CsvFileFormat(read_options=pa_csv.ReadOptions(block_size=TEXT_BLOCK_BYTES))
+    if file_format == "json":
+        return ds.JsonFileFormat(read_options=pa_json.ReadOptions(block_size=TEXT_BLOCK_BYTES))
+    return file_format
 
 
 def _first_line(error: BaseException) -> str:

@@ -57,6 +57,11 @@ class Source(Protocol):
         """Changes when the data changes on disk; empty for data in memory, which cannot change."""
         ...
 
+    def paths(self) -> tuple[str, ...]:
+        """The files and directories (a trailing `/`) DuckDB itself opens to read this source; none for data
+        that reaches DuckDB as Arrow. The sandboxed relational part may open these and nothing else."""
+        ...
+
 
 def quoted(name: str) -> str:
     """An identifier as DuckDB SQL."""
@@ -90,6 +95,9 @@ class ArrowSource:
     def stamp(self) -> tuple[FileStamp, ...]:
         return file_stamps(self.files.listing()) if self.files is not None else ()
 
+    def paths(self) -> tuple[str, ...]:
+        return ()
+
 
 @dataclass(frozen=True)
 class ProviderSource:
@@ -113,6 +121,9 @@ class ProviderSource:
         self.provider.refresh()
         return self.provider.stamp
 
+    def paths(self) -> tuple[str, ...]:
+        return ()
+
 
 @dataclass(frozen=True)
 class DuckFileSource:
@@ -128,9 +139,11 @@ class DuckFileSource:
         return str(self.path)
 
     def files(self) -> list[str]:
-        if self.path.is_dir():
-            return sorted(str(p) for p in self.path.rglob("*") if p.is_file() and not p.name.startswith((".", "_")))
-        return [str(self.path)]
+        """Absolute paths: the sandboxed relational part compares them with the paths it may open."""
+        path = self.path.absolute()
+        if path.is_dir():
+            return sorted(str(p) for p in path.rglob("*") if p.is_file() and not p.name.startswith((".", "_")))
+        return [str(path)]
 
     def bind(self, connection: duckdb.DuckDBPyConnection, name: str) -> None:
         files = ", ".join(literal(literal_path(f)) for f in self.files())
@@ -139,6 +152,12 @@ class DuckFileSource:
 
     def stamp(self) -> tuple[FileStamp, ...]:
         return file_stamps(self.files())
+
+    def paths(self) -> tuple[str, ...]:
+        if self.path.is_dir():
+            directory = str(self.path.absolute())
+            return (f"{directory}/", f"{literal_path(directory)}/")
+        return tuple(path for f in self.files() for path in (f, literal_path(f)))
 
 
 @dataclass(frozen=True)
@@ -156,13 +175,18 @@ class DuckTableSource:
 
     def bind(self, connection: duckdb.DuckDBPyConnection, name: str) -> None:
         database = f"__quail_db_{next(_ATTACHED)}"
-        connection.execute(f"ATTACH {literal(str(self.path))} AS {quoted(database)} (READ_ONLY)")
+        connection.execute(f"ATTACH {literal(str(self.path.absolute()))} AS {quoted(database)} (READ_ONLY)")
         table = table_name(self.table, self.path)
         target = ".".join(quoted(part.name) for part in (table.args.get("db"), table.this) if part is not None)
         connection.execute(f"CREATE OR REPLACE TEMP VIEW {quoted(name)} AS SELECT * FROM {quoted(database)}.{target}")
 
     def stamp(self) -> tuple[FileStamp, ...]:
         return file_stamps([str(self.path)])
+
+    def paths(self) -> tuple[str, ...]:
+        """The database file and its write-ahead log (DuckDB looks for one even when attaching read-only)."""
+        path = self.path.absolute()
+        return (str(path), f"{path}.wal")
 
 
 def table_name(text: str, path: Path) -> exp.Table:

@@ -36,7 +36,7 @@ def read_prompt(node: exp.Expression, owner: str) -> PromptSpec:
     if not (isinstance(node, exp.Anonymous) and str(node.name).upper() == "PROMPT"):
         raise unsupported(f"{owner} over {safe_sql(node)}", node, f"write {owner}(PROMPT('…{{0}}…', column))")
     arguments = list(node.expressions)
-    if not arguments or not (isinstance(arguments[0], exp.Literal) and arguments[0].is_string):
+    if not arguments or not _is_string(arguments[0]):
         raise unsupported("PROMPT without a template string", node, "its first argument is a string literal")
     columns = []
     for argument in arguments[1:]:
@@ -44,6 +44,11 @@ def read_prompt(node: exp.Expression, owner: str) -> PromptSpec:
             raise unsupported(f"PROMPT argument {safe_sql(argument)}", argument, "PROMPT arguments are columns")
         columns.append(column_name(argument))
     return PromptSpec(arguments[0].this, tuple(columns), where_of(node))
+
+
+def _is_string(node: exp.Expression) -> bool:
+    """A string literal: quoted, or Snowflake's dollar-quoted `$$...$$` (sqlglot's RawString)."""
+    return (isinstance(node, exp.Literal) and node.is_string) or isinstance(node, exp.RawString)
 
 
 def classify_arguments(call: AiCall) -> tuple[PromptSpec, tuple[Label, ...], str | None]:

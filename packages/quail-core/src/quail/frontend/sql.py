@@ -16,6 +16,7 @@ What stays out of reach is refused by name, with its line and column and what to
 
 from __future__ import annotations
 
+import difflib
 import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -71,6 +72,7 @@ from quail.frontend.syntax import (
     ai_calls,
     conjuncts,
     fail_at,
+    first_word,
     parse_one,
     refuse_unknown_args,
     safe_sql,
@@ -113,10 +115,28 @@ def parse_sql(text: str, catalog: RelationalCatalog, dialect: Dialect = "snowfla
     if dialect not in DIALECTS:
         raise CompileError(f"unknown SQL dialect {dialect!r}; use 'snowflake' or 'bigquery'")
     statement = parse_one(text, dialect)
+    _refuse_internal_names(statement)
     try:
-        return _Reader(dialect, catalog, statement).read()
+        return _Reader(dialect, catalog, statement, text).read()
     except RecursionError:
         raise CompileError("the query nests too deeply") from None
+
+
+def _not_a_query(text: str) -> str:
+    """What a statement that parsed as something else starts with, and the keyword it may have meant."""
+    word = first_word(text) or text.strip()[:12]
+    close = difflib.get_close_matches(word.upper(), ["SELECT", "WITH"], n=1, cutoff=0.6)
+    meant = f" (did you mean {close[0]}?)" if close else ""
+    return f"not a SELECT statement: it starts with {word!r}{meant}; Quail runs one SELECT statement"
+
+
+def _refuse_internal_names(statement: exp.Expression) -> None:
+    """Quail's own relations (`__quail_rows_0`, `__quail`) are not the user's to read: the relational part runs
+    beside them, and what they hold depends on the plan."""
+    for identifier in statement.find_all(exp.Identifier):
+        if identifier.name.lower().startswith(INTERNAL_PREFIX):
+            raise fail_at(f"{identifier.name!r} is reserved for Quail's own relations; name a registered table, "
+                          "a CTE or an alias of your own", identifier)
 
 
 Clause = Literal["where", "on", "left_on"]
@@ -144,6 +164,7 @@ class _Reader:
     dialect: Dialect
     catalog: RelationalCatalog
     statement: exp.Expression
+    text: str = ""
     block: exp.Select = field(init=False)
     scope: Scope = field(init=False)
     tables: list[TableSpec] = field(default_factory=list)
@@ -173,7 +194,7 @@ class _Reader:
     def read(self) -> QuerySpec:
         statement = self.statement
         if not isinstance(statement, exp.Query):
-            raise CompileError(f"not a SELECT statement (it starts {safe_sql(statement)[:12]!r}); Quail runs SELECT")
+            raise CompileError(_not_a_query(self.text))
         if isinstance(statement, exp.Select) and not (statement.args.get("from_") or statement.args.get("from")):
             raise CompileError("the query has no FROM clause")
         self.block = ai_block(statement)

@@ -7,6 +7,7 @@ reader serves both dialects. Errors carry the line and column sqlglot recorded.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -56,12 +57,13 @@ def parse_one(text: str, dialect: Dialect) -> exp.Expression:
     """The one statement of `text`, or CompileError with sqlglot's description and position."""
     if not isinstance(text, str):
         raise CompileError(f"the query must be a string, got {type(text).__name__}")
+    _refuse_other_statements(text)
     try:
         statements = [s for s in sqlglot.parse(text, read=DIALECTS[dialect]) if s is not None]
     except ParseError as error:
         first = error.errors[0] if error.errors else {}
-        raise CompileError(f"syntax error: {first.get('description', error)}", line=first.get("line"),
-                           column=first.get("col")) from None
+        description = _readable(str(first.get("description", error)), dialect)
+        raise CompileError(f"syntax error: {description}", line=first.get("line"), column=first.get("col")) from None
     except TokenError as error:
         raise CompileError(f"syntax error: {error}") from None
     except RecursionError:
@@ -71,6 +73,42 @@ def parse_one(text: str, dialect: Dialect) -> exp.Expression:
     if len(statements) != 1:
         raise CompileError(f"expected one SQL statement, got {len(statements)}")
     return statements[0]
+
+
+STATEMENTS = frozenset({
+    "ALTER", "ANALYZE", "ATTACH", "BEGIN", "CALL", "CHECKPOINT", "COMMENT", "COMMIT", "COPY", "CREATE", "DELETE",
+    "DESCRIBE", "DETACH", "DROP", "EXPLAIN", "EXPORT", "GRANT", "IMPORT", "INSERT", "INSTALL", "LOAD", "MERGE",
+    "PRAGMA", "REVOKE", "ROLLBACK", "SET", "SHOW", "SUMMARIZE", "TRUNCATE", "UPDATE", "USE", "VACUUM",
+})
+"""Statements that are not queries: Quail runs one SELECT, and says so by the statement's own name."""
+_FIRST_WORD = re.compile(r"\A(?:\s|--[^\n]*\n?|/\*.*?\*/)*([A-Za-z_]+)", re.DOTALL)
+
+
+def first_word(text: str) -> str:
+    """The statement's first word, past whitespace and comments ('' when there is none)."""
+    found = _FIRST_WORD.match(text)
+    return found.group(1) if found else ""
+
+
+def _refuse_other_statements(text: str) -> None:
+    word = first_word(text).upper()
+    if word in STATEMENTS:
+        raise CompileError(f"{word} is not a query: Quail runs one SELECT statement (tables come from "
+                           "Session.register or --table, never from the statement)", line=1, column=1)
+
+
+_MISSING_ARGUMENT = re.compile(r"Required keyword: '(\w+)' missing for <class 'sqlglot\.expressions[\w.]*\.(\w+)'>")
+
+
+def _readable(description: str, dialect: Dialect) -> str:
+    """sqlglot's description in the user's terms: a construct missing an argument names the construct, not a
+    class inside sqlglot."""
+    found = _MISSING_ARGUMENT.search(description)
+    if found is None:
+        return description
+    keyword, construct = found.groups()
+    return (f"{construct.upper()} is missing its {'first' if keyword == 'this' else keyword} argument as "
+            f"{dialect.capitalize()} SQL reads it (is it a function of another SQL dialect?)")
 
 
 def refuse_unknown_args(node: exp.Expression, allowed: set[str], hint: str = "") -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from quail.backends.base import ModelRegion, PhysicalCandidate, PlanningContext
@@ -46,8 +47,10 @@ def plan_query(backend: str, region: ModelRegion, context: PlanningContext, styl
     optimized = optimize(region.root, context, style)
     assert context.tokenizer is not None
     calibration = content_free_documents(context.tokenizer) if calibrate else ()
+    rows = {alias: len(lengths) + context.null_documents.get(alias, 0)
+            for alias, lengths in context.document_token_lengths.items()}
     builder = _GraphBuilder(context.tokenizer, style, optimized.decisions, calibration, answers,
-                            frozenset(a for a, n in context.null_documents.items() if n))
+                            frozenset(a for a, n in context.null_documents.items() if n), rows)
     graph = builder.build(optimized.logical)
     graph.validate()
     decisions = optimized.decisions
@@ -65,6 +68,8 @@ class _GraphBuilder:
     answers: AnswerTokens | None = None
     null_documents: frozenset[str] = frozenset()
     """Aliases with a NULL document somewhere: the model's inputs skip those rows."""
+    scan_rows: Mapping[str, int] = field(default_factory=dict)
+    """Per alias: the rows its scan keeps (shown on the plan's Scan nodes)."""
     nodes: list[ph.PhysicalNode] = field(default_factory=list)
     edges: list[Edge] = field(default_factory=list)
     join_order: list[int] = field(default_factory=list)
@@ -105,8 +110,9 @@ class _GraphBuilder:
 
     def rows(self, node: LogicalNode) -> Port:
         if isinstance(node, Scan):
-            return self.add(ph.Scan(f"scan_{node.alias}", table=node.table, alias=node.alias,
-                                    where=node.where or "")), "rows"
+            rows = self.scan_rows.get(node.alias)
+            return self.add(ph.Scan(f"scan_{node.alias}", ph.NodeEstimate(rows=rows), table=node.table,
+                                    alias=node.alias, where=node.where or "")), "rows"
         if isinstance(node, SemanticFilter):
             return self.filter(node)
         if isinstance(node, SemanticJoin):

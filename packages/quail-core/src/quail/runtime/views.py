@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
+
 from quail.data.database import Database
 from quail.data.scan import ScanView, view_sql
 from quail.data.sources import quoted
+from quail.errors import LargeInputWarning
 from quail.logical.nodes import LogicalNode, Scan, walk
 
 
@@ -20,4 +23,17 @@ def scan_views(plan: LogicalNode, database: Database) -> dict[str, ScanView]:
         if isinstance(node, Scan):
             source = node.source or quoted(node.table)
             views[node.alias] = database.view(view_sql(source, node.alias, node.columns, node.where, node.ctes))
+            _warn_when_large(node, views[node.alias].num_rows)
     return views
+
+
+LARGE_SCAN_ROWS = 1_000_000
+"""Rows of one alias past which the user is told before any token: every one is tokenized and asked."""
+
+
+def _warn_when_large(node: Scan, rows: int) -> None:
+    if rows <= LARGE_SCAN_ROWS:
+        return
+    what = "a CTE or subquery" if node.source else f"table {node.table!r}"
+    warnings.warn(f"{node.alias} ({what}) keeps {rows:,} rows after its conditions: each is tokenized and read by "
+                  "the model (explain() shows the estimate; Ctrl-C stops the query)", LargeInputWarning, stacklevel=4)

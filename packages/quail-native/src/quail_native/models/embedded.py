@@ -21,7 +21,9 @@ import io
 import json
 import os
 import shutil
+import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -402,15 +404,47 @@ def _exclusive_lock(path: Path, progress: Progress | None) -> Iterator[None]:
         yield
         return
     with open(path, "a+b") as handle:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            _report(progress, f"waiting for another process that is converting ({path})")
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        waited = 0.0
+        while True:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if waited % LOCK_REPORT_S == 0:
+                    _say(progress, f"waiting for {_holder(path)} to finish converting ({waited:.0f} s so far; "
+                                   f"lock {path})")
+                time.sleep(1.0)
+                waited += 1.0
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()} {time.time():.0f}\n".encode())
+        handle.flush()
         try:
             yield
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+LOCK_REPORT_S = 10.0
+"""How often a process waiting for another's conversion says so."""
+
+
+def _say(progress: Progress | None, message: str) -> None:
+    """Reported, or printed without a progress callback: a wait of minutes without a word looks hung."""
+    if progress is not None:
+        progress(message)
+    else:
+        print(f"quail: {message}", file=sys.stderr, flush=True)
+
+
+def _holder(path: Path) -> str:
+    """Who holds the conversion lock, as its holder wrote it: process id and since when."""
+    try:
+        pid, started = path.read_text().split()
+        since = time.strftime("%H:%M:%S", time.localtime(float(started)))
+        return f"process {int(pid)} (converting since {since})"
+    except (OSError, ValueError):
+        return "another process"
 
 
 def _staging_prefix(source: EmbeddedSource) -> str:

@@ -324,10 +324,15 @@ def _library() -> tuple[ctypes.CDLL | None, KernelStatus]:
 
 
 def _built(compiler: str) -> Path:
-    """The cached library for this source, compiler and CPU; built (atomically) when missing."""
+    """The cached library for this source, compiler and CPU; built (atomically) when missing or damaged.
+
+    A library is loaded only when its bytes match the digest written beside it when it was built: the
+    loader maps a file cut short (a full disk, a killed copy) and the process dies of SIGBUS, so a damaged
+    cache must be found before loading, never by it."""
     directory = quail_cache_home() / "kernels"
     path = directory / f"elementwise-{_build_key(compiler)}.so"
-    if path.is_file():
+    recorded = path.with_name(path.name + ".sha256")
+    if path.is_file() and recorded.is_file() and recorded.read_text().strip() == _digest(path):
         return path
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=directory) as scratch:
@@ -336,8 +341,16 @@ def _built(compiler: str) -> Path:
                              text=True, timeout=BUILD_TIMEOUT_S)
         if run.returncode != 0:
             raise subprocess.SubprocessError(f"{compiler} exited {run.returncode}: {run.stderr.strip()[-400:]}")
+        digest = Path(scratch) / recorded.name
+        digest.write_text(_digest(partial))
         os.replace(partial, path)
+        os.replace(digest, recorded)
     return path
+
+
+def _digest(path: Path) -> str:
+    with path.open("rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def _build_key(compiler: str) -> str:
