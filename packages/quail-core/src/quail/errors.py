@@ -20,6 +20,12 @@ class CompileError(QuailError):
         super().__init__(f"{message}{where}")
 
 
+class GeneralRuleError(CompileError):
+    """A statement the planner of one query block does not plan (AI calls in several blocks, an AI condition of an
+    outer join, an AI call over an expression, no AI call at all, ...). `Session.sql` answers it by the general
+    rule instead — each AI call a lookup over its table — and raises this only when that cannot either."""
+
+
 @dataclass(frozen=True)
 class Refusal:
     """Why something cannot run: a value, so planners can compare and report it."""

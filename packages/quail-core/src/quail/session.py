@@ -20,17 +20,18 @@ from quail.data.scan import ScanView
 from quail.data.sources import as_source
 from quail.data.tokenizer import Tokenizer
 from quail.data.tokens import TokenStore
-from quail.errors import CompileError, QuailError, Refusal, RefusalError
+from quail.errors import CompileError, GeneralRuleError, QuailError, Refusal, RefusalError
 from quail.frontend.builder import Docs
 from quail.frontend.compile import compile_query
 from quail.frontend.spec import QuerySpec, TableSpec
-from quail.frontend.sql import Dialect, parse_sql
+from quail.frontend.sql import Dialect, parse_sql, parse_statement
 from quail.logical.nodes import LogicalNode, Scan, validate_plan, walk
 from quail.logical.rules import run_rules
 from quail.physical.graph import PhysicalGraph
 from quail.plugins.registry import ExtensionRegistry
 from quail.runtime.execution import plan_physical, planned_shards, run_query
 from quail.runtime.explain import explain_text
+from quail.runtime.lookups import LookupQuery
 from quail.runtime.results import QueryResult
 from quail.runtime.views import scan_views
 
@@ -108,10 +109,26 @@ class Session:
 
     # -- queries ------------------------------------------------------------------------------
 
-    def sql(self, text: str, dialect: Dialect = "snowflake", order: OrderRule | None = None) -> Query:
+    def sql(self, text: str, dialect: Dialect = "snowflake", order: OrderRule | None = None) -> Query | LookupQuery:
+        """The statement planned as one query block (filters, joins, KV reuse) where it is one; otherwise by the
+        general rule, each AI call a lookup over its table (`quail.frontend.lookups`). When neither can run it,
+        the planner's CompileError says why."""
         self.check_open()
         self.database.refresh()
-        return Query(self, parse_sql(text_argument("the query given to sql()", text), self.database, dialect), order)
+        text = text_argument("the query given to sql()", text)
+        try:
+            return Query(self, parse_sql(text, self.database, dialect), order)
+        except GeneralRuleError as refused:
+            answered = self._by_lookups(text, dialect, order)
+            if answered is None:
+                raise refused from None
+            return answered
+
+    def _by_lookups(self, text: str, dialect: Dialect, order: OrderRule | None) -> LookupQuery | None:
+        try:
+            return LookupQuery(self, self._query_of, parse_statement(text, dialect), dialect, order)
+        except CompileError:
+            return None
 
     def docs(self, table: str) -> Docs:
         """Start a builder query over a registered table (its alias defaults to its name)."""

@@ -279,6 +279,13 @@ class Database:
         return outcome["value"]  # type: ignore[return-value]
 
     @contextmanager
+    def registered(self, relations: Mapping[str, pa.Table]) -> Iterator[None]:
+        """These Arrow tables readable by name while inside (a statement's lookups, for its later rounds)."""
+        self._check_open()
+        with self._relations(relations):
+            yield
+
+    @contextmanager
     def _relations(self, relations: Mapping[str, pa.Table]) -> Iterator[None]:
         with translated():
             for name, table in relations.items():

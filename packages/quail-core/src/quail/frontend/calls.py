@@ -6,7 +6,7 @@ from sqlglot import exp
 
 from quail.errors import CompileError
 from quail.frontend.spec import ColumnName, PromptSpec
-from quail.frontend.syntax import AiCall, safe_sql, unsupported, where_of
+from quail.frontend.syntax import AiCall, beyond_one_block, safe_sql, unsupported, where_of
 from quail.logical.expressions import Label
 
 Options = dict[str, exp.Expression]
@@ -34,14 +34,14 @@ def prompt_and_options(call: AiCall, keys: set[str]) -> tuple[PromptSpec, Option
 
 def read_prompt(node: exp.Expression, owner: str) -> PromptSpec:
     if not (isinstance(node, exp.Anonymous) and str(node.name).upper() == "PROMPT"):
-        raise unsupported(f"{owner} over {safe_sql(node)}", node, f"write {owner}(PROMPT('…{{0}}…', column))")
+        raise beyond_one_block(f"{owner} over {safe_sql(node)}", node, f"write {owner}(PROMPT('…{{0}}…', column))")
     arguments = list(node.expressions)
     if not arguments or not _is_string(arguments[0]):
         raise unsupported("PROMPT without a template string", node, "its first argument is a string literal")
     columns = []
     for argument in arguments[1:]:
         if not is_plain_column(argument):
-            raise unsupported(f"PROMPT argument {safe_sql(argument)}", argument, "PROMPT arguments are columns")
+            raise beyond_one_block(f"PROMPT argument {safe_sql(argument)}", argument, "PROMPT arguments are columns")
         columns.append(column_name(argument))
     return PromptSpec(arguments[0].this, tuple(columns), where_of(node))
 

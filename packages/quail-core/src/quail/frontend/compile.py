@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from quail.data.providers import TableSchema
-from quail.errors import CompileError
+from quail.errors import CompileError, GeneralRuleError
 from quail.frontend.relational import projection_statement
 from quail.frontend.spec import (
     ClassifySpec,
@@ -84,7 +84,7 @@ class _Compiler:
     def compile(self) -> Project:
         self._check_tables()
         if not self.positions and not self.partial:
-            raise CompileError("the query has no AI predicate: use AI_FILTER / AI.IF, AI.CLASSIFY or AI.SCORE")
+            raise GeneralRuleError("the query has no AI predicate: use AI_FILTER / AI.IF, AI.CLASSIFY or AI.SCORE")
         predicates = [self._predicate(p) for p in self.spec.predicates]
         outputs = [self._classify(c) for c in self.spec.classifies] + [self._score(s) for s in self.spec.scores]
         outputs += [self._verdict(v) for v in self.spec.verdicts]
@@ -255,7 +255,7 @@ class _Compiler:
             for column in prompt.columns:
                 earlier = seen.setdefault(column.alias, column)
                 if earlier != column:
-                    raise CompileError(
+                    raise GeneralRuleError(
                         f"two document columns on one alias: {earlier} and {column}; each table "
                         "contributes one document column to its prompts"
                     )
@@ -334,8 +334,9 @@ class _Compiler:
         joining = [p for p in inside if len(p.predicate.aliases) > 1]
         if len(joining) != 1:
             where = "a LEFT JOIN ... ON" if table.role == "left" else "an EXISTS subquery"
-            raise fail(f"{where} needs exactly one AI predicate that reads both {alias!r} and an "
-                       f"outer table; found {len(joining)}", table.where)
+            raise GeneralRuleError(f"{where} needs exactly one AI predicate that reads both {alias!r} and an "
+                                   f"outer table; found {len(joining)}", line=table.where.line,
+                                   column=table.where.column)
         inner: LogicalNode = self._scan(alias)
         filters = tuple(p.predicate for p in inside if len(p.predicate.aliases) == 1)
         if filters:
@@ -482,5 +483,5 @@ def _check_connected(order: list[str], joins: list[_Resolved], equalities: list[
             parent[root(other)] = root(members[0])
     lonely = [a for a in order if root(a) != root(order[0])]
     if lonely:
-        raise CompileError(f"table {lonely[0]!r} is not connected to {order[0]!r} by any condition; a cross "
+        raise GeneralRuleError(f"table {lonely[0]!r} is not connected to {order[0]!r} by any condition; a cross "
                            "product of documents needs an AI predicate or a condition over both tables")

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 from sqlglot import exp
 
-from quail.errors import CompileError
+from quail.errors import CompileError, GeneralRuleError
 from quail.frontend.spec import Where
-from quail.frontend.syntax import ai_call, fail_at, unsupported, where_of
+from quail.frontend.syntax import ai_call, beyond_one_block, fail_at, unsupported, where_of
 
 ROWS_RELATION = "__quail_rows_{}"
 OUTPUTS_RELATION = "__quail"
@@ -44,9 +44,9 @@ def ai_block(statement: exp.Expression) -> exp.Select:
             if all(owner is not seen for seen in owners):
                 owners.append(owner)
     if not owners:
-        raise CompileError("the query has no AI predicate: use AI_FILTER / AI.IF, AI.CLASSIFY or AI.SCORE")
+        raise GeneralRuleError("the query has no AI predicate: use AI_FILTER / AI.IF, AI.CLASSIFY or AI.SCORE")
     if len(owners) > 1:
-        raise unsupported("AI functions in two query blocks", owners[1],
+        raise beyond_one_block("AI functions in two query blocks", owners[1],
                           "write every AI call in one SELECT (the others can read its result as a CTE)")
     return owners[0]
 
@@ -123,7 +123,7 @@ class Scope:
         if qualifier in self.hidden:
             raise fail_at(f"alias {qualifier!r} is only visible inside its EXISTS subquery", column)
         if qualifier in self.outer and qualifier not in self.columns:
-            raise unsupported(f"a correlated subquery with AI functions (it reads {qualifier}.{column.name} of "
+            raise beyond_one_block(f"a correlated subquery with AI functions (it reads {qualifier}.{column.name} of "
                               "the query around it)", column, "join that table inside the subquery, or move the "
                               "AI functions to the outer query")
         if qualifier:

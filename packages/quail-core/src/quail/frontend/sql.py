@@ -27,7 +27,7 @@ from sqlglot import exp
 
 from quail.data.providers import TableSchema
 from quail.data.sources import quoted
-from quail.errors import CompileError
+from quail.errors import CompileError, GeneralRuleError
 from quail.frontend.calls import (
     classify_arguments,
     column_name,
@@ -70,6 +70,7 @@ from quail.frontend.syntax import (
     Dialect,
     ai_call,
     ai_calls,
+    beyond_one_block,
     conjuncts,
     fail_at,
     first_word,
@@ -82,7 +83,7 @@ from quail.frontend.syntax import (
 from quail.frontend.tail import TailWriter
 from quail.logical.expressions import Comparison, ScoreThreshold
 
-__all__ = ["DIALECTS", "Dialect", "RelationalCatalog", "ai_call", "parse_sql"]
+__all__ = ["DIALECTS", "Dialect", "RelationalCatalog", "ai_call", "parse_sql", "parse_statement", "read_statement"]
 
 MAX_ROWS = 2**63 - 1
 """The largest LIMIT / OFFSET a row count can reach (DuckDB's and Arrow's signed 64-bit lengths)."""
@@ -118,6 +119,26 @@ def parse_sql(text: str, catalog: RelationalCatalog, dialect: Dialect = "snowfla
     _refuse_internal_names(statement)
     try:
         return _Reader(dialect, catalog, statement, text).read()
+    except RecursionError:
+        raise CompileError("the query nests too deeply") from None
+
+
+def parse_statement(text: str, dialect: Dialect = "snowflake") -> exp.Query:
+    """The user's one query statement, parsed and checked for names they may not use; CompileError otherwise."""
+    if dialect not in DIALECTS:
+        raise CompileError(f"unknown SQL dialect {dialect!r}; use 'snowflake' or 'bigquery'")
+    statement = parse_one(text, dialect)
+    _refuse_internal_names(statement)
+    if not isinstance(statement, exp.Query):
+        raise CompileError(_not_a_query(text))
+    return statement
+
+
+def read_statement(statement: exp.Expression, catalog: RelationalCatalog, dialect: Dialect) -> QuerySpec:
+    """A statement Quail wrote itself (a lookup's AI query, `lookups.py`) read into a QuerySpec: it may name
+    Quail's own relations, which a user's text may not."""
+    try:
+        return _Reader(dialect, catalog, statement, safe_sql(statement, dialect)).read()
     except RecursionError:
         raise CompileError("the query nests too deeply") from None
 
@@ -196,7 +217,7 @@ class _Reader:
         if not isinstance(statement, exp.Query):
             raise CompileError(_not_a_query(self.text))
         if isinstance(statement, exp.Select) and not (statement.args.get("from_") or statement.args.get("from")):
-            raise CompileError("the query has no FROM clause")
+            raise GeneralRuleError("the query has no FROM clause")
         self.block = ai_block(statement)
         allowed = BLOCK_ARGS | ({"with_", "with"} if self.block is statement else set())
         refuse_unknown_args(self.block, allowed, "write it in a query around the AI block, or in a CTE")
@@ -274,7 +295,7 @@ class _Reader:
         """Every table of the block; the ON clauses, to read once every name is known."""
         source = self.block.args.get("from_") or self.block.args.get("from")
         if source is None:
-            raise CompileError("the query has no FROM clause")
+            raise GeneralRuleError("the query has no FROM clause")
         self._add_table(source.this, "from")
         pending: list[tuple[exp.Expression, _Context]] = []
         for join in self.block.args.get("joins") or []:
@@ -283,16 +304,16 @@ class _Reader:
 
     def _read_join(self, join: exp.Join) -> list[tuple[exp.Expression, _Context]]:
         if join.args.get("using"):
-            raise unsupported("JOIN ... USING", join, "write ON a.x = b.y")
+            raise beyond_one_block("JOIN ... USING", join, "write ON a.x = b.y")
         refuse_unknown_args(join, JOIN_ARGS)
         side = (join.args.get("side") or "").upper()
         kind = (join.args.get("kind") or "").upper()
         if side == "RIGHT":
-            raise unsupported("RIGHT OUTER JOIN", join, "write it as a LEFT JOIN with the tables swapped")
+            raise beyond_one_block("RIGHT OUTER JOIN", join, "write it as a LEFT JOIN with the tables swapped")
         if side == "FULL":
-            raise unsupported("FULL OUTER JOIN", join, "join in a CTE without AI functions and read that")
+            raise beyond_one_block("FULL OUTER JOIN", join, "join in a CTE without AI functions and read that")
         if kind and kind not in ("CROSS", "INNER", "OUTER"):
-            raise unsupported(f"{kind} JOIN", join)
+            raise beyond_one_block(f"{kind} JOIN", join)
         on = join.args.get("on")
         before = frozenset(self.scope.columns)
         if side == "LEFT":
@@ -337,7 +358,7 @@ class _Reader:
             source = f"({node.this.sql(dialect='duckdb')})"
             return self._derived(TableSpec("(subquery)", node.alias, role, where, source), node)
         if not isinstance(node, exp.Table) or not isinstance(node.this, exp.Identifier):
-            raise unsupported(f"{node.key.upper()} in FROM", node, "name a registered table, a CTE or a subquery")
+            raise beyond_one_block(f"{node.key.upper()} in FROM", node, "name a registered table, a CTE or a subquery")
         if node.args.get("db") or node.args.get("catalog"):
             raise unsupported(f"qualified table name {safe_sql(node)}", node, "name a registered table")
         refuse_unknown_args(node, TABLE_ARGS | {"db", "catalog"})
@@ -374,7 +395,7 @@ class _Reader:
             read = {self.scope.alias_of(c) for c in call.node.find_all(exp.Column)} & set(self.tail_aliases)
             if read:
                 alias = sorted(read)[0]
-                raise unsupported(f"an AI function over {alias!r}, which is LEFT JOINed without an AI predicate",
+                raise beyond_one_block(f"an AI function over {alias!r}, which is LEFT JOINed without an AI predicate",
                                   call.node, f"join {alias!r} with an inner JOIN, or in a CTE the AI block reads")
 
     @property
@@ -586,7 +607,7 @@ class _Reader:
 
     def _residual(self, node: exp.Expression, context: _Context) -> None:
         if context.clause == "left_on":
-            raise unsupported(f"condition {safe_sql(node, self.dialect)} in LEFT JOIN ... ON", node, LEFT_ON_HINT)
+            raise beyond_one_block(f"condition {safe_sql(node, self.dialect)} in LEFT JOIN ... ON", node, LEFT_ON_HINT)
         _check_score_comparisons(node)
         references = self.scope.references(node)
         self._check_visible(references.aliases, context, node)
@@ -606,13 +627,13 @@ class _Reader:
         if not isinstance(query, exp.Select):
             raise unsupported("EXISTS over a non-SELECT", node)
         if query.args.get("joins"):
-            raise unsupported("JOIN inside EXISTS", query, "an EXISTS subquery reads one table")
+            raise beyond_one_block("JOIN inside EXISTS", query, "an EXISTS subquery reads one table")
         refuse_unknown_args(query, SUBQUERY_ARGS, "an EXISTS subquery with an AI predicate reads one table")
         source = query.args.get("from_") or query.args.get("from")
         if source is None:
-            raise unsupported("EXISTS without FROM", query)
+            raise beyond_one_block("EXISTS without FROM", query)
         if any(_is_exists(inner) for inner in query.find_all(exp.Exists, exp.Not) if inner is not exists):
-            raise unsupported("nested EXISTS", node)
+            raise beyond_one_block("nested EXISTS", node)
         spec = self._add_table(source.this, "anti" if negated else "exists", visible=False)
         where = query.args.get("where")
         if where is None:
@@ -753,7 +774,7 @@ class _Inner:
         elif isinstance(node, exp.Boolean) and node.this is True:
             return
         else:
-            raise unsupported(
+            raise beyond_one_block(
                 f"condition {safe_sql(node, reader.dialect)}", node,
                 "an EXISTS subquery holds AND-ed AI predicates, column equalities and conditions on its own table",
             )
@@ -769,7 +790,7 @@ class _Inner:
         outer = aliases - {self.spec.alias}
         nullable = [a for a in outer if self.reader._nullable(a)]
         if nullable:
-            raise unsupported(f"EXISTS over {nullable[0]!r}, which is LEFT JOINed", node, "test it in a CTE")
+            raise beyond_one_block(f"EXISTS over {nullable[0]!r}, which is LEFT JOINed", node, "test it in a CTE")
 
 
 def _outer_aliases(statement: exp.Expression, block: exp.Select) -> set[str]:

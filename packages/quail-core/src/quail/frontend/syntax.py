@@ -17,7 +17,7 @@ from sqlglot.dialects.bigquery import BigQuery
 from sqlglot.dialects.snowflake import Snowflake
 from sqlglot.errors import ParseError, TokenError
 
-from quail.errors import CompileError
+from quail.errors import CompileError, GeneralRuleError
 from quail.frontend.spec import Where
 
 Dialect = Literal["snowflake", "bigquery"]
@@ -142,6 +142,13 @@ def unsupported(construct: str, node: exp.Expression, hint: str = "") -> Compile
     where = where_of(node)
     suffix = f"; {hint}" if hint else ""
     return CompileError(f"{construct} is not supported{suffix}", line=where.line, column=where.column)
+
+
+def beyond_one_block(construct: str, node: exp.Expression, hint: str = "") -> GeneralRuleError:
+    """`unsupported`, for a shape the general rule may answer (`quail.frontend.lookups`)."""
+    where = where_of(node)
+    suffix = f"; {hint}" if hint else ""
+    return GeneralRuleError(f"{construct} is not supported{suffix}", line=where.line, column=where.column)
 
 
 def fail_at(message: str, node: exp.Expression) -> CompileError:

@@ -28,6 +28,11 @@ class QueryResult:
     def report(self) -> dict[str, ReportValue]:
         return self._report.as_dict()
 
+    @property
+    def query_report(self) -> QueryReport:
+        """The report as its typed value (what `report` gives as a dict)."""
+        return self._report
+
     def collect(self) -> pa.Table:
         return self._table
 

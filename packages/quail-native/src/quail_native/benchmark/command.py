@@ -149,7 +149,8 @@ def open_sessions(args: argparse.Namespace, registry: quail.ExtensionRegistry, m
         for compute in computes_of(args.compute):
             config = quail.EngineConfig(model=model, backend=backend, device=args.device,
                                         chunk_tokens=args.chunk_tokens, precision=args.precision,
-                                        engines_per_device=len(backends), compute=compute, workers=args.workers,
+                                        engines_per_device=len(backends), compute=compute,
+                                        workers=None if compute == "local" else args.workers,
                                         cache="off")  # the engine's work, every run
             try:
                 session = quail.Session(config, registry=registry)

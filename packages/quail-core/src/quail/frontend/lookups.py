@@ -1,0 +1,270 @@
+"""The general rule: an AI call that reads one table is a column of that table's rows.
+
+The planner of filters and joins reads one query block (`sql.py`); a statement it cannot plan whole — AI
+calls in several blocks (`UNION`, a CTE over an AI CTE, `IN (SELECT ... AI ...)`), correlated subqueries
+over their own table, `RIGHT` / `FULL` / `LEFT` joins with AI conditions, AI calls over expressions — is
+answered by this rule instead. Each AI call whose arguments read one table (and whose table holds no AI
+call itself) becomes a *lookup*: an AI query over the distinct values of its arguments, planned by the
+ordinary planner, after the conditions of its own block that can be pushed below it; the user's statement
+then runs on DuckDB unchanged except that the call reads its answer from the lookup. Calls over tables
+that are themselves AI results wait for those (`stage`), so any nesting resolves in rounds.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import pyarrow as pa
+from sqlglot import exp
+
+from quail.errors import CompileError
+from quail.frontend.syntax import AiCall, AiKind, ai_call, ai_calls, conjuncts, fail_at, safe_sql
+
+LOOKUP_ALIAS = "d"
+"""The alias of the distinct inputs inside a lookup's AI query."""
+VALUE = "v"
+OUTPUT_TYPES: dict[str, pa.DataType] = {"filter": pa.bool_(), "score": pa.float64(), "classify": pa.string()}
+
+
+class Describer(Protocol):
+    """What the rule asks of the session's DuckDB: the columns a relation has (registered tables included)."""
+
+    def describe(self, sql: str) -> pa.Schema: ...
+
+    def schema_of(self, table: str) -> pa.Schema | None: ...
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """One AI call answered over the distinct values of its arguments."""
+
+    name: str
+    """The relation its answers are registered under while the statement runs."""
+    kind: AiKind
+    inner: exp.Select
+    """The AI query over the distinct inputs (columns doc0, doc1, ... and `v`), for the ordinary planner."""
+    inputs: int
+    call: str
+    """The call as the user wrote it, for explain()."""
+    table: str
+    """What it reads: `alias (table)`, for explain()."""
+    pushed: tuple[str, ...]
+    """Conditions of its block evaluated below it (the model sees only rows that pass them)."""
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return (*(f"doc{i}" for i in range(self.inputs)), VALUE)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """The lookups of one round, and the statement with their calls replaced."""
+
+    lookups: tuple[Lookup, ...]
+    statement: exp.Expression
+
+
+def has_ai_calls(node: exp.Expression) -> bool:
+    return any(ai_call(item) is not None for item in node.walk())
+
+
+def next_stage(statement: exp.Expression, relations: Describer, prefix: str, counter: itertools.count) -> Stage:
+    """The AI calls answerable now (their table holds no AI call), each made a lookup named `{prefix}{n}`."""
+    statement = statement.copy()
+    ctes = _ctes(statement)
+    lookups: list[Lookup] = []
+    replacements: list[tuple[exp.Expression, exp.Expression]] = []
+    for call in ai_calls(statement):
+        lookup = _lookup(call, statement, ctes, relations, f"{prefix}{next(counter)}")
+        if lookup is None:
+            continue
+        lookups.append(lookup)
+        replacements.append((call.node, _reading(lookup, _documents(call))))
+    for node, replacement in replacements:
+        node.replace(replacement)
+    return Stage(tuple(lookups), statement)
+
+
+# -- one call ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Source:
+    alias: str
+    node: exp.Expression
+    """The table or subquery in its block's FROM / JOIN."""
+    block: exp.Select
+
+
+def _lookup(call: AiCall, statement: exp.Expression, ctes: Mapping[str, exp.CTE], relations: Describer,
+            name: str) -> Lookup | None:
+    """The call as a lookup, or None while the table it reads holds AI calls (a later round)."""
+    documents = _documents(call)
+    columns = [c for d in documents for c in d.find_all(exp.Column)]
+    if any(d.find(exp.Select) is not None or has_ai_calls(d) for d in documents):
+        raise fail_at(f"a subquery or an AI call inside the arguments of {call.spelling}", call.node)
+    sources = {_source_of(column, ctes, relations) for column in columns}
+    sources.discard(None)
+    if len({(s.alias, id(s.block)) for s in sources if s is not None}) > 1:
+        raise fail_at(f"{call.spelling} over two tables outside the top-level AND of WHERE and ON: an AI value "
+                      "reads one table", call.node)
+    source = next(iter(sources), None)
+    if source is not None and _holds_ai(source.node, ctes):
+        return None
+    pushed = _pushed(call, source) if source is not None else []
+    inner = _inner_query(call, documents, source, pushed, ctes, statement)
+    table = "constants" if source is None else f"{source.alias} ({safe_sql(source.node)})"
+    return Lookup(name, call.kind, inner, len(documents), safe_sql(call.node), table,
+                  tuple(safe_sql(p) for p in pushed))
+
+
+def _documents(call: AiCall) -> list[exp.Expression]:
+    """The expressions the call reads as documents: PROMPT's arguments after the template, or a plain input."""
+    if not call.arguments:
+        raise fail_at(f"{call.spelling}() without arguments", call.node)
+    first = call.arguments[0]
+    if isinstance(first, exp.Anonymous) and str(first.name).upper() == "PROMPT":
+        return list(first.expressions[1:])
+    if call.kind == "classify":
+        return [first]
+    raise fail_at(f"{call.spelling} over {safe_sql(first)}: write {call.spelling}(PROMPT('…{{0}}…', column))",
+                  call.node)
+
+
+def _source_of(column: exp.Column, ctes: Mapping[str, exp.CTE], relations: Describer) -> _Source | None:
+    """The FROM / JOIN item of the nearest block (this one, then the ones around it) that has this column."""
+    qualifier = column.table.lower()
+    block = column.find_ancestor(exp.Select)
+    while block is not None:
+        for alias, node in _block_sources(block).items():
+            if qualifier and alias.lower() == qualifier:
+                return _Source(alias, node, block)
+            if not qualifier and column.name.lower() in _column_names(node, ctes, relations):
+                return _Source(alias, node, block)
+        block = block.parent.find_ancestor(exp.Select) if block.parent is not None else None
+    return None
+
+
+def _block_sources(block: exp.Select) -> dict[str, exp.Expression]:
+    sources: dict[str, exp.Expression] = {}
+    source = block.args.get("from_") or block.args.get("from")
+    items = [source.this] if source is not None else []
+    items += [join.this for join in block.args.get("joins") or []]
+    for item in items:
+        if isinstance(item, exp.Table | exp.Subquery):
+            sources[item.alias_or_name] = item
+    return sources
+
+
+def _column_names(node: exp.Expression, ctes: Mapping[str, exp.CTE], relations: Describer) -> set[str]:
+    if isinstance(node, exp.Table) and node.name.lower() not in ctes:
+        schema = relations.schema_of(node.name)
+        if schema is not None:
+            return {n.lower() for n in schema.names}
+    if _holds_ai(node, ctes):
+        return set()
+    try:
+        return {n.lower() for n in relations.describe(_select_all(node, ctes)).names}
+    except CompileError:
+        return set()
+
+
+def _select_all(node: exp.Expression, ctes: Mapping[str, exp.CTE]) -> str:
+    source = node.copy()
+    source.set("alias", None)
+    select = exp.select("*").from_(source)
+    needed = _needed_ctes(source, ctes)
+    if needed:
+        select.set("with_", exp.With(expressions=[c.copy() for c in needed], recursive=_recursive(needed)))
+    return select.sql("duckdb")
+
+
+def _pushed(call: AiCall, source: _Source) -> list[exp.Expression]:
+    """Conditions of the call's block that read only its table: sound to apply below the call wherever the
+    block evaluates it after WHERE (SELECT, WHERE, GROUP BY, HAVING, ORDER BY, windows) — not in an ON clause,
+    where a row the condition removes could still pick the other side of an outer join."""
+    if call.node.find_ancestor(exp.Select) is not source.block or call.node.find_ancestor(exp.Join) is not None:
+        return []
+    where = source.block.args.get("where")
+    if where is None:
+        return []
+    kept = []
+    for condition in conjuncts(where.this):
+        if has_ai_calls(condition) or condition.find(exp.Select) is not None:
+            continue
+        qualifiers = {c.table.lower() for c in condition.find_all(exp.Column)}
+        if qualifiers == {source.alias.lower()}:
+            kept.append(condition.copy())
+    return kept
+
+
+# -- the lookup's AI query and the statement's reading of it -------------------------------------------------
+
+
+def _inner_query(call: AiCall, documents: Sequence[exp.Expression], source: _Source | None,
+                 pushed: Sequence[exp.Expression], ctes: Mapping[str, exp.CTE], statement: exp.Expression
+                 ) -> exp.Select:
+    """SELECT d.doc0, ..., <call over d.doc_i> AS v FROM (SELECT DISTINCT <documents> FROM <table> WHERE ...) d"""
+    inputs = [exp.alias_(exp.cast(d.copy(), "VARCHAR"), f"doc{i}") for i, d in enumerate(documents)]
+    distinct = exp.select(*inputs).distinct()
+    needed: list[exp.CTE] = []
+    if source is not None:
+        distinct = distinct.from_(source.node.copy())
+        if pushed:
+            distinct = distinct.where(exp.and_(*pushed))
+        needed = _needed_ctes(source.node, ctes)
+    derived = exp.Subquery(this=distinct, alias=exp.TableAlias(this=exp.to_identifier(LOOKUP_ALIAS)))
+    rewritten = call.node.copy()
+    copied = ai_call(rewritten)
+    assert copied is not None
+    for index, document in enumerate(_documents(copied)):
+        document.replace(exp.column(f"doc{index}", table=LOOKUP_ALIAS))
+    items = [exp.column(f"doc{i}", table=LOOKUP_ALIAS) for i in range(len(documents))]
+    inner = exp.select(*items, exp.alias_(rewritten, VALUE)).from_(derived)
+    if needed:
+        inner.set("with_", exp.With(expressions=[c.copy() for c in needed], recursive=_recursive(needed)))
+    return inner
+
+
+def _reading(lookup: Lookup, documents: Sequence[exp.Expression]) -> exp.Expression:
+    """(SELECT v FROM lookup WHERE doc0 IS NOT DISTINCT FROM <argument 0> AND ...): the call's answer for
+    this row, NULL for a NULL input (the lookup answers NULL for it, as the call would)."""
+    relation = exp.alias_(exp.to_table(lookup.name), "l", table=True)
+    matches = [exp.NullSafeEQ(this=exp.column(f"doc{i}", table="l"), expression=exp.cast(d.copy(), "VARCHAR"))
+               for i, d in enumerate(documents)]
+    select = exp.select(exp.column(VALUE, table="l")).from_(relation)
+    if matches:
+        select = select.where(exp.and_(*matches))
+    return exp.Subquery(this=select)
+
+
+# -- CTEs ------------------------------------------------------------------------------------------------------
+
+
+def _ctes(statement: exp.Expression) -> dict[str, exp.CTE]:
+    return {cte.alias.lower(): cte for cte in statement.find_all(exp.CTE)}
+
+
+def _needed_ctes(node: exp.Expression, ctes: Mapping[str, exp.CTE]) -> list[exp.CTE]:
+    """The CTEs `node` reads, directly or through each other, in the order the statement defines them."""
+    wanted: set[str] = set()
+    pending = [node]
+    while pending:
+        for table in pending.pop().find_all(exp.Table):
+            name = table.name.lower()
+            if name in ctes and name not in wanted:
+                wanted.add(name)
+                pending.append(ctes[name].this)
+    return [cte for name, cte in ctes.items() if name in wanted]
+
+
+def _recursive(ctes: Sequence[exp.CTE]) -> bool:
+    return any(bool(c.parent is not None and c.parent.args.get("recursive")) for c in ctes)
+
+
+def _holds_ai(node: exp.Expression, ctes: Mapping[str, exp.CTE]) -> bool:
+    return has_ai_calls(node) or any(has_ai_calls(c.this) for c in _needed_ctes(node, ctes))
+

@@ -1,0 +1,238 @@
+"""Running a statement by the general rule (`quail.frontend.lookups`): its AI calls as lookups, round by round,
+each planned and run by the ordinary planner over the distinct inputs it needs, then the statement on DuckDB.
+
+The rounds are worked out twice: when the query is made, with empty stand-ins for the lookups' answers, so
+every name, type and refusal is found before any model work; and when it runs, with the answers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import pyarrow as pa
+from sqlglot import exp
+from sqlglot.errors import SqlglotError
+
+from quail.backends.base import ModelBackend, OrderRule, PhysicalCandidate
+from quail.catalog.devices import DeviceSpec
+from quail.catalog.models import ModelSpec
+from quail.data.database import Database
+from quail.errors import CompileError
+from quail.frontend.lookups import OUTPUT_TYPES, VALUE, Lookup, has_ai_calls, next_stage
+from quail.frontend.relational import relocated
+from quail.frontend.spec import QuerySpec
+from quail.frontend.sql import Dialect, read_statement
+from quail.runtime.report import QueryReport, _sum_known
+from quail.runtime.results import QueryResult
+
+LOOKUP_PREFIX = "__quail_ai_"
+
+
+class Session(Protocol):
+    """What the rule needs of the session that asked."""
+
+    database: Database
+    backend: ModelBackend
+    model: ModelSpec
+    device: DeviceSpec
+
+    def check_open(self) -> None: ...
+
+
+class Query(Protocol):
+    """A lookup's AI query, as the session's planner makes it."""
+
+    def plan(self) -> PhysicalCandidate: ...
+
+    def explain(self, verbose: bool = False, analyze: bool = False) -> str: ...
+
+    def run(self) -> QueryResult: ...
+
+
+Planner = Callable[[QuerySpec, OrderRule | None], Query]
+"""The session's way from a query spec to a planned Query."""
+
+
+class _Relations:
+    """The session's DuckDB as the rule describes relations (registered tables and lookups so far)."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def describe(self, sql: str) -> pa.Schema:
+        return self.session.database.describe(sql)
+
+    def schema_of(self, table: str) -> pa.Schema | None:
+        found = self.session.database.schema(table)
+        return None if found is None else found.arrow
+
+
+@dataclass(frozen=True)
+class _Round:
+    lookups: tuple[Lookup, ...]
+    queries: tuple[Query, ...]
+
+
+@dataclass
+class _Worked:
+    rounds: list[_Round]
+    statement: exp.Expression
+    results: dict[str, QueryResult]
+    table: pa.Table | None = None
+
+
+class LookupQuery:
+    """A statement the planner of one query block cannot plan whole, answered by the general rule. It offers
+    what `Query` offers: explain(), plan(), run(), collect()."""
+
+    def __init__(self, session: Session, planner: Planner, statement: exp.Expression, dialect: Dialect,
+                 order: OrderRule | None = None) -> None:
+        self.session = session
+        self.planner = planner
+        self.statement = statement
+        self.dialect = dialect
+        self.order = order
+        self._dry = self._work(run=False)
+
+    @property
+    def lookups(self) -> tuple[Lookup, ...]:
+        return tuple(lookup for r in self._dry.rounds for lookup in r.lookups)
+
+    def plan(self) -> tuple[PhysicalCandidate, ...]:
+        """The physical plans of the first round's lookups (later rounds are planned over earlier answers)."""
+        return tuple(query.plan() for query in self._dry.rounds[0].queries) if self._dry.rounds else ()
+
+    def explain(self, verbose: bool = False, analyze: bool = False) -> str:
+        if analyze:
+            return self.run().explain()
+        return _explain(self._dry, {}, verbose)
+
+    def run(self) -> QueryResult:
+        self.session.check_open()
+        started = time.perf_counter()
+        worked = self._work(run=True)
+        assert worked.table is not None
+        return QueryResult(worked.table, _answers(worked.results), _report(self.session, worked, started,
+                                                                               self.order),
+                           _explain(worked, worked.results, False))
+
+    def collect(self) -> pa.Table:
+        return self.run().collect()
+
+    # -- the rounds --------------------------------------------------------------------------------------
+
+    def _work(self, run: bool) -> _Worked:
+        """Every round's lookups, planned (and run when `run`), then the statement on DuckDB (when `run`) or
+        bound there (when not): a wrong name or type is a CompileError before any model work."""
+        session = self.session
+        prefix = f"{LOOKUP_PREFIX}{uuid.uuid4().hex[:8]}_"
+        counter = itertools.count()
+        relations: dict[str, pa.Table] = {}
+        worked = _Worked([], self.statement, {})
+        describer = _Relations(session)
+        while True:
+            with session.database.registered(relations):
+                try:
+                    stage = next_stage(worked.statement, describer, prefix, counter)
+                except SqlglotError as error:
+                    raise CompileError(f"the statement cannot be rewritten for its AI calls: {error}") from None
+                if not stage.lookups:
+                    if has_ai_calls(worked.statement):
+                        raise CompileError("the AI calls of this statement read tables that are AI results of "
+                                           "each other; write them in order, one CTE per step")
+                    break
+                queries = tuple(self.planner(read_statement(lookup.inner, session.database, self.dialect),
+                                             self.order) for lookup in stage.lookups)
+                for lookup, query in zip(stage.lookups, queries, strict=True):
+                    if run:
+                        result = query.run()
+                        worked.results[lookup.name] = result
+                        relations[lookup.name] = _answers_of(lookup, result.collect())
+                    else:
+                        relations[lookup.name] = _empty(lookup)
+            worked.rounds.append(_Round(stage.lookups, queries))
+            worked.statement = stage.statement
+        try:
+            sql = worked.statement.sql(dialect="duckdb")
+        except SqlglotError as error:
+            raise CompileError(f"the statement cannot be written for DuckDB: {error}") from None
+        try:
+            if run:
+                worked.table = session.database.run(sql, relations)
+            else:
+                session.database.check(sql, {name: table.schema for name, table in relations.items()})
+        except CompileError as error:
+            raise relocated(error, self.statement) from None
+        return worked
+
+
+def _answers_of(lookup: Lookup, table: pa.Table) -> pa.Table:
+    """The AI query's rows under the lookup's column names (doc0, ..., v)."""
+    return pa.table(dict(zip(lookup.columns, table.columns, strict=True)))
+
+
+def _empty(lookup: Lookup) -> pa.Table:
+    fields = [pa.field(f"doc{i}", pa.string()) for i in range(lookup.inputs)]
+    return pa.schema([*fields, pa.field(VALUE, OUTPUT_TYPES[lookup.kind])]).empty_table()
+
+
+# -- what the run says ---------------------------------------------------------------------------------------
+
+
+def _answers(results: Mapping[str, QueryResult]) -> dict[str, pa.Table]:
+    return {f"{name}/{node}": table for name, result in results.items()
+            for node, table in result.answer_tables.items()}
+
+
+def _report(session: Session, worked: _Worked, started: float, order: OrderRule | None) -> QueryReport:
+    reports = [result.query_report for result in worked.results.values()]
+    remarks = [f"answered by the general rule: {len(worked.results)} AI call(s) as lookups over the distinct "
+               "inputs of their tables, the statement on DuckDB"]
+    for report in reports:
+        remarks.extend(r for r in report.remarks if r not in remarks)
+
+    def total(values: list[float | None]) -> float | None:
+        return None if not values or any(v is None for v in values) else sum(v for v in values if v is not None)
+
+    return QueryReport(
+        backend=session.backend.name, model=session.model.name, device=session.device.name,
+        order_rule=order or "by_cost", wall_s=time.perf_counter() - started,
+        estimated_seconds=total([r.estimated_seconds for r in reports]) if reports else 0.0,
+        sol_seconds=total([r.sol_seconds for r in reports]) if reports else 0.0,
+        boot_s=next((r.boot_s for r in reports if r.boot_s is not None), None),
+        boot_kind=next((r.boot_kind for r in reports if r.boot_kind is not None), None),
+        fresh_tokens=_sum_known([r.fresh_tokens for r in reports]) if reports else 0,
+        cached_tokens=_sum_known([r.cached_tokens for r in reports]) if reports else 0,
+        minimum_tokens=_sum_known([r.minimum_tokens for r in reports]) if reports else 0,
+        stages=tuple(s for r in reports for s in r.stages),
+        node_metrics={f"{name}/{node}": metrics for name, result in worked.results.items()
+                      for node, metrics in result.query_report.node_metrics.items()},
+        remarks=tuple(remarks), engine=tuple(dict.fromkeys(e for r in reports for e in r.engine)),
+        shards=tuple(s for r in reports for s in r.shards),
+        null_inputs={f"{name}/{node}": count for name, result in worked.results.items()
+                     for node, count in (result.query_report.null_inputs or {}).items()},
+    )
+
+
+def _explain(worked: _Worked, results: Mapping[str, QueryResult], verbose: bool) -> str:
+    lines = ["== Answered by the general rule: each AI call a lookup over the distinct inputs of its table =="]
+    for number, round_ in enumerate(worked.rounds, start=1):
+        for lookup, query in zip(round_.lookups, round_.queries, strict=True):
+            lines.append(f"-- round {number}, {lookup.name}: {lookup.call} over {lookup.table}")
+            pushed = "; ".join(lookup.pushed) if lookup.pushed else "none (the call is read in an ON clause, or "
+            if not lookup.pushed:
+                pushed += "its block has no condition on that table alone)"
+            lines.append(f"   conditions applied below it: {pushed}")
+            if number > 1 and lookup.name not in results:
+                lines.append("   planned when the rounds before it have answered (it reads their results)")
+                continue
+            shown = results[lookup.name].explain() if lookup.name in results else query.explain(verbose)
+            lines.extend(f"   {line}" for line in shown.splitlines())
+    lines.append("== The statement on DuckDB, each AI call reading its lookup ==")
+    lines.append(worked.statement.sql(dialect="duckdb", pretty=True))
+    return "\n".join(lines)
