@@ -131,12 +131,57 @@ def _call(node: exp.Expression) -> tuple[str, list[exp.Expression]] | None:
     if isinstance(node, exp.AIClassify):
         return "classify", [node.this, node.args["categories"]]
     if isinstance(node, exp.Anonymous) and node.name.upper() in SNOWFLAKE:
-        return SNOWFLAKE[node.name.upper()], list(node.expressions)
+        return SNOWFLAKE[node.name.upper()], _ordered(SNOWFLAKE[node.name.upper()], list(node.expressions))
     if isinstance(node, exp.Dot) and isinstance(node.this, exp.Identifier) and node.this.name.upper() == "AI":
         inner = node.expression
         if isinstance(inner, exp.Anonymous) and inner.name.upper() in BIGQUERY:
-            return BIGQUERY[inner.name.upper()], list(inner.expressions)
+            return BIGQUERY[inner.name.upper()], _ordered(BIGQUERY[inner.name.upper()], list(inner.expressions))
+        if isinstance(inner, exp.If):  # sqlglot reads AI.IF with two or three arguments as IF
+            arguments = [inner.this, inner.args.get("true"), inner.args.get("false")]
+            return "if", _ordered("if", [a for a in arguments if a is not None])
     return None
+
+
+def _ordered(kind: str, arguments: list[exp.Expression]) -> list[exp.Expression]:
+    """Named arguments in their places (input / prompt first, categories second), the ignored ones dropped, and
+    Snowflake's error-details flag of AI_FILTER dropped."""
+    named = {a.this.name.lower(): a.expression for a in arguments if isinstance(a, exp.Kwarg)}
+    positional = [a for a in arguments if not isinstance(a, exp.Kwarg)]
+    if "input" in named or "prompt" in named:
+        positional.insert(0, named.get("input", named.get("prompt")))
+    if "categories" in named:
+        positional.insert(1, named["categories"])
+    if kind == "if" and len(positional) == 2 and isinstance(positional[1], exp.Boolean):
+        positional.pop()
+    return positional
+
+
+def _pieces(node: exp.Expression) -> list[exp.Expression]:
+    if isinstance(node, exp.Tuple | exp.Concat) or (isinstance(node, exp.Anonymous) and node.name.upper() == "CONCAT"):
+        return [p for item in node.expressions for p in _pieces(item)]
+    if isinstance(node, exp.DPipe):
+        return _pieces(node.this) + _pieces(node.expression)
+    if isinstance(node, exp.Paren):
+        return _pieces(node.this)
+    return [node]
+
+
+def _template_and_documents(first: exp.Expression) -> tuple[exp.Expression, list[exp.Expression]]:
+    """A prompt written as PROMPT(...), a tuple, a concatenation, a string or one expression: its template (the
+    literal parts, a placeholder for each other part) and its documents."""
+    if isinstance(first, exp.Anonymous) and first.name.upper() == "PROMPT":
+        template, *documents = first.expressions
+        return template, documents
+    template, documents = "", []
+    for piece in _pieces(first):
+        if isinstance(piece, exp.Literal) and piece.is_string:
+            template += piece.this
+        else:
+            template += "{" + str(len(documents)) + "}"
+            documents.append(piece)
+    if not documents:
+        return exp.Literal.string("{0}"), [exp.Literal.string(template)]
+    return exp.Literal.string(template), documents
 
 
 def _udf(node: exp.Expression) -> exp.Expression:
@@ -145,13 +190,12 @@ def _udf(node: exp.Expression) -> exp.Expression:
         return node
     kind, arguments = found
     first = arguments[0]
-    is_prompt = isinstance(first, exp.Anonymous) and first.name.upper() == "PROMPT"
     if kind == "classify":
-        document = first.expressions[1] if is_prompt else first
+        documents = [first] if isinstance(first, exp.Column) else _template_and_documents(first)[1]
         labels = [e.expressions[0] if isinstance(e, exp.Tuple) else e for e in arguments[1].expressions]
-        return exp.Anonymous(this="oracle_classify", expressions=[document.copy(),
+        return exp.Anonymous(this="oracle_classify", expressions=[documents[0].copy(),
                                                                   exp.Array(expressions=[x.copy() for x in labels])])
-    template, *documents = first.expressions
+    template, documents = _template_and_documents(first)
     return exp.Anonymous(this=f"oracle_{kind}", expressions=[template.copy(),
                                                               exp.Array(expressions=[d.copy() for d in documents])])
 

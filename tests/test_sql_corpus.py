@@ -467,11 +467,6 @@ INVALID: list[Invalid] = [
             "PROMPT needs at least one column argument"),
     Invalid("prompt_without_template", SF, "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT(r.body))",
             "PROMPT without a template string"),
-    Invalid("ai_filter_without_prompt", SF, "SELECT r.id FROM reviews r WHERE AI_FILTER(r.body)",
-            "AI_FILTER over r.body"),
-    Invalid("prompt_reads_one_alias_twice", SF,
-            "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('{0} {1}', r.body, r.title))",
-            "reads table alias 'r' in two placeholders"),
     # options
     Invalid("anchor_on_a_single_table_filter", SF,
             "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('{0}', r.body), {'anchor': 'r'})",

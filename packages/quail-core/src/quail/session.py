@@ -126,7 +126,7 @@ class Session:
 
     def _by_lookups(self, text: str, dialect: Dialect, order: OrderRule | None) -> LookupQuery | None:
         try:
-            return LookupQuery(self, self._query_of, parse_statement(text, dialect), dialect, order)
+            return LookupQuery(self, self._query_of, parse_statement(text, self.database, dialect), dialect, order)
         except CompileError:
             return None
 

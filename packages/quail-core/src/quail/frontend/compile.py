@@ -462,8 +462,8 @@ def _check_placeholders(prompt: Prompt, where: Where) -> None:
     aliases = prompt.aliases
     twice = next((a for a in aliases if aliases.count(a) > 1), None)
     if twice is not None:
-        raise fail(f"PROMPT reads table alias {twice!r} in two placeholders; each placeholder must come "
-                   "from a different table", where)
+        raise GeneralRuleError(f"PROMPT reads table alias {twice!r} in two placeholders; each placeholder must "
+                               "come from a different table", line=where.line, column=where.column)
 
 
 def _check_connected(order: list[str], joins: list[_Resolved], equalities: list[tuple[Equality, EqualitySpec]],

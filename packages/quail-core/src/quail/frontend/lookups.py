@@ -13,6 +13,7 @@ that are themselves AI results wait for those (`stage`), so any nesting resolves
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -82,7 +83,7 @@ def next_stage(statement: exp.Expression, relations: Describer, prefix: str, cou
         if lookup is None:
             continue
         lookups.append(lookup)
-        replacements.append((call.node, _reading(lookup, _documents(call))))
+        replacements.append((call.node, _reading(lookup, _keys(call))))
     for node, replacement in replacements:
         node.replace(replacement)
     return Stage(tuple(lookups), statement)
@@ -115,10 +116,10 @@ def _lookup(call: AiCall, statement: exp.Expression, ctes: Mapping[str, exp.CTE]
     if source is not None and _holds_ai(source.node, ctes):
         return None
     pushed = _pushed(call, source) if source is not None else []
-    inner = _inner_query(call, documents, source, pushed, ctes, statement)
+    keys = _keys(call)
+    inner = _inner_query(call, keys, source, pushed, ctes)
     table = "constants" if source is None else f"{source.alias} ({safe_sql(source.node)})"
-    return Lookup(name, call.kind, inner, len(documents), safe_sql(call.node), table,
-                  tuple(safe_sql(p) for p in pushed))
+    return Lookup(name, call.kind, inner, len(keys), safe_sql(call.node), table, tuple(safe_sql(p) for p in pushed))
 
 
 def _documents(call: AiCall) -> list[exp.Expression]:
@@ -132,6 +133,45 @@ def _documents(call: AiCall) -> list[exp.Expression]:
         return [first]
     raise fail_at(f"{call.spelling} over {safe_sql(first)}: write {call.spelling}(PROMPT('…{{0}}…', column))",
                   call.node)
+
+
+def _keys(call: AiCall) -> list[exp.Expression]:
+    """What the lookup is keyed by: the call's documents, or — when its prompt reads several columns of its one
+    table — one document of named fields (`title: …` on a line each; NULL when any is NULL), which the lookup's
+    AI query reads under the template with each placeholder naming its field."""
+    documents = _documents(call)
+    if len(documents) < 2:
+        return documents
+    fields: exp.Expression | None = None
+    for index, document in enumerate(documents):
+        line = exp.DPipe(this=exp.Literal.string(f"{_label(document, index)}: "),
+                         expression=exp.cast(document.copy(), "VARCHAR"))
+        fields = line if fields is None else exp.DPipe(
+            this=exp.DPipe(this=fields, expression=exp.Literal.string("\n")), expression=line)
+    assert fields is not None
+    return [fields]
+
+
+def _label(document: exp.Expression, index: int) -> str:
+    return document.name if isinstance(document, exp.Column) else f"field {index}"
+
+
+def _fields_template(call: AiCall) -> str:
+    """The template over one document of fields: `{0}`, then the user's text with each placeholder naming its field
+    (`Given the title [title] and the review [body], ...`)."""
+    documents = _documents(call)
+    named = PLACEHOLDER_SPLIT.sub(lambda m: f"[{_label(documents[int(m.group(1))], int(m.group(1)))}]",
+                                  _template(call))
+    return "{0}\n" + named
+
+
+PLACEHOLDER_SPLIT = re.compile(r"\{(\d+)\}")
+
+
+def _template(call: AiCall) -> str:
+    prompt = call.arguments[0]
+    assert isinstance(prompt, exp.Anonymous) and prompt.expressions
+    return str(prompt.expressions[0].this)
 
 
 def _source_of(column: exp.Column, ctes: Mapping[str, exp.CTE], relations: Describer) -> _Source | None:
@@ -205,8 +245,7 @@ def _pushed(call: AiCall, source: _Source) -> list[exp.Expression]:
 
 
 def _inner_query(call: AiCall, documents: Sequence[exp.Expression], source: _Source | None,
-                 pushed: Sequence[exp.Expression], ctes: Mapping[str, exp.CTE], statement: exp.Expression
-                 ) -> exp.Select:
+                 pushed: Sequence[exp.Expression], ctes: Mapping[str, exp.CTE]) -> exp.Select:
     """SELECT d.doc0, ..., <call over d.doc_i> AS v FROM (SELECT DISTINCT <documents> FROM <table> WHERE ...) d"""
     inputs = [exp.alias_(exp.cast(d.copy(), "VARCHAR"), f"doc{i}") for i, d in enumerate(documents)]
     distinct = exp.select(*inputs).distinct()
@@ -220,8 +259,12 @@ def _inner_query(call: AiCall, documents: Sequence[exp.Expression], source: _Sou
     rewritten = call.node.copy()
     copied = ai_call(rewritten)
     assert copied is not None
-    for index, document in enumerate(_documents(copied)):
-        document.replace(exp.column(f"doc{index}", table=LOOKUP_ALIAS))
+    if len(_documents(copied)) > len(documents):  # the prompt rendered whole is the one document
+        copied.arguments[0].replace(exp.Anonymous(this="PROMPT", expressions=[
+            exp.Literal.string(_fields_template(call)), exp.column("doc0", table=LOOKUP_ALIAS)]))
+    else:
+        for index, document in enumerate(_documents(copied)):
+            document.replace(exp.column(f"doc{index}", table=LOOKUP_ALIAS))
     items = [exp.column(f"doc{i}", table=LOOKUP_ALIAS) for i in range(len(documents))]
     inner = exp.select(*items, exp.alias_(rewritten, VALUE)).from_(derived)
     if needed:

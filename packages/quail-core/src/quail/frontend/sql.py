@@ -37,6 +37,7 @@ from quail.frontend.calls import (
     selectivity,
     string_option,
 )
+from quail.frontend.forms import canonical_calls
 from quail.frontend.relational import (
     INTERNAL_PREFIX,
     OUTPUTS_RELATION,
@@ -115,7 +116,7 @@ def parse_sql(text: str, catalog: RelationalCatalog, dialect: Dialect = "snowfla
     """Read one SELECT statement into a QuerySpec, or raise CompileError."""
     if dialect not in DIALECTS:
         raise CompileError(f"unknown SQL dialect {dialect!r}; use 'snowflake' or 'bigquery'")
-    statement = parse_one(text, dialect)
+    statement = _known_case(canonical_calls(parse_one(text, dialect)), catalog)
     _refuse_internal_names(statement)
     try:
         return _Reader(dialect, catalog, statement, text).read()
@@ -123,11 +124,11 @@ def parse_sql(text: str, catalog: RelationalCatalog, dialect: Dialect = "snowfla
         raise CompileError("the query nests too deeply") from None
 
 
-def parse_statement(text: str, dialect: Dialect = "snowflake") -> exp.Query:
+def parse_statement(text: str, catalog: RelationalCatalog, dialect: Dialect = "snowflake") -> exp.Query:
     """The user's one query statement, parsed and checked for names they may not use; CompileError otherwise."""
     if dialect not in DIALECTS:
         raise CompileError(f"unknown SQL dialect {dialect!r}; use 'snowflake' or 'bigquery'")
-    statement = parse_one(text, dialect)
+    statement = _known_case(canonical_calls(parse_one(text, dialect)), catalog)
     _refuse_internal_names(statement)
     if not isinstance(statement, exp.Query):
         raise CompileError(_not_a_query(text))
@@ -149,6 +150,31 @@ def _not_a_query(text: str) -> str:
     close = difflib.get_close_matches(word.upper(), ["SELECT", "WITH"], n=1, cutoff=0.6)
     meant = f" (did you mean {close[0]}?)" if close else ""
     return f"not a SELECT statement: it starts with {word!r}{meant}; Quail runs one SELECT statement"
+
+
+def _known_case(statement: exp.Expression, catalog: RelationalCatalog) -> exp.Expression:
+    """Unquoted identifiers are case-insensitive in both dialects: `F.BODY` where the alias is `f`, `FROM REVIEWS`
+    for the table registered as `reviews`. Each unquoted name that is not known as written but matches one known
+    name (a registered table, its columns, an alias or CTE of the statement) when case is ignored is written as
+    that name; quoted names keep their case."""
+    known: dict[str, set[str]] = {}
+    tables = getattr(catalog, "catalog", {})
+    for name, schema in (tables.items() if isinstance(tables, Mapping) else []):
+        for spelling in (name, *getattr(schema, "columns", ())):
+            known.setdefault(spelling.lower(), set()).add(spelling)
+    for node in statement.find_all(exp.TableAlias, exp.Alias, exp.CTE):
+        alias = node.args.get("alias") if isinstance(node, exp.CTE) else node.args.get("alias") or node.this
+        identifier = alias.this if isinstance(alias, exp.TableAlias) else alias
+        if isinstance(identifier, exp.Identifier):
+            known.setdefault(identifier.name.lower(), set()).add(identifier.name)
+    exact = {spelling for spellings in known.values() for spelling in spellings}
+    for identifier in statement.find_all(exp.Identifier):
+        if identifier.quoted or identifier.name in exact or isinstance(identifier.parent, exp.Dot):
+            continue
+        spellings = known.get(identifier.name.lower(), set())
+        if len(spellings) == 1:
+            identifier.set("this", next(iter(spellings)))
+    return statement
 
 
 def _refuse_internal_names(statement: exp.Expression) -> None:

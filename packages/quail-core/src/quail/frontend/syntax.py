@@ -174,12 +174,22 @@ def ai_call(node: exp.Expression) -> AiCall | None:
         return AiCall(SNOWFLAKE_NAMES[name], name, tuple(node.expressions), node)
     if isinstance(node, exp.Dot) and isinstance(node.this, exp.Identifier) and node.this.name.upper() == "AI":
         inner = node.expression
-        name = str(inner.name).upper() if isinstance(inner, exp.Anonymous | exp.Func) else ""
+        name = _function_name(inner)
         if name not in BIGQUERY_NAMES:
             raise unsupported(f"AI.{name or safe_sql(inner)}", node, "Quail offers AI.IF, AI.CLASSIFY and AI.SCORE")
-        arguments = tuple(inner.expressions) if isinstance(inner, exp.Anonymous) else tuple(inner.args.values())
+        arguments = tuple(inner.expressions) if isinstance(inner, exp.Anonymous) else tuple(
+            v for v in inner.args.values() if isinstance(v, exp.Expression))
         return AiCall(BIGQUERY_NAMES[name], f"AI.{name}", arguments, node)
     return None
+
+
+def _function_name(node: exp.Expression) -> str:
+    """AI.<name>: sqlglot reads some names as its own functions (AI.IF with three arguments is an IF)."""
+    if isinstance(node, exp.Anonymous):
+        return str(node.name).upper()
+    if isinstance(node, exp.Func):
+        return node.sql_name().upper()
+    return ""
 
 
 def ai_calls(node: exp.Expression) -> list[AiCall]:

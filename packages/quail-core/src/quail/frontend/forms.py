@@ -1,0 +1,132 @@
+"""The warehouses' own spellings of an AI call, rewritten to the one form the reader reads.
+
+BigQuery writes a prompt as a tuple (`AI.IF(('Is music discussed? ', f.body))`) or a string, and names its
+arguments (`input =>`, `categories =>`, `connection_id =>`); Snowflake concatenates (`AI_FILTER('Is it
+positive? ' || r.body)`, `AI_FILTER(CONCAT('…', r.body))`) or passes a column. Each becomes `PROMPT(template,
+arguments...)` — the literal parts make the template, every other part a placeholder `{i}` — with
+positional arguments, so both dialects and every spelling compile to the same plan as `PROMPT(...)`.
+Options Quail has no use for are accepted and dropped; those it cannot honour are refused by name.
+"""
+
+from __future__ import annotations
+
+from sqlglot import exp
+
+from quail.frontend.syntax import AiCall, ai_call, fail_at, unsupported
+
+IGNORED = frozenset({"connection_id", "max_error_ratio", "optimization_mode"})
+"""Named arguments of the warehouses that say how their service runs the call: nothing for Quail to do."""
+PROMPT_NAMES = frozenset({"prompt", "input"})
+REFUSED = {
+    "endpoint": "Quail answers with the session's model (EngineConfig.model / --model); a model per call is not "
+                "supported yet",
+    "model": "Quail answers with the session's model (EngineConfig.model / --model); a model per call is not "
+             "supported yet",
+    "model_params": "a judgement is one next-token readout: no temperature or output length applies",
+    "examples": "few-shot examples are not supported yet",
+    "output_schema": "AI.IF / AI.SCORE / AI.CLASSIFY return a fixed type",
+}
+
+
+def canonical_calls(statement: exp.Expression) -> exp.Expression:
+    """`statement` with every AI call in its PROMPT form and positional arguments (the tree is changed in place)."""
+    for call in [c for c in (ai_call(n) for n in list(statement.walk())) if c is not None]:
+        if not _within(call.node, statement):
+            continue  # inside a call already respelled
+        arguments = _positional(call)
+        if arguments is None:
+            continue
+        first = arguments[0] if arguments else None
+        if first is not None and not (call.kind == "classify" and _is_plain(first)):
+            arguments[0] = _as_prompt(first, call)
+        call.node.replace(_respelled(call, arguments))
+    return statement
+
+
+def _positional(call: AiCall) -> list[exp.Expression] | None:
+    """The call's arguments in order, named ones put in their place; None when it needs no change."""
+    named = [a for a in call.arguments if isinstance(a, exp.Kwarg)]
+    positional = [a for a in call.arguments if not isinstance(a, exp.Kwarg)]
+    first = positional[0] if positional else None
+    flagged = call.kind == "filter" and len(positional) == 2 and isinstance(positional[1], exp.Boolean)
+    if not named and not flagged and isinstance(first, exp.Anonymous) and str(first.name).upper() == "PROMPT":
+        return None
+    if not named and call.kind == "classify" and first is not None and _is_plain(first):
+        return None
+    prompt, categories = None, None
+    for argument in named:
+        name = argument.this.name.lower()
+        if name in IGNORED:
+            continue
+        if name in REFUSED:
+            raise unsupported(f"{call.spelling}(..., {name} => ...)", argument, REFUSED[name])
+        if name in PROMPT_NAMES:
+            prompt = argument.expression
+        elif name == "categories" and call.kind == "classify":
+            categories = argument.expression
+        else:
+            raise fail_at(f"{call.spelling} has no argument {name!r}", argument)
+    if prompt is not None:
+        positional.insert(0, prompt)
+    if categories is not None:
+        positional.insert(1, categories)
+    if call.kind == "filter" and len(positional) == 2 and isinstance(positional[1], exp.Boolean):
+        positional.pop()  # Snowflake's error-details flag: Quail's errors are raised, not returned per row
+    return positional
+
+
+def _within(node: exp.Expression, root: exp.Expression) -> bool:
+    while node is not root:
+        if node.parent is None:
+            return False
+        node = node.parent
+    return True
+
+
+def _is_plain(node: exp.Expression) -> bool:
+    return isinstance(node, exp.Column)
+
+
+def _as_prompt(node: exp.Expression, call: AiCall) -> exp.Expression:
+    """PROMPT(template, arguments...) for a tuple, a concatenation, a string or one expression."""
+    if isinstance(node, exp.Anonymous) and str(node.name).upper() == "PROMPT":
+        return node
+    parts = _parts(node)
+    template, arguments = "", []
+    for part in parts:
+        if _is_text(part):
+            text = str(part.this)
+            if "{" in text or "}" in text:
+                raise fail_at(f"the prompt of {call.spelling} has braces in its text; write PROMPT('…{{0}}…', ...) "
+                              "with the text around the placeholders", part)
+            template += text
+        else:
+            template += f"{{{len(arguments)}}}"
+            arguments.append(part.copy())
+    if not arguments:  # a constant question: the question is the document
+        template, arguments = "{0}", [exp.Literal.string(template)]
+    return exp.Anonymous(this="PROMPT", expressions=[exp.Literal.string(template), *arguments])
+
+
+def _parts(node: exp.Expression) -> list[exp.Expression]:
+    if isinstance(node, exp.Tuple):
+        return [p for item in node.expressions for p in _parts(item)]
+    if isinstance(node, exp.DPipe):
+        return _parts(node.this) + _parts(node.expression)
+    if isinstance(node, exp.Concat) or (isinstance(node, exp.Anonymous) and str(node.name).upper() == "CONCAT"):
+        return [p for item in node.expressions for p in _parts(item)]
+    if isinstance(node, exp.Paren):
+        return _parts(node.this)
+    return [node]
+
+
+def _is_text(node: exp.Expression) -> bool:
+    return (isinstance(node, exp.Literal) and node.is_string) or isinstance(node, exp.RawString)
+
+
+def _respelled(call: AiCall, arguments: list[exp.Expression]) -> exp.Expression:
+    """The call in its dialect's plain spelling with these arguments."""
+    if call.spelling.startswith("AI."):
+        inner = exp.Anonymous(this=call.spelling[3:], expressions=arguments)
+        return exp.Dot(this=exp.to_identifier("AI"), expression=inner)
+    return exp.Anonymous(this=call.spelling, expressions=arguments)

@@ -1,0 +1,100 @@
+"""The warehouses' own spellings of AI.IF / AI_FILTER, AI.SCORE and AI.CLASSIFY / AI_CLASSIFY — adapted from
+BigQuery's and Snowflake's documentation of their AI functions to the local tables — compile to the plan their
+`PROMPT(...)` equivalent compiles to and return the oracle's rows: BigQuery's tuple prompts and named arguments
+(`input =>`, `categories =>`, `connection_id =>`), Snowflake's concatenated prompts (`'…' || col`,
+`CONCAT('…', col)`), a column as the whole prompt, its error-details flag, and a prompt over several columns of
+one table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from relational_oracle import oracle_rows, same_rows
+from test_general_rule import keyword_session
+
+import quail
+from quail.logical.nodes import render
+
+ACTING = "Does the review mention \"acting\"? "
+# (dialect, the documented form, its PROMPT(...) equivalent — None where it is itself the only spelling)
+FORMS = [
+    ("bigquery", f"SELECT r.id FROM reviews r WHERE AI.IF(('{ACTING}', r.body))",
+     f"SELECT r.id FROM reviews r WHERE AI.IF(PROMPT('{ACTING}{{0}}', r.body))"),
+    ("bigquery", f"SELECT r.id FROM reviews r WHERE AI.IF(prompt => ('{ACTING}', r.body), "
+                 "connection_id => 'us.example_connection')",
+     f"SELECT r.id FROM reviews r WHERE AI.IF(PROMPT('{ACTING}{{0}}', r.body))"),
+    ("bigquery", "SELECT r.id, AI.SCORE(('Rate how positive this is from 1 to 10: ', r.body, ' (ignore spoilers)')) "
+                 "AS s FROM reviews r",
+     "SELECT r.id, AI.SCORE(PROMPT('Rate how positive this is from 1 to 10: {0} (ignore spoilers)', r.body)) AS s "
+     "FROM reviews r"),
+    ("bigquery", "SELECT r.id, AI.CLASSIFY(input => r.body, categories => ['acting', 'plot', 'music']) AS k "
+                 "FROM reviews r",
+     "SELECT r.id, AI.CLASSIFY(r.body, ['acting', 'plot', 'music']) AS k FROM reviews r"),
+    ("bigquery", "SELECT r.id, AI.CLASSIFY(r.body, categories => [('acting', 'the cast'), ('plot', 'the story')]) "
+                 "AS k FROM reviews r",
+     "SELECT r.id, AI.CLASSIFY(r.body, [('acting', 'the cast'), ('plot', 'the story')]) AS k FROM reviews r"),
+    ("snowflake", f"SELECT r.id FROM reviews r WHERE AI_FILTER('{ACTING}' || r.body)",
+     f"SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('{ACTING}{{0}}', r.body))"),
+    ("snowflake", f"SELECT r.id FROM reviews r WHERE AI_FILTER(CONCAT('{ACTING}', r.body))",
+     f"SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('{ACTING}{{0}}', r.body))"),
+    ("snowflake", f"SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('{ACTING}{{0}}', r.body), TRUE)",
+     f"SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('{ACTING}{{0}}', r.body))"),
+    ("snowflake", "SELECT r.id FROM reviews r WHERE AI_FILTER(r.body)",
+     "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('{0}', r.body))"),
+    ("snowflake", "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Given the title {0} and the review {1}, does it "
+                  "mention \"acting\"?', r.title, r.body))", None),
+    ("bigquery", "SELECT r.id FROM reviews r WHERE AI.IF(('Given the title ', r.title, ' and the review ', r.body, "
+                 "', does it mention \"plot\"?'))", None),
+    ("snowflake", "SELECT AI_FILTER('Is \"acting\" a craft?') AS answer", None),
+]
+
+
+@pytest.fixture(scope="module")
+def session() -> Iterator[quail.Session]:
+    with keyword_session() as opened:
+        yield opened
+
+
+def _plan(query: object) -> str:
+    return render(query.logical_plan) if isinstance(query, quail.Query) else query.explain()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("dialect", "sql", "equivalent"), FORMS, ids=[f"{d}: {s[:70]}" for d, s, _ in FORMS])
+def test_a_documented_form_answers_as_the_oracle_and_plans_as_its_prompt_form(session, dialect, sql, equivalent):
+    query = session.sql(sql, dialect=dialect)
+    problem = same_rows(query.run().collect(), oracle_rows(sql, dialect), ordered=False)
+    assert problem is None, problem
+    if equivalent is not None:
+        assert _plan(query) == _plan(session.sql(equivalent, dialect=dialect))
+
+
+@pytest.mark.parametrize(("sql", "names"), [
+    ("SELECT r.id FROM reviews r WHERE AI.IF(('x ', r.body), endpoint => 'gemini-2.5-flash')", "endpoint"),
+    ("SELECT r.id FROM reviews r WHERE AI.IF(('x ', r.body), model_params => JSON '{\"temperature\": 0}')",
+     "model_params"),
+    ("SELECT r.id FROM reviews r WHERE AI.IF(('x ', r.body), colour => 'red')", "no argument 'colour'"),
+])
+def test_an_argument_quail_cannot_honour_is_refused_by_name(session, sql, names):
+    with pytest.raises(quail.CompileError, match=names):
+        session.sql(sql, dialect="bigquery")
+
+
+@pytest.mark.parametrize(("dialect", "sql"), [
+    ("snowflake", "SELECT F.ID, F.TITLE FROM REVIEWS F WHERE AI_FILTER(PROMPT('Does {0} mention \"acting\"?', "
+                  "F.BODY))"),
+    ("bigquery", "SELECT r.Id FROM Reviews R WHERE AI.IF(PROMPT('Does {0} mention \"acting\"?', R.body)) "
+                 "AND r.STARS > 2"),
+    ("snowflake", "SELECT G.NAME FROM GENRES G WHERE EXISTS (SELECT 1 FROM REVIEWS R WHERE R.GENRE_ID = G.GENRE_ID "
+                  "AND AI_FILTER(PROMPT('Does {0} mention \"plot\"?', R.BODY)))"),
+])
+def test_unquoted_names_are_case_insensitive_as_in_both_warehouses(session, dialect, sql):
+    result = session.sql(sql, dialect=dialect).run().collect()
+    assert result.num_rows > 0
+    assert same_rows(result, oracle_rows(sql, dialect), ordered=False) is None
+
+
+def test_a_quoted_name_keeps_its_case(session):
+    with pytest.raises(quail.CompileError, match="REVIEWS"):
+        session.sql('SELECT r.id FROM "REVIEWS" r WHERE AI_FILTER(PROMPT(\'Is {0} good?\', r.body))')
