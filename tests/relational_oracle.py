@@ -184,6 +184,18 @@ def _template_and_documents(first: exp.Expression) -> tuple[exp.Expression, list
     return exp.Literal.string(template), documents
 
 
+def _label(entry: exp.Expression) -> exp.Expression:
+    """A label as written: 'a', ('a', 'description'), {'label': 'a', ...} or STRUCT('a' AS label, ...)."""
+    if isinstance(entry, exp.Tuple):
+        return entry.expressions[0]
+    if isinstance(entry, exp.Struct):
+        for item in entry.expressions:
+            key = item.this.name if isinstance(item, exp.PropertyEQ) else item.alias
+            if key.lower() == "label":
+                return item.expression if isinstance(item, exp.PropertyEQ) else item.this
+    return entry
+
+
 def _udf(node: exp.Expression) -> exp.Expression:
     found = _call(node)
     if found is None:
@@ -192,7 +204,7 @@ def _udf(node: exp.Expression) -> exp.Expression:
     first = arguments[0]
     if kind == "classify":
         documents = [first] if isinstance(first, exp.Column) else _template_and_documents(first)[1]
-        labels = [e.expressions[0] if isinstance(e, exp.Tuple) else e for e in arguments[1].expressions]
+        labels = [_label(e) for e in arguments[1].expressions]
         return exp.Anonymous(this="oracle_classify", expressions=[documents[0].copy(),
                                                                   exp.Array(expressions=[x.copy() for x in labels])])
     template, documents = _template_and_documents(first)

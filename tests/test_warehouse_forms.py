@@ -48,6 +48,12 @@ FORMS = [
     ("bigquery", "SELECT r.id FROM reviews r WHERE AI.IF(('Given the title ', r.title, ' and the review ', r.body, "
                  "', does it mention \"plot\"?'))", None),
     ("snowflake", "SELECT AI_FILTER('Is \"acting\" a craft?') AS answer", None),
+    ("snowflake", "SELECT r.id, AI_CLASSIFY(r.body, [{'label': 'acting', 'description': 'the cast'}, "
+                  "{'label': 'plot', 'description': 'the story'}]) AS k FROM reviews r",
+     "SELECT r.id, AI_CLASSIFY(r.body, [('acting', 'the cast'), ('plot', 'the story')]) AS k FROM reviews r"),
+    ("bigquery", "SELECT r.id, AI.CLASSIFY(r.body, categories => [STRUCT('acting' AS label, 'the cast' AS "
+                 "description), STRUCT('plot' AS label, 'the story' AS description)]) AS k FROM reviews r",
+     "SELECT r.id, AI.CLASSIFY(r.body, [('acting', 'the cast'), ('plot', 'the story')]) AS k FROM reviews r"),
 ]
 
 
@@ -79,6 +85,20 @@ def test_a_documented_form_answers_as_the_oracle_and_plans_as_its_prompt_form(se
 def test_an_argument_quail_cannot_honour_is_refused_by_name(session, sql, names):
     with pytest.raises(quail.CompileError, match=names):
         session.sql(sql, dialect="bigquery")
+
+
+@pytest.mark.parametrize(("dialect", "sql", "names"), [
+    ("bigquery", "SELECT AI.GENERATE(('Summarize ', r.body)) FROM reviews r", "AI.GENERATE is not supported; it "
+                                                                              "generates text"),
+    ("bigquery", "SELECT AI.SIMILARITY(r.body, r.title) FROM reviews r", "AI.SIMILARITY is not supported; it needs "
+                                                                         "embeddings"),
+    ("snowflake", "SELECT AI_COMPLETE('m', r.body) FROM reviews r", "AI_COMPLETE is not supported; it generates"),
+    ("snowflake", "SELECT AI_AGG(r.body, 'summarize') FROM reviews r", "AI_AGG is not supported"),
+    ("snowflake", "SELECT AI_EMBED('e5', r.body) FROM reviews r", "AI_EMBED is not supported; it needs embeddings"),
+])
+def test_the_warehouses_other_ai_functions_are_refused_by_their_own_names(session, dialect, sql, names):
+    with pytest.raises(quail.CompileError, match=names):
+        session.sql(sql, dialect=dialect)
 
 
 @pytest.mark.parametrize(("dialect", "sql"), [

@@ -121,6 +121,24 @@ def string_option(options: Options, key: str) -> str | None:
     raise unsupported(f"{key} {safe_sql(value)}", value, f"{key} is a string")
 
 
+def _label_fields(entry: exp.Struct) -> tuple[str, str | None] | None:
+    """Snowflake's `{'label': 'a', 'description': '…'}` and BigQuery's `STRUCT('a' AS label, '…' AS description)`."""
+    fields: dict[str, str] = {}
+    for item in entry.expressions:
+        if isinstance(item, exp.PropertyEQ):
+            key, value = item.this.name, item.expression
+        elif isinstance(item, exp.Alias):
+            key, value = item.alias, item.this
+        else:
+            return None
+        if not (isinstance(value, exp.Literal) and value.is_string) or key.lower() not in ("label", "description"):
+            return None
+        fields[key.lower()] = value.this
+    if "label" not in fields:
+        return None
+    return fields["label"], fields.get("description")
+
+
 def read_labels(node: exp.Expression) -> tuple[Label, ...]:
     if not isinstance(node, exp.Array):
         raise unsupported(f"labels {safe_sql(node)}", node, "write ['a', 'b'] or [('a', 'description'), ...]")
@@ -131,6 +149,8 @@ def read_labels(node: exp.Expression) -> tuple[Label, ...]:
         elif isinstance(entry, exp.Tuple) and len(entry.expressions) == 2 and all(
                 isinstance(e, exp.Literal) and e.is_string for e in entry.expressions):
             labels.append(Label(entry.expressions[0].this, entry.expressions[1].this))
+        elif isinstance(entry, exp.Struct) and (fields := _label_fields(entry)) is not None:
+            labels.append(Label(*fields))
         else:
             raise unsupported(f"label {safe_sql(entry)}", entry, "labels are strings or ('label', 'description')")
     return tuple(labels)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from sqlglot import exp
 
-from quail.frontend.syntax import AiCall, ai_call, fail_at, unsupported
+from quail.frontend.syntax import AiCall, ai_call, fail_at, refuse_other_ai_functions, unsupported
 
 IGNORED = frozenset({"connection_id", "max_error_ratio", "optimization_mode"})
 """Named arguments of the warehouses that say how their service runs the call: nothing for Quail to do."""
@@ -30,6 +30,7 @@ REFUSED = {
 
 def canonical_calls(statement: exp.Expression) -> exp.Expression:
     """`statement` with every AI call in its PROMPT form and positional arguments (the tree is changed in place)."""
+    refuse_other_ai_functions(statement)
     for call in [c for c in (ai_call(n) for n in list(statement.walk())) if c is not None]:
         if not _within(call.node, statement):
             continue  # inside a call already respelled

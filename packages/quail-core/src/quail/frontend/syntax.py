@@ -176,7 +176,7 @@ def ai_call(node: exp.Expression) -> AiCall | None:
         inner = node.expression
         name = _function_name(inner)
         if name not in BIGQUERY_NAMES:
-            raise unsupported(f"AI.{name or safe_sql(inner)}", node, "Quail offers AI.IF, AI.CLASSIFY and AI.SCORE")
+            raise unsupported(f"AI.{name or safe_sql(inner)}", node, _not_offered(f"AI.{name}"))
         arguments = tuple(inner.expressions) if isinstance(inner, exp.Anonymous) else tuple(
             v for v in inner.args.values() if isinstance(v, exp.Expression))
         return AiCall(BIGQUERY_NAMES[name], f"AI.{name}", arguments, node)
@@ -187,9 +187,39 @@ def _function_name(node: exp.Expression) -> str:
     """AI.<name>: sqlglot reads some names as its own functions (AI.IF with three arguments is an IF)."""
     if isinstance(node, exp.Anonymous):
         return str(node.name).upper()
-    if isinstance(node, exp.Func):
-        return node.sql_name().upper()
+    if isinstance(node, exp.Func):  # sqlglot's own node for a warehouse function: AI_GENERATE for AI.GENERATE
+        name = node.sql_name().upper()
+        return name[3:] if name.startswith("AI_") else name
     return ""
+
+
+NOT_YET = {
+    "generation": ("AI.GENERATE", "AI.GENERATE_BOOL", "AI.GENERATE_INT", "AI.GENERATE_DOUBLE", "AI.GENERATE_TABLE",
+                   "AI_COMPLETE", "AI_EXTRACT", "AI.EXTRACT", "AI_AGG", "AI_SUMMARIZE_AGG", "AI_SENTIMENT",
+                   "AI_TRANSLATE", "AI_REDACT", "SNOWFLAKE.CORTEX.COMPLETE"),
+    "embeddings": ("AI.EMBED", "AI_EMBED", "AI.SIMILARITY", "AI_SIMILARITY", "VECTOR_SEARCH"),
+}
+"""The warehouses' other AI functions: named in the refusal with what they need, never an unknown function."""
+WAREHOUSE_FUNCTIONS = {name: kind for kind, names in NOT_YET.items() for name in names}
+
+
+def _not_offered(name: str) -> str:
+    kind = WAREHOUSE_FUNCTIONS.get(name)
+    need = {"generation": "it generates text, which Quail does not yet", "embeddings": "it needs embeddings, "
+            "which Quail does not offer yet"}.get(kind or "", "")
+    offered = "Quail offers AI.IF / AI_FILTER, AI.CLASSIFY / AI_CLASSIFY and AI.SCORE / AI_SCORE"
+    return f"{need}; {offered}" if need else offered
+
+
+def refuse_other_ai_functions(statement: exp.Expression) -> None:
+    """A Snowflake AI function Quail does not offer is refused by its name (otherwise DuckDB would call it an
+    unknown function, or the statement one without AI)."""
+    for node in statement.find_all(exp.Func):
+        if isinstance(node.parent, exp.Dot):
+            continue  # BigQuery's AI.<name>: ai_call names it
+        name = str(node.name).upper() if isinstance(node, exp.Anonymous) else node.sql_name().upper()
+        if name in WAREHOUSE_FUNCTIONS:
+            raise unsupported(name, node, _not_offered(name))
 
 
 def ai_calls(node: exp.Expression) -> list[AiCall]:
