@@ -243,14 +243,19 @@ def evaluate(query: OracleQuery) -> tuple[list[str], list[tuple[Any, ...]]]:
             outputs[score.output] = sigmoid(margin)
         binding["__outputs"] = outputs
         kept.append(binding)
-    names = output_columns(query)
+    references = output_columns(query)
     rows = []
     for binding in kept:
         row = []
-        for name in names:
+        for name in references:
             row.append(binding["__outputs"][name] if "." not in name else _value(binding, name))
         rows.append(tuple(row))
-    return names, rows
+    return [result_name(n) for n in references], rows
+
+
+def result_name(reference: str) -> str:
+    """`r.id` is named `id` in a result, as DuckDB, BigQuery and Snowflake name it; an AI output keeps its name."""
+    return reference.split(".", 1)[1] if "." in reference else reference
 
 
 def _subquery_holds(sub: Sub, outer: Mapping[str, Any]) -> bool:

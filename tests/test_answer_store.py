@@ -182,9 +182,9 @@ def test_duplicate_documents_are_computed_once(cache, tmp_path):
         twice = session.sql(TWO_FILTERS).run()
     assert twice.report["fresh_tokens"] == single.report["fresh_tokens"]
     assert twice.report["answers"]["duplicates"] == single.report["answers"]["computed"]
-    ids = sorted(twice.collect().column("r.id").to_pylist())
-    assert ids == sorted([*single.collect().column("r.id").to_pylist(),
-                          *(i + 1000 for i in single.collect().column("r.id").to_pylist())])
+    ids = sorted(twice.collect().column("id").to_pylist())
+    assert ids == sorted([*single.collect().column("id").to_pylist(),
+                          *(i + 1000 for i in single.collect().column("id").to_pylist())])
 
 
 JOIN = ("SELECT r.id, a.aspect_id FROM reviews r JOIN aspects a "

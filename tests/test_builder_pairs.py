@@ -760,7 +760,7 @@ def test_select_with_no_columns_means_all_columns(session):
     assert everything.logical_plan == query.select("r.id", "r.body", "r.stars", "a.id", "a.aspect").logical_plan
     assert everything.logical_plan != query.select("r.id").logical_plan
     names = [c.name for c in everything.logical_plan.columns]
-    assert names == ["r.id", "r.body", "r.stars", "a.id", "a.aspect"]
+    assert names == ["id", "body", "stars", "id", "aspect"]  # as DuckDB names `SELECT *` over a join
     for dialect in DIALECTS:
         spelling = "AI_FILTER" if dialect == "snowflake" else "AI.IF"
         sql = session.sql(f"SELECT * FROM reviews r JOIN aspects a ON {spelling}(PROMPT('Does {{0}} discuss "
@@ -771,4 +771,4 @@ def test_select_with_no_columns_means_all_columns(session):
 def test_select_with_no_columns_keeps_ai_outputs(session):
     query = _r(session).ai_score(POSITIVE, name="positivity").select()
     names = [c.name for c in query.logical_plan.columns]
-    assert names == ["r.id", "r.body", "r.stars", "positivity"]
+    assert names == ["id", "body", "stars", "positivity"]

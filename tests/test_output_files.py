@@ -85,7 +85,7 @@ def test_a_successful_write_replaces_the_file_and_keeps_its_permissions(tmp_path
     target.chmod(0o640)
     code, _ = query(capsys, reviews, str(target))
     assert code == 0
-    assert sorted(row["r.id"] for row in json.loads(target.read_text())) == [1, 3]
+    assert sorted(row["id"] for row in json.loads(target.read_text())) == [1, 3]
     assert target.stat().st_mode & 0o777 == 0o640
     assert sorted(p.name for p in tmp_path.iterdir()) == ["reviews.parquet", "rows.json"]
 

@@ -113,5 +113,5 @@ def test_an_unknown_policy_is_refused_at_construction(value):
 def test_a_chat_model_whose_tokenizer_lacks_its_turn_markers_is_limited_by_the_base_layout():
     with Session(EngineConfig(backend="example-keyword", model="qwen3-0.6b", oversized_documents="skip")) as s:
         s.register("reviews", DocumentProvider.from_table(REVIEWS, "id"))
-        found = sorted(row["r.id"] for row in s.sql(QUERIES["filter"]).run().to_rows())
+        found = sorted(row["id"] for row in s.sql(QUERIES["filter"]).run().to_rows())
     assert found == [10, 13]

@@ -57,4 +57,4 @@ def test_a_request_backend_answers_every_other_document_and_never_sends_a_skippe
             documents.append(tuple(tokens["r"].row(2)))
             assert len(documents[-1]) == oversized.limits["r"] < len(TOKENIZER.encode(LONG))
         teach(fake, query, documents)
-        assert sorted(row["r.id"] for row in query.run().to_rows()) == expected
+        assert sorted(row["id"] for row in query.run().to_rows()) == expected

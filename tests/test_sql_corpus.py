@@ -71,7 +71,8 @@ def summary(plan: LogicalNode) -> dict[str, Any]:
     classifies = [n for n in nodes if isinstance(n, Classify)]
     return {
         "shape": shape(plan),
-        "columns": tuple(c.name for c in plan.columns),
+        "columns": tuple(str(c.source) if c.source is not None else c.name for c in plan.columns),
+        "names": tuple(c.name for c in plan.columns),
         "limit": plan.limit,
         "predicates": len(predicates),
         "selectivities": tuple(p.selectivity for p in predicates),
@@ -94,9 +95,9 @@ def summary(plan: LogicalNode) -> dict[str, Any]:
     }
 
 
-SUMMARY_KEYS = ("shape", "columns", "limit", "predicates", "selectivities", "anchors", "thresholds", "prompt_columns",
-                "semantics", "equalities", "filter_aliases", "scans", "labels", "allowed", "instructions",
-                "classify_inputs", "scores", "verdicts", "scan_where", "tail")
+SUMMARY_KEYS = ("shape", "columns", "names", "limit", "predicates", "selectivities", "anchors", "thresholds",
+                "prompt_columns", "semantics", "equalities", "filter_aliases", "scans", "labels", "allowed",
+                "instructions", "classify_inputs", "scores", "verdicts", "scan_where", "tail")
 
 
 # -- the corpus -----------------------------------------------------------------------------------
@@ -130,7 +131,7 @@ VALID: list[Valid] = [
     # AI_FILTER, both spellings, with and without options
     Valid("filter_snowflake_with_selectivity", SF,
           "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {0} positive?', r.body), {'selectivity': 0.3})",
-          {"shape": ONE_FILTER, "columns": ("r.id",), "predicates": 1, "selectivities": (0.3,),
+          {"shape": ONE_FILTER, "columns": ("r.id",), "names": ("id",), "predicates": 1, "selectivities": (0.3,),
            "prompt_columns": (("r.body",),), "filter_aliases": ("r",)}),
     Valid("filter_snowflake_dollar_quoted_template", SF,
           "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT($$Is it 'great'? {0}$$, r.body))",

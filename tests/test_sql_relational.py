@@ -339,7 +339,7 @@ def test_a_column_predicate_runs_before_the_model_and_saves_tokens(session):
     assert _stage(pushed, "filter_r")["evaluated"] == five_stars == 4
     assert _stage(everything, "filter_r")["evaluated"] == 13  # every review with text
     assert 0 < pushed.report["fresh_tokens"] < everything.report["fresh_tokens"] / 2
-    assert set(pushed.to_pandas()["r.id"]) <= set(everything.to_pandas()["r.id"])
+    assert set(pushed.to_pandas()["id"]) <= set(everything.to_pandas()["id"])
     assert "WHERE r.stars >= 5" in pushed.explain()
 
 
@@ -393,7 +393,7 @@ def test_a_boolean_column_is_a_one_stage_filter_that_drops_no_row(session):
 
 def test_null_text_costs_no_model_work_and_is_counted(session):
     result = session.sql(f"SELECT r.id, {R_POSITIVE} AS s, {R_TOPIC} AS t FROM reviews r").run()
-    rows = {row["r.id"]: row for row in result.to_rows()}
+    rows = {row["id"]: row for row in result.to_rows()}
     assert rows[211]["s"] is None and rows[211]["t"] is None  # the NULL text
     assert rows[217]["s"] is not None  # the empty string is a document
     answered = result.answer_tables["score_s"].column("r").to_pylist()
@@ -534,14 +534,14 @@ def test_a_file_changed_since_register_is_read_again(tmp_path, as_provider: bool
                    id_column=None if as_provider else "id")
         query = s.sql(FILE_QUERY)
         before = query.run().to_rows()
-        assert [row["r.id"] for row in before] == [201, 207, 213, 219, 223, 225, 227]
+        assert [row["id"] for row in before] == [201, 207, 213, 219, 223, 225, 227]
         changed = pa.table({"id": pa.array([1, 2], pa.int64()), "title": ["a", "b"],
                             "body": ["no praise here", "wonderful acting"], "stars": pa.array([1, 5], pa.int64()),
                             "genre_id": pa.array([1, 1], pa.int64()), "year": pa.array([2020, 2021], pa.int64())})
         pq.write_table(changed, path)
         _touch_later(path)
-        assert query.run().to_rows() == [{"r.id": 2, "r.body": "wonderful acting"}]  # the same query, again
-        assert s.sql(FILE_QUERY).run().to_rows() == [{"r.id": 2, "r.body": "wonderful acting"}]
+        assert query.run().to_rows() == [{"id": 2, "body": "wonderful acting"}]  # the same query, again
+        assert s.sql(FILE_QUERY).run().to_rows() == [{"id": 2, "body": "wonderful acting"}]
 
 
 @pytest.mark.parametrize("as_provider", [False, True])

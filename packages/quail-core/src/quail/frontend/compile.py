@@ -389,10 +389,6 @@ class _Compiler:
         columns: list[OutputColumn] = []
         for item in self.spec.select:
             columns.extend(self._select_item(item, outputs))
-        names = [c.name for c in columns]
-        duplicate = next((n for n in names if names.count(n) > 1), None)
-        if duplicate is not None:
-            raise CompileError(f"the result would have two columns named {duplicate!r}")
         return tuple(columns)
 
     def _select_item(self, item: SelectItem, outputs: set[str]) -> list[OutputColumn]:
@@ -413,7 +409,8 @@ class _Compiler:
 
     @staticmethod
     def _column_output(alias: str, column: str) -> OutputColumn:
-        return OutputColumn(f"{alias}.{column}", ColumnRef(alias, column))
+        """`r.id` is named `id` in the result, as DuckDB, BigQuery and Snowflake name it."""
+        return OutputColumn(column, ColumnRef(alias, column))
 
     def _limit(self) -> int | None:
         if self.spec.limit is not None and self.spec.limit < 0:

@@ -86,8 +86,8 @@ class TailWriter:
         return tuple(seen.values())
 
     def _items(self, item: exp.Expression, top: bool, star_aliases: Sequence[str]) -> list[exp.Expression]:
-        """A SELECT item for the tail: named `alias.column` (a plain column) or by its own text (an AI value)
-        at the top of the statement, as Quail names result columns."""
+        """A SELECT item for the tail: named by its column (a plain column, as DuckDB, BigQuery and Snowflake
+        name it) or by its own text (an AI value) at the top of the statement."""
         star = item if isinstance(item, exp.Star) else (
             item.this if isinstance(item, exp.Column) and isinstance(item.this, exp.Star) else None)
         if star is not None:
@@ -99,7 +99,7 @@ class TailWriter:
         if ai_calls(item):
             return [exp.alias_(rewritten, exp.to_identifier(text, quoted=True))]
         if isinstance(rewritten, exp.Column) and rewritten.table and is_plain_column(rewritten):
-            return [exp.alias_(rewritten, exp.to_identifier(f"{rewritten.table}.{rewritten.name}", quoted=True))]
+            return [exp.alias_(rewritten, exp.to_identifier(rewritten.name, quoted=True))]  # `id`, as DuckDB names it
         return [rewritten]
 
     def _expanded(self, item: exp.Expression, star: exp.Star, top: bool,
@@ -119,6 +119,5 @@ class TailWriter:
                 if name in excluded:
                     continue
                 column = exp.column(exp.to_identifier(name, quoted=True), table=exp.to_identifier(alias))
-                expanded.append(exp.alias_(column, exp.to_identifier(f"{alias}.{name}" if top else name,
-                                                                     quoted=True)))
+                expanded.append(exp.alias_(column, exp.to_identifier(name, quoted=True)))
         return expanded
