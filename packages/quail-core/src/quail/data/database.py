@@ -202,7 +202,7 @@ class Database:
             raise CompileError(f"table {name!r}: id column {id_column!r} is missing; columns are {list(arrow.names)}")
         table, column = quoted(name), quoted(id_column)
         counts = f"SELECT count(*), count(*) - count({column}), count(DISTINCT {column}) FROM {table}"
-        rows, nulls, distinct = self._connection.execute(counts).fetchall()[0]
+        rows, nulls, distinct = self._interruptible(lambda: self._connection.execute(counts).fetchall())[0]
         if nulls:
             raise CompileError(f"table {name!r}: id column {id_column!r} has {nulls} null value(s)")
         if distinct != rows:
