@@ -95,6 +95,10 @@ def statements(d: str) -> dict[str, str]:
                                                      f"WHERE {ai(MUSIC, 'r.body', dialect=d)}",
         "a constant prompted, no FROM": f"SELECT {ai(ACTING, SUPERB, dialect=d)} AS a",
         "no AI call at all": "SELECT r.id, r.stars FROM reviews r WHERE r.stars >= 4",
+        "JOIN ... USING": f"SELECT r.id, g.name FROM reviews r JOIN genres g USING (genre_id) WHERE "
+                          f"{ai(ACTING, 'r.body', dialect=d)}",
+        "VALUES as a joined table": f"SELECT r.id, v.w FROM reviews r JOIN (VALUES (1, 'acting'), (2, 'plot')) AS "
+                                    f"v(k, w) ON r.genre_id = v.k WHERE {ai(ACTING, 'r.body', dialect=d)}",
         "an empty result": f"SELECT r.id FROM reviews r WHERE r.stars > 9 AND {ai(PLOT, 'r.body', dialect=d)} "
                            f"{UNION[d]} SELECT r.id FROM reviews r WHERE r.id < 0 AND {ai(ACTING, 'r.body', d=d)}",
     }

@@ -104,7 +104,7 @@ def test_tiny_qwen3_answers_and_margins_equal_the_native_backend(tiny_qwen3, bac
     assert len(answers(native)["join"]) >= 4, "the query must reach its join for the check to mean anything"
     assert total >= len(TINY_REVIEWS) + 4 and worst < 1e-3, (total, worst)
     assert agreed == total, disagreements
-    order = [("r.id", "ascending"), ("a.aspect", "ascending")]
+    order = [("id", "ascending"), ("aspect", "ascending")]
     assert native.collect().sort_by(order).equals(other.collect().sort_by(order))
     assert other.report["fresh_tokens"] > 0
 
@@ -115,7 +115,7 @@ def test_tiny_qwen3_on_vllm_in_a_process_worker_equals_vllm_in_process(tiny_qwen
     _, remote, _ = run_on("vllm", tiny_qwen3, tiny_tables(), TINY_SQL, registry, compute="process")
     total, agreed, worst, disagreements = compare(local, remote, near_zero=1e-3)
     assert agreed == total and worst < 1e-5, disagreements
-    order = [("r.id", "ascending"), ("a.aspect", "ascending")]
+    order = [("id", "ascending"), ("aspect", "ascending")]
     assert local.collect().sort_by(order).equals(remote.collect().sort_by(order))
     quail.release_engines()
 

@@ -78,17 +78,24 @@ def number(node: exp.Expression) -> float | None:
     return None
 
 
+def struct_field(entry: exp.Expression) -> tuple[str, exp.Expression] | None:
+    """(key, value) of one entry of an object: Snowflake's `'key': value`, BigQuery's `value AS key`."""
+    if isinstance(entry, exp.PropertyEQ):
+        return entry.this.name, entry.expression
+    if isinstance(entry, exp.Alias):
+        return entry.alias, entry.this
+    return None
+
+
 def read_options(node: exp.Expression, keys: set[str]) -> Options:
     if not isinstance(node, exp.Struct):
         raise unsupported(f"options {safe_sql(node)}", node, "write {'key': value, ...}")
     options: Options = {}
     for entry in node.expressions:
-        if isinstance(entry, exp.PropertyEQ):
-            key, value = entry.this.name, entry.expression
-        elif isinstance(entry, exp.Alias):
-            key, value = entry.alias, entry.this
-        else:
+        field = struct_field(entry)
+        if field is None:
             raise unsupported(f"option {safe_sql(entry)}", entry, "write {'key': value, ...}")
+        key, value = field
         if key not in keys:
             allowed = ", ".join(sorted(keys)) or "none"
             raise unsupported(f"option {key!r}", entry, f"options here: {allowed}")
@@ -125,12 +132,10 @@ def _label_fields(entry: exp.Struct) -> tuple[str, str | None] | None:
     """Snowflake's `{'label': 'a', 'description': '…'}` and BigQuery's `STRUCT('a' AS label, '…' AS description)`."""
     fields: dict[str, str] = {}
     for item in entry.expressions:
-        if isinstance(item, exp.PropertyEQ):
-            key, value = item.this.name, item.expression
-        elif isinstance(item, exp.Alias):
-            key, value = item.alias, item.this
-        else:
+        field = struct_field(item)
+        if field is None:
             return None
+        key, value = field
         if not (isinstance(value, exp.Literal) and value.is_string) or key.lower() not in ("label", "description"):
             return None
         fields[key.lower()] = value.this
