@@ -26,6 +26,7 @@ COFFEE = "'Does {0} mention \"coffee\"?'"
 POSITIVE = "'How positive is {0}?'"
 SUPERB = "'the acting is superb'"
 UNION = {"snowflake": "UNION", "bigquery": "UNION DISTINCT"}
+SEPARATED = "CONCAT(COALESCE(r.title, ''), ' / ', r.body)"
 ONE_BLOCK = {"except", "no AI call at all"}
 """Statements the planner of one block plans itself (an AI block inside a set operation; no AI call is the rule's)."""
 
@@ -104,7 +105,126 @@ def statements(d: str) -> dict[str, str]:
     }
 
 
-CASES = [(d, name, sql) for d in ("snowflake", "bigquery") for name, sql in statements(d).items()]
+def more_statements(d: str) -> dict[str, str]:
+    """The same rule under more of the SQL analysts write around it: aggregates, windows, ordering, NULLs."""
+    acting, plot, music = (ai(t, "r.body", dialect=d) for t in (ACTING, PLOT, MUSIC))
+    coffee = ai(COFFEE, "e.passage", dialect=d)
+    union = UNION[d]
+    return {
+        "union then ORDER BY and LIMIT": f"SELECT r.id FROM reviews r WHERE {acting} {union} SELECT r.id FROM "
+                                         f"reviews r WHERE {plot} ORDER BY 1 LIMIT 3",
+        "union all counted": f"SELECT COUNT(*) AS n FROM (SELECT r.id FROM reviews r WHERE {acting} UNION ALL "
+                             f"SELECT e.evidence_id FROM evidence e WHERE {coffee}) u",
+        "CTEs chained through two AI steps": f"WITH a AS (SELECT r.id, r.body, r.stars FROM reviews r WHERE "
+                                             f"{acting}), b AS (SELECT a.id, a.stars FROM a WHERE "
+                                             f"{ai(PLOT, 'a.body', d=d)}) SELECT b.id FROM b WHERE b.stars >= 3",
+        "NOT IN a subquery with AI": f"SELECT g.genre_id FROM genres g WHERE g.genre_id NOT IN (SELECT r.genre_id "
+                                     f"FROM reviews r WHERE {acting} AND r.genre_id IS NOT NULL)",
+        "EXISTS with a NULL-safe condition": f"SELECT g.name FROM genres g WHERE EXISTS (SELECT 1 FROM reviews r "
+                                             f"WHERE r.genre_id = g.genre_id AND r.stars IS NOT NULL AND {music})",
+        "correlated count with a HAVING": f"SELECT g.genre_id FROM genres g WHERE (SELECT COUNT(*) FROM reviews r "
+                                          f"WHERE r.genre_id = g.genre_id AND {acting}) >= 1",
+        "correlated max of a score": f"SELECT g.genre_id, (SELECT MAX({score(POSITIVE, 'r.body', d)}) FROM reviews r "
+                                     "WHERE r.genre_id = g.genre_id) AS best FROM genres g",
+        "LEFT JOIN with COALESCE": f"SELECT g.name, COALESCE(CAST(r.id AS STRING), 'none') AS review FROM genres g "
+                                  f"LEFT JOIN reviews r ON r.genre_id = g.genre_id AND {plot}",
+        "LEFT JOIN filtered on the right afterwards": f"SELECT g.name, r.id FROM genres g LEFT JOIN reviews r ON "
+                                                      f"r.genre_id = g.genre_id AND {acting} WHERE r.id IS NULL",
+        "FULL JOIN with AI on both sides' tables": f"SELECT g.name, r.id FROM reviews r FULL OUTER JOIN genres g ON "
+                                                  f"r.genre_id = g.genre_id AND {music} AND "
+                                                  f"{ai(PLOT, 'g.name', d=d)} IS NOT TRUE",
+        "a window over an AI value in a union branch": f"SELECT r.id, SUM(CASE WHEN {acting} THEN 1 ELSE 0 END) "
+                                                       "OVER (ORDER BY r.id) AS running FROM reviews r UNION ALL "
+                                                       f"SELECT e.evidence_id, 0 FROM evidence e WHERE {coffee}",
+        "GROUP BY a classification in a CTE read twice": f"WITH k AS (SELECT r.id, {classify('r.body', d)} AS topic "
+                                                         f"FROM reviews r) SELECT k.topic, COUNT(*) AS n FROM k "
+                                                         f"WHERE k.id IN (SELECT r.id FROM reviews r WHERE {acting}) "
+                                                         "GROUP BY k.topic",
+        "DISTINCT over a union": f"SELECT DISTINCT x FROM (SELECT r.genre_id AS x FROM reviews r WHERE {acting} "
+                                 f"UNION ALL SELECT r.genre_id FROM reviews r WHERE {plot}) u",
+        "an AI value compared in a join condition": f"SELECT r.id, a.aspect_id FROM reviews r JOIN aspects a ON "
+                                                    f"r.stars = a.weight LEFT JOIN genres g ON g.genre_id = "
+                                                    f"r.genre_id AND {ai(MUSIC, 'g.name', d=d)}",
+        "a score threshold in a correlated subquery": f"SELECT g.genre_id FROM genres g WHERE EXISTS (SELECT 1 FROM "
+                                                      f"reviews r WHERE r.genre_id = g.genre_id AND "
+                                                      f"{score(POSITIVE, 'r.body', d)} > 0.5)",
+        "an expression of two columns": f"SELECT r.id FROM reviews r WHERE "
+                                        f"{ai(ACTING, SEPARATED, d=d)}",
+        "a NULL-only input": f"SELECT r.id, {ai(ACTING, 'CAST(NULL AS STRING)', d=d)} AS a FROM reviews r "
+                            "WHERE r.id < 205",
+        "an empty table side": f"SELECT r.id FROM reviews r WHERE r.id < 0 AND {acting} {union} SELECT e.evidence_id "
+                               f"FROM evidence e WHERE e.evidence_id < 0 AND {coffee}",
+        "IN a list and an AI subquery": f"SELECT r.id FROM reviews r WHERE r.genre_id IN (1, 2) OR r.id IN "
+                                        f"(SELECT e.evidence_id - 196 FROM evidence e WHERE {coffee})",
+        "a classification over an expression": f"SELECT r.id, {classify('LOWER(r.title)', d)} AS k FROM reviews r",
+        "two lookups over one table in one block": f"SELECT r.id, {acting} AS a, {ai(PLOT, 'r.title', d=d)} AS t "
+                                                   "FROM reviews r WHERE r.stars >= 2",
+    }
+
+
+def further_statements(d: str) -> dict[str, str]:
+    """Deeper nesting and more set operations."""
+    acting, plot, music = (ai(t, "r.body", dialect=d) for t in (ACTING, PLOT, MUSIC))
+    coffee = ai(COFFEE, "e.passage", dialect=d)
+    union, distinct = UNION[d], "DISTINCT " if d == "bigquery" else ""
+    return {
+        "a union of three": f"SELECT r.id FROM reviews r WHERE {acting} {union} SELECT r.id FROM reviews r WHERE "
+                            f"{plot} {union} SELECT r.id FROM reviews r WHERE {music}",
+        "an intersect of three": f"SELECT r.genre_id FROM reviews r WHERE {acting} INTERSECT {distinct}SELECT "
+                                 f"r.genre_id FROM reviews r WHERE r.stars >= 3 INTERSECT {distinct}SELECT r.genre_id "
+                                 f"FROM reviews r WHERE {plot}",
+        "a correlated subquery two levels deep": f"SELECT g.name FROM genres g WHERE EXISTS (SELECT 1 FROM reviews r "
+                                                 f"WHERE r.genre_id = g.genre_id AND EXISTS (SELECT 1 FROM aspects a "
+                                                 f"WHERE a.weight = r.stars AND {ai(PLOT, 'a.aspect', d=d)}))",
+        "a scalar subquery in WHERE": f"SELECT r.id FROM reviews r WHERE r.stars > (SELECT COUNT(*) FROM evidence e "
+                                      f"WHERE {coffee})",
+        "a CTE with AI read twice": f"WITH hits AS (SELECT r.id, r.genre_id FROM reviews r WHERE {acting}) SELECT "
+                                    "h1.id FROM hits h1 JOIN hits h2 ON h1.genre_id = h2.genre_id AND h1.id < h2.id",
+        "ORDER BY a score over a union, LIMIT": f"SELECT u.id, u.s FROM (SELECT r.id, {score(POSITIVE, 'r.body', d)} "
+                                                f"AS s FROM reviews r UNION ALL SELECT e.evidence_id, "
+                                                f"{score(POSITIVE, 'e.passage', d)} FROM evidence e) u WHERE u.s IS "
+                                                "NOT NULL ORDER BY u.s DESC, u.id LIMIT 4",
+        "HAVING over a union's AI counts": f"SELECT u.g, COUNT(*) AS n FROM (SELECT r.genre_id AS g FROM reviews r "
+                                           f"WHERE {acting} UNION ALL SELECT r.genre_id FROM reviews r WHERE {plot}) u "
+                                           "GROUP BY u.g HAVING COUNT(*) >= 2",
+        "CASE over an outer join's AI": f"SELECT g.name, CASE WHEN {music} THEN 'music' WHEN r.id IS NULL THEN 'none' "
+                                        "ELSE 'other' END AS kind FROM genres g LEFT JOIN reviews r ON r.genre_id = "
+                                        "g.genre_id",
+        "a self-join filtered on one side": f"SELECT r.id, q.id AS other FROM reviews r JOIN reviews q ON r.genre_id "
+                                            f"= q.genre_id AND r.id < q.id WHERE {ai(ACTING, 'q.body', d=d)}",
+        "an AI condition on an aggregate's input in a subquery": f"SELECT g.genre_id FROM genres g WHERE g.genre_id "
+                                                                 f"IN (SELECT r.genre_id FROM reviews r GROUP BY "
+                                                                 f"r.genre_id HAVING SUM(CASE WHEN {acting} THEN 1 "
+                                                                 "ELSE 0 END) > 0)",
+        "an AI call in a QUALIFY of a union branch": f"SELECT r.id FROM reviews r QUALIFY ROW_NUMBER() OVER (PARTITION "
+                                                     f"BY {acting} ORDER BY r.id) = 1 {union} SELECT e.evidence_id "
+                                                     f"FROM evidence e WHERE {coffee}",
+        "claims with and without evidence": f"SELECT c.claim_id, (SELECT COUNT(*) FROM evidence e WHERE e.source = "
+                                            f"c.url AND {coffee}) AS n FROM claims c",
+        "an AI filter over a derived table without AI": f"SELECT d.id FROM (SELECT r.id, UPPER(r.body) AS b FROM "
+                                                        f"reviews r) d WHERE {ai(ACTING, 'd.b', d=d)} {union} "
+                                                        "SELECT 0",
+        "an EXCEPT of two tables' ids": f"SELECT r.id - 200 AS x FROM reviews r WHERE {acting} EXCEPT {distinct}"
+                                        f"SELECT e.evidence_id - 400 FROM evidence e WHERE {coffee}",
+        "a correlated classification": f"SELECT g.name, (SELECT MIN({classify('r.body', d)}) FROM reviews r WHERE "
+                                       "r.genre_id = g.genre_id) AS first_topic FROM genres g",
+        "nullable side counted by AI": f"SELECT g.genre_id, COUNT(CASE WHEN {plot} THEN 1 END) AS n FROM genres g "
+                                       "LEFT JOIN reviews r ON r.genre_id = g.genre_id GROUP BY g.genre_id",
+        "an AI filter under NOT over a union": f"SELECT r.id FROM reviews r WHERE NOT ({acting}) {union} SELECT "
+                                               f"e.evidence_id FROM evidence e WHERE NOT ({coffee})",
+        "a constant and a column prompted together": f"SELECT r.id, {ai(ACTING, SUPERB, dialect=d)} AS c, {acting} AS "
+                                                     "a FROM reviews r WHERE r.id <= 205",
+        "AI in an ON of a join inside a CTE, read by a union": f"WITH p AS (SELECT g.name, r.id FROM genres g RIGHT "
+                                                               f"JOIN reviews r ON r.genre_id = g.genre_id AND {plot}) "
+                                                               f"SELECT p.id FROM p WHERE p.name IS NULL {union} "
+                                                               "SELECT 1",
+        "every review with its aspect count by AI": f"SELECT r.id, (SELECT COUNT(*) FROM aspects a WHERE a.weight = "
+                                                    f"r.stars AND {ai(PLOT, 'a.aspect', d=d)}) AS n FROM reviews r",
+    }
+
+
+CASES = [(d, name, sql) for d in ("snowflake", "bigquery")
+         for name, sql in {**statements(d), **more_statements(d), **further_statements(d)}.items()]
 
 
 def keyword_session(store: Path | None = None) -> quail.Session:
@@ -193,3 +313,12 @@ def test_errors_of_the_statement_come_before_any_model_work(session):
     sql = f"SELECT r.id, r.nope FROM reviews r WHERE {ai(ACTING, 'r.body', dialect='snowflake')} UNION SELECT 1, 2"
     with pytest.raises(quail.CompileError, match="nope"):
         session.sql(sql)
+
+
+def test_the_oracle_corpus_holds_at_least_250_statements_in_both_dialects():
+    """This module's statements, the relational corpus and the warehouses' forms, each compared with the oracle."""
+    from test_sql_relational import CASES as RELATIONAL
+    from test_warehouse_forms import FORMS
+
+    assert len(CASES) + len(RELATIONAL) + len(FORMS) >= 250
+    assert {d for d, _, _ in CASES} == {d for d, _, _ in FORMS} == {"snowflake", "bigquery"}
