@@ -220,6 +220,14 @@ def further_statements(d: str) -> dict[str, str]:
                                                                "SELECT 1",
         "every review with its aspect count by AI": f"SELECT r.id, (SELECT COUNT(*) FROM aspects a WHERE a.weight = "
                                                     f"r.stars AND {ai(PLOT, 'a.aspect', d=d)}) AS n FROM reviews r",
+        "a LEFT JOIN whose right side is an AI CTE": f"WITH liked AS (SELECT r.id, r.genre_id FROM reviews r WHERE "
+                                                     f"{acting}) SELECT g.name, l.id FROM genres g LEFT JOIN liked l "
+                                                     f"ON l.genre_id = g.genre_id WHERE {ai(PLOT, 'g.name', d=d)} IS "
+                                                     "NOT TRUE",
+        "evidence matched to claims by a correlated AI test": f"SELECT c.claim_id FROM claims c WHERE EXISTS (SELECT 1 "
+                                                             f"FROM evidence e WHERE e.source = c.url AND {coffee}) "
+                                                             f"{union} SELECT c.claim_id FROM claims c WHERE c.text IS "
+                                                             "NULL",
     }
 
 
