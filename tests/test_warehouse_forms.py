@@ -118,3 +118,13 @@ def test_unquoted_names_are_case_insensitive_as_in_both_warehouses(session, dial
 def test_a_quoted_name_keeps_its_case(session):
     with pytest.raises(quail.CompileError, match="REVIEWS"):
         session.sql('SELECT r.id FROM "REVIEWS" r WHERE AI_FILTER(PROMPT(\'Is {0} good?\', r.body))')
+
+
+@pytest.mark.parametrize("union", [False, True], ids=["one block", "by the general rule"])
+def test_options_accepted_and_unused_are_named_in_explain(session, union):
+    sql = "SELECT r.id FROM reviews r WHERE AI.IF(('x ', r.body), connection_id => 'us.conn', max_error_ratio => 0.1)"
+    if union:
+        sql += " UNION DISTINCT SELECT e.evidence_id FROM evidence e WHERE AI.IF(('y ', e.passage))"
+    shown = session.sql(sql, dialect="bigquery").explain()
+    assert "connection_id => 'us.conn' accepted and unused" in shown
+    assert "max_error_ratio => 0.1 accepted and unused" in shown

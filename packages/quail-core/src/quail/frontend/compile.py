@@ -105,11 +105,12 @@ class _Compiler:
                      for c in columns]
             statement = projection_statement(named, self.output_aliases, any(c.source is None for c in columns),
                                              self._limit())
-            return Project(tree, columns, self._limit(), statement, tuple(self.output_aliases))
+            return Project(tree, columns, self._limit(), statement, tuple(self.output_aliases), self.spec.remarks)
         reads = [self.resolve(name, self.output_aliases) for name in relational.reads]
         columns = tuple(self._column_output(r.alias, r.column) for r in reads) + tuple(
             OutputColumn(name) for name in relational.outputs)
-        return Project(tree, columns, self._limit(), relational.statement, relational.relations, relational.remarks)
+        return Project(tree, columns, self._limit(), relational.statement, relational.relations,
+                       (*relational.remarks, *self.spec.remarks))
 
     # -- tables and names ---------------------------------------------------------------------
 

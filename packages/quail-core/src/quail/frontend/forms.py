@@ -28,6 +28,17 @@ REFUSED = {
 }
 
 
+def unused_options(statement: exp.Expression) -> tuple[str, ...]:
+    """A remark per named argument that Quail accepts and has no use for (`connection_id => …`), for explain()."""
+    remarks = []
+    for call in [c for c in (ai_call(n) for n in statement.walk()) if c is not None]:
+        for argument in call.arguments:
+            if isinstance(argument, exp.Kwarg) and argument.this.name.lower() in IGNORED:
+                remarks.append(f"{call.spelling}: {argument.this.name} => {argument.expression.sql()} accepted and "
+                               "unused (it says how a warehouse's service runs the call; Quail runs it here)")
+    return tuple(dict.fromkeys(remarks))
+
+
 def canonical_calls(statement: exp.Expression) -> exp.Expression:
     """`statement` with every AI call in its PROMPT form and positional arguments (the tree is changed in place)."""
     refuse_other_ai_functions(statement)

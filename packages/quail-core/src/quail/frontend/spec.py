@@ -185,3 +185,5 @@ class QuerySpec:
     """The DuckDB `WITH ...` clause the scans of derived tables and scan conditions may read."""
     relational: RelationalSpec | None = None
     """None when the statement is a plain projection (the builder's shape): the compiler writes it."""
+    remarks: tuple[str, ...] = ()
+    """What the plan should say of the statement itself (options accepted but of no use to Quail)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import difflib
 import itertools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 import pyarrow as pa
@@ -37,7 +37,7 @@ from quail.frontend.calls import (
     selectivity,
     string_option,
 )
-from quail.frontend.forms import canonical_calls
+from quail.frontend.forms import canonical_calls, unused_options
 from quail.frontend.relational import (
     INTERNAL_PREFIX,
     OUTPUTS_RELATION,
@@ -86,6 +86,8 @@ from quail.logical.expressions import Comparison, ScoreThreshold
 
 __all__ = ["DIALECTS", "Dialect", "RelationalCatalog", "ai_call", "parse_sql", "parse_statement", "read_statement"]
 
+UNUSED_OPTIONS = "quail_unused_options"
+"""Where a parsed statement keeps the remarks of `unused_options` (its sqlglot meta)."""
 MAX_ROWS = 2**63 - 1
 """The largest LIMIT / OFFSET a row count can reach (DuckDB's and Arrow's signed 64-bit lengths)."""
 COMPARISONS: dict[type[exp.Expression], Comparison] = {exp.GTE: ">=", exp.GT: ">", exp.LTE: "<=", exp.LT: "<"}
@@ -116,10 +118,12 @@ def parse_sql(text: str, catalog: RelationalCatalog, dialect: Dialect = "snowfla
     """Read one SELECT statement into a QuerySpec, or raise CompileError."""
     if dialect not in DIALECTS:
         raise CompileError(f"unknown SQL dialect {dialect!r}; use 'snowflake' or 'bigquery'")
-    statement = _known_case(canonical_calls(parse_one(text, dialect)), catalog)
+    parsed = parse_one(text, dialect)
+    unused = unused_options(parsed)
+    statement = _known_case(canonical_calls(parsed), catalog)
     _refuse_internal_names(statement)
     try:
-        return _Reader(dialect, catalog, statement, text).read()
+        return replace(_Reader(dialect, catalog, statement, text).read(), remarks=unused)
     except RecursionError:
         raise CompileError("the query nests too deeply") from None
 
@@ -128,7 +132,10 @@ def parse_statement(text: str, catalog: RelationalCatalog, dialect: Dialect = "s
     """The user's one query statement, parsed and checked for names they may not use; CompileError otherwise."""
     if dialect not in DIALECTS:
         raise CompileError(f"unknown SQL dialect {dialect!r}; use 'snowflake' or 'bigquery'")
-    statement = _known_case(canonical_calls(parse_one(text, dialect)), catalog)
+    parsed = parse_one(text, dialect)
+    unused = unused_options(parsed)
+    statement = _known_case(canonical_calls(parsed), catalog)
+    statement.meta[UNUSED_OPTIONS] = unused
     _refuse_internal_names(statement)
     if not isinstance(statement, exp.Query):
         raise CompileError(_not_a_query(text))

@@ -26,7 +26,7 @@ from quail.errors import CompileError
 from quail.frontend.lookups import OUTPUT_TYPES, VALUE, Lookup, has_ai_calls, next_stage
 from quail.frontend.relational import relocated
 from quail.frontend.spec import QuerySpec
-from quail.frontend.sql import Dialect, read_statement
+from quail.frontend.sql import UNUSED_OPTIONS, Dialect, read_statement
 from quail.runtime.report import QueryReport, _sum_known
 from quail.runtime.results import QueryResult
 
@@ -110,7 +110,7 @@ class LookupQuery:
     def explain(self, verbose: bool = False, analyze: bool = False) -> str:
         if analyze:
             return self.run().explain()
-        return _explain(self._dry, {}, verbose)
+        return _explain(self._dry, {}, verbose, self.statement)
 
     def run(self) -> QueryResult:
         self.session.check_open()
@@ -119,7 +119,7 @@ class LookupQuery:
         assert worked.table is not None
         return QueryResult(worked.table, _answers(worked.results), _report(self.session, worked, started,
                                                                                self.order),
-                           _explain(worked, worked.results, False))
+                           _explain(worked, worked.results, False, self.statement))
 
     def collect(self) -> pa.Table:
         return self.run().collect()
@@ -219,8 +219,9 @@ def _report(session: Session, worked: _Worked, started: float, order: OrderRule 
     )
 
 
-def _explain(worked: _Worked, results: Mapping[str, QueryResult], verbose: bool) -> str:
+def _explain(worked: _Worked, results: Mapping[str, QueryResult], verbose: bool, statement: exp.Expression) -> str:
     lines = ["== Answered by the general rule: each AI call a lookup over the distinct inputs of its table =="]
+    lines.extend(f"- {remark}" for remark in statement.meta.get(UNUSED_OPTIONS, ()))
     for number, round_ in enumerate(worked.rounds, start=1):
         for lookup, query in zip(round_.lookups, round_.queries, strict=True):
             lines.append(f"-- round {number}, {lookup.name}: {lookup.call} over {lookup.table}")
