@@ -220,6 +220,8 @@ def further_statements(d: str) -> dict[str, str]:
                                                                "SELECT 1",
         "every review with its aspect count by AI": f"SELECT r.id, (SELECT COUNT(*) FROM aspects a WHERE a.weight = "
                                                     f"r.stars AND {ai(PLOT, 'a.aspect', d=d)}) AS n FROM reviews r",
+        "EXISTS under OR": f"SELECT g.name FROM genres g WHERE g.genre_id <= 2 OR EXISTS (SELECT 1 FROM reviews r "
+                           f"WHERE r.genre_id = g.genre_id AND {acting})",
         "a LEFT JOIN whose right side is an AI CTE": f"WITH liked AS (SELECT r.id, r.genre_id FROM reviews r WHERE "
                                                      f"{acting}) SELECT g.name, l.id FROM genres g LEFT JOIN liked l "
                                                      f"ON l.genre_id = g.genre_id WHERE {ai(PLOT, 'g.name', d=d)} IS "
@@ -330,3 +332,19 @@ def test_the_oracle_corpus_holds_at_least_250_statements_in_both_dialects():
 
     assert len(CASES) + len(RELATIONAL) + len(FORMS) >= 250
     assert {d for d, _, _ in CASES} == {d for d, _, _ in FORMS} == {"snowflake", "bigquery"}
+
+
+def test_a_correlated_equality_narrows_the_inner_table_to_the_outer_tables_values(session):
+    """`r.genre_id = g.genre_id` inside EXISTS: the lookup reads only reviews whose genre the outer block keeps
+    (its own top-level conditions included); under OR the outer conditions do not decide, and are not used."""
+    exists = (f"EXISTS (SELECT 1 FROM reviews r WHERE r.genre_id = g.genre_id AND "
+              f"{ai(ACTING, 'r.body', dialect='snowflake')})")
+    narrow = f"SELECT g.name FROM genres g WHERE g.genre_id <= 2 AND {exists}"
+    under_or = f"SELECT g.name FROM genres g WHERE g.genre_id <= 2 OR {exists}"
+    shown = session.sql(narrow).explain()
+    assert "r.genre_id IN (SELECT g.genre_id FROM genres AS g WHERE g.genre_id <= 2)" in shown
+    assert "r.genre_id IN (SELECT g.genre_id FROM genres AS g)" in session.sql(under_or).explain()
+    narrowed, wide = session.sql(narrow).run(), session.sql(under_or).run()
+    assert narrowed.report["fresh_tokens"] < wide.report["fresh_tokens"]
+    for sql, result in ((narrow, narrowed), (under_or, wide)):
+        assert same_rows(result.collect(), oracle_rows(sql, "snowflake"), ordered=False) is None

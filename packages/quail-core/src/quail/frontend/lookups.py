@@ -115,7 +115,7 @@ def _lookup(call: AiCall, statement: exp.Expression, ctes: Mapping[str, exp.CTE]
     source = next(iter(sources), None)
     if source is not None and _holds_ai(source.node, ctes):
         return None
-    pushed = _pushed(call, source) if source is not None else []
+    pushed = _pushed(call, source, ctes, relations) if source is not None else []
     keys = _keys(call)
     inner = _inner_query(call, keys, source, pushed, ctes)
     table = "constants" if source is None else f"{source.alias} ({safe_sql(source.node)})"
@@ -222,23 +222,66 @@ def _select_all(node: exp.Expression, ctes: Mapping[str, exp.CTE]) -> str:
     return select.sql("duckdb")
 
 
-def _pushed(call: AiCall, source: _Source) -> list[exp.Expression]:
+def _pushed(call: AiCall, source: _Source, ctes: Mapping[str, exp.CTE], relations: Describer) -> list[exp.Expression]:
     """Conditions of the call's block that read only its table: sound to apply below the call wherever the
     block evaluates it after WHERE (SELECT, WHERE, GROUP BY, HAVING, ORDER BY, windows) — not in an ON clause,
-    where a row the condition removes could still pick the other side of an outer join."""
+    where a row the condition removes could still pick the other side of an outer join. A correlated equality
+    with a table of a block around (`c.film_id = f.id`) narrows the table to the values that table has
+    (`c.film_id IN (SELECT f.id FROM films f)`)."""
     if call.node.find_ancestor(exp.Select) is not source.block or call.node.find_ancestor(exp.Join) is not None:
         return []
     where = source.block.args.get("where")
     if where is None:
         return []
-    kept = []
+    kept = _own_conditions(source)
     for condition in conjuncts(where.this):
-        if has_ai_calls(condition) or condition.find(exp.Select) is not None:
-            continue
-        qualifiers = {c.table.lower() for c in condition.find_all(exp.Column)}
-        if qualifiers == {source.alias.lower()}:
-            kept.append(condition.copy())
+        narrowing = _correlated(condition, source, ctes, relations)
+        if narrowing is not None:
+            kept.append(narrowing)
     return kept
+
+
+def _correlated(condition: exp.Expression, source: _Source, ctes: Mapping[str, exp.CTE],
+                relations: Describer) -> exp.Expression | None:
+    """`mine.x IN (SELECT theirs.y FROM <their table>)` for `mine.x = theirs.y` with `theirs` a table of a block
+    around the call's (a correlated subquery), when that table holds no AI call."""
+    if not isinstance(condition, exp.EQ):
+        return None
+    sides = (condition.this, condition.expression)
+    for mine, theirs in (sides, sides[::-1]):
+        if not (isinstance(mine, exp.Column) and isinstance(theirs, exp.Column)):
+            continue
+        if mine.table.lower() != source.alias.lower():
+            continue
+        outer = _source_of(theirs, ctes, relations)
+        if outer is None or outer.block is source.block or _holds_ai(outer.node, ctes):
+            continue
+        values = exp.select(theirs.copy()).from_(outer.node.copy())
+        if not _within_a_join(source.block, outer.block):
+            own = _own_conditions(outer)
+            if own:
+                values = values.where(exp.and_(*own))
+        return exp.In(this=mine.copy(), query=exp.Subquery(this=values))
+    return None
+
+
+def _own_conditions(source: _Source) -> list[exp.Expression]:
+    """The top-level conditions of a block's WHERE that read only this table (and no AI, no subquery)."""
+    where = source.block.args.get("where")
+    if where is None:
+        return []
+    return [c.copy() for c in conjuncts(where.this) if not has_ai_calls(c) and c.find(exp.Select) is None
+            and {col.table.lower() for col in c.find_all(exp.Column)} == {source.alias.lower()}]
+
+
+def _within_a_join(node: exp.Expression, block: exp.Select) -> bool:
+    """Whether `node` sits in an ON clause of `block` (where the block's WHERE does not decide its rows)."""
+    current = node.parent
+    while current is not None and current is not block:
+        if isinstance(current, exp.Join):
+            return True
+        current = current.parent
+    return False
 
 
 # -- the lookup's AI query and the statement's reading of it -------------------------------------------------
@@ -254,7 +297,7 @@ def _inner_query(call: AiCall, documents: Sequence[exp.Expression], source: _Sou
         distinct = distinct.from_(source.node.copy())
         if pushed:
             distinct = distinct.where(exp.and_(*pushed))
-        needed = _needed_ctes(source.node, ctes)
+        needed = _needed_ctes(exp.Tuple(expressions=[source.node.copy(), *(p.copy() for p in pushed)]), ctes)
     derived = exp.Subquery(this=distinct, alias=exp.TableAlias(this=exp.to_identifier(LOOKUP_ALIAS)))
     rewritten = call.node.copy()
     copied = ai_call(rewritten)

@@ -17,7 +17,7 @@ from sqlglot import exp
 from quail.frontend.calls import is_plain_column
 from quail.frontend.relational import Scope, positional_from
 from quail.frontend.spec import ColumnName
-from quail.frontend.syntax import AiCall, Dialect, ai_call, ai_calls, fail_at, safe_sql, unsupported
+from quail.frontend.syntax import AiCall, Dialect, ai_call, ai_calls, beyond_one_block, fail_at, safe_sql, unsupported
 
 CLAUSES = ("group", "having", "qualify", "order", "windows")
 
@@ -66,7 +66,7 @@ class TailWriter:
             if call is None:
                 return item
             if call.node.find_ancestor(exp.Select) is not self.block:
-                raise unsupported(f"{call.spelling} inside a subquery", call.node,
+                raise beyond_one_block(f"{call.spelling} inside a subquery", call.node,
                                   "AI functions stand in the query block's own clauses, or in a top-level "
                                   "[NOT] EXISTS (SELECT ... WHERE AI_FILTER(...))")
             return self.value_of(call)
