@@ -27,6 +27,8 @@ POSITIVE = "'How positive is {0}?'"
 SUPERB = "'the acting is superb'"
 UNION = {"snowflake": "UNION", "bigquery": "UNION DISTINCT"}
 SEPARATED = "CONCAT(COALESCE(r.title, ''), ' / ', r.body)"
+SHARED = "'Do {0} and {1} share a word?'"
+WITH = "'Does {0} with {1} mention \"acting\"?'"
 ONE_BLOCK = {"except", "no AI call at all"}
 """Statements the planner of one block plans itself (an AI block inside a set operation; no AI call is the rule's)."""
 
@@ -220,6 +222,17 @@ def further_statements(d: str) -> dict[str, str]:
                                                                "SELECT 1",
         "every review with its aspect count by AI": f"SELECT r.id, (SELECT COUNT(*) FROM aspects a WHERE a.weight = "
                                                     f"r.stars AND {ai(PLOT, 'a.aspect', d=d)}) AS n FROM reviews r",
+        "an AI join in a CTE, asked again after": f"WITH j AS (SELECT r.id, r.body, a.aspect FROM reviews r JOIN "
+                                                  f"aspects a ON {ai(SHARED, 'r.body', 'a.aspect', d=d)}) SELECT "
+                                                  f"j.id, j.aspect FROM j WHERE {ai(ACTING, 'j.body', d=d)}",
+        "an AI join in a derived table, then two of its columns": f"SELECT x.id, x.aspect FROM (SELECT r.id, r.body, "
+                                                                  "a.aspect FROM reviews r JOIN aspects a ON "
+                                                                  f"{ai(SHARED, 'r.body', 'a.aspect', d=d)}) x WHERE "
+                                                                  f"{ai(WITH, 'x.body', 'x.aspect', d=d)} {union} "
+                                                                  "SELECT 0, 'none'",
+        "an AI join in one branch of a union": f"SELECT r.id, a.aspect FROM reviews r JOIN aspects a ON "
+                                               f"{ai(SHARED, 'r.body', 'a.aspect', d=d)} UNION ALL SELECT "
+                                               f"e.evidence_id, 'x' FROM evidence e WHERE {coffee}",
         "EXISTS under OR": f"SELECT g.name FROM genres g WHERE g.genre_id <= 2 OR EXISTS (SELECT 1 FROM reviews r "
                            f"WHERE r.genre_id = g.genre_id AND {acting})",
         "a LEFT JOIN whose right side is an AI CTE": f"WITH liked AS (SELECT r.id, r.genre_id FROM reviews r WHERE "

@@ -61,11 +61,28 @@ class Lookup:
 
 
 @dataclass(frozen=True)
-class Stage:
-    """The lookups of one round, and the statement with their calls replaced."""
+class Block:
+    """A CTE's or derived table's query block whose AI calls join tables: planned whole by the one-block planner,
+    its rows then read as a table."""
 
-    lookups: tuple[Lookup, ...]
+    name: str
+    inner: exp.Select
+    """The block (with the CTEs it reads), for the ordinary planner."""
+    text: str
+    stand_in: str
+    """The block with each AI call a typed NULL: DuckDB describes its columns without any model work."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    """The lookups and blocks of one round, and the statement with their calls and blocks replaced."""
+
+    lookups: tuple[Lookup | Block, ...]
     statement: exp.Expression
+
+
+class _TwoTables(Exception):
+    """An AI call that reads two tables: not a lookup; its block may be planned whole."""
 
 
 def has_ai_calls(node: exp.Expression) -> bool:
@@ -76,9 +93,18 @@ def next_stage(statement: exp.Expression, relations: Describer, prefix: str, cou
     """The AI calls answerable now (their table holds no AI call), each made a lookup named `{prefix}{n}`."""
     statement = statement.copy()
     ctes = _ctes(statement)
-    lookups: list[Lookup] = []
+    lookups: list[Lookup | Block] = []
     replacements: list[tuple[exp.Expression, exp.Expression]] = []
+    blocks = _joining_blocks(statement, ctes, relations)
+    for block in blocks:
+        if any(_holds_ai(node, ctes) for node in _block_sources(block).values()):
+            continue  # it reads AI results: a later round
+        name = f"{prefix}{next(counter)}"
+        lookups.append(_planned_block(block, ctes, name))
+        replacements.append((block, exp.select("*").from_(exp.to_table(name))))
     for call in ai_calls(statement):
+        if any(block in _ancestors(call.node) for block in blocks):
+            continue
         lookup = _lookup(call, statement, ctes, relations, f"{prefix}{next(counter)}")
         if lookup is None:
             continue
@@ -87,6 +113,50 @@ def next_stage(statement: exp.Expression, relations: Describer, prefix: str, cou
     for node, replacement in replacements:
         node.replace(replacement)
     return Stage(tuple(lookups), statement)
+
+
+def _ancestors(node: exp.Expression) -> list[exp.Expression]:
+    found, current = [], node.parent
+    while current is not None:
+        found.append(current)
+        current = current.parent
+    return found
+
+
+def _joining_blocks(statement: exp.Expression, ctes: Mapping[str, exp.CTE], relations: Describer) -> list[exp.Select]:
+    """The CTE bodies and derived tables whose AI calls read two tables (AI joins): each planned whole. Refused
+    where such a call stands anywhere else (it cannot be a lookup, nor a block of its own)."""
+    blocks: list[exp.Select] = []
+    for call in ai_calls(statement):
+        try:
+            _sources(call, ctes, relations)
+        except _TwoTables:
+            block = call.node.find_ancestor(exp.Select)
+            if block is None or not _standalone(block):
+                raise fail_at(f"{call.spelling} over two tables outside the top-level AND of WHERE and ON: an AI "
+                              "value reads one table", call.node) from None
+            if all(block is not b for b in blocks):
+                blocks.append(block)
+    return [b for b in blocks if not any(o is not b and o in _ancestors(b) for o in blocks)]
+
+
+def _standalone(block: exp.Select) -> bool:
+    """A CTE's body, a derived table in FROM / JOIN or a branch of a set operation: a query of its own."""
+    parent = block.parent
+    return isinstance(parent, exp.CTE | exp.SetOperation) or (
+        isinstance(parent, exp.Subquery) and isinstance(parent.parent, exp.From | exp.Join))
+
+
+def _planned_block(block: exp.Select, ctes: Mapping[str, exp.CTE], name: str) -> Block:
+    inner = block.copy()
+    needed = _needed_ctes(block, ctes)
+    if needed:
+        inner.set("with_", exp.With(expressions=[c.copy() for c in needed], recursive=_recursive(needed)))
+    stand_in = inner.copy()
+    for call in ai_calls(stand_in):
+        call.node.replace(exp.cast(exp.null(), {"filter": "BOOLEAN", "score": "DOUBLE", "classify": "VARCHAR"}[
+            call.kind]))
+    return Block(name, inner, safe_sql(block), stand_in.sql("duckdb"))
 
 
 # -- one call ------------------------------------------------------------------------------------------------
@@ -103,16 +173,7 @@ class _Source:
 def _lookup(call: AiCall, statement: exp.Expression, ctes: Mapping[str, exp.CTE], relations: Describer,
             name: str) -> Lookup | None:
     """The call as a lookup, or None while the table it reads holds AI calls (a later round)."""
-    documents = _documents(call)
-    columns = [c for d in documents for c in d.find_all(exp.Column)]
-    if any(d.find(exp.Select) is not None or has_ai_calls(d) for d in documents):
-        raise fail_at(f"a subquery or an AI call inside the arguments of {call.spelling}", call.node)
-    sources = {_source_of(column, ctes, relations) for column in columns}
-    sources.discard(None)
-    if len({(s.alias, id(s.block)) for s in sources if s is not None}) > 1:
-        raise fail_at(f"{call.spelling} over two tables outside the top-level AND of WHERE and ON: an AI value "
-                      "reads one table", call.node)
-    source = next(iter(sources), None)
+    source = _sources(call, ctes, relations)
     if source is not None and _holds_ai(source.node, ctes):
         return None
     pushed = _pushed(call, source, ctes, relations) if source is not None else []
@@ -120,6 +181,22 @@ def _lookup(call: AiCall, statement: exp.Expression, ctes: Mapping[str, exp.CTE]
     inner = _inner_query(call, keys, source, pushed, ctes)
     table = "constants" if source is None else f"{source.alias} ({safe_sql(source.node)})"
     return Lookup(name, call.kind, inner, len(keys), safe_sql(call.node), table, tuple(safe_sql(p) for p in pushed))
+
+
+def _sources(call: AiCall, ctes: Mapping[str, exp.CTE], relations: Describer) -> _Source | None:
+    """The one table the call's documents read (None for constants); `_TwoTables` when they read two."""
+    documents = _documents(call)
+    columns = [c for d in documents for c in d.find_all(exp.Column)]
+    if any(d.find(exp.Select) is not None or has_ai_calls(d) for d in documents):
+        raise fail_at(f"a subquery or an AI call inside the arguments of {call.spelling}", call.node)
+    found: dict[tuple[str, int], _Source] = {}
+    for column in columns:
+        source = _source_of(column, ctes, relations)
+        if source is not None:
+            found[(source.alias, id(source.block))] = source
+    if len(found) > 1:
+        raise _TwoTables
+    return next(iter(found.values()), None)
 
 
 def _documents(call: AiCall) -> list[exp.Expression]:

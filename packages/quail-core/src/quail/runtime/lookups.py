@@ -23,7 +23,7 @@ from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
 from quail.data.database import Database
 from quail.errors import CompileError
-from quail.frontend.lookups import OUTPUT_TYPES, VALUE, Lookup, has_ai_calls, next_stage
+from quail.frontend.lookups import OUTPUT_TYPES, VALUE, Block, Lookup, has_ai_calls, next_stage
 from quail.frontend.relational import relocated
 from quail.frontend.spec import QuerySpec
 from quail.frontend.sql import UNUSED_OPTIONS, Dialect, read_statement
@@ -74,7 +74,7 @@ class _Relations:
 
 @dataclass(frozen=True)
 class _Round:
-    lookups: tuple[Lookup, ...]
+    lookups: tuple[Lookup | Block, ...]
     queries: tuple[Query, ...]
 
 
@@ -100,7 +100,7 @@ class LookupQuery:
         self._dry = self._work(run=False)
 
     @property
-    def lookups(self) -> tuple[Lookup, ...]:
+    def lookups(self) -> tuple[Lookup | Block, ...]:
         return tuple(lookup for r in self._dry.rounds for lookup in r.lookups)
 
     def plan(self) -> tuple[PhysicalCandidate, ...]:
@@ -153,6 +153,8 @@ class LookupQuery:
                         result = query.run()
                         worked.results[lookup.name] = result
                         relations[lookup.name] = _answers_of(lookup, result.collect())
+                    elif isinstance(lookup, Block):
+                        relations[lookup.name] = session.database.describe(lookup.stand_in).empty_table()
                     else:
                         relations[lookup.name] = _empty(lookup)
             worked.rounds.append(_Round(stage.lookups, queries))
@@ -171,8 +173,10 @@ class LookupQuery:
         return worked
 
 
-def _answers_of(lookup: Lookup, table: pa.Table) -> pa.Table:
-    """The AI query's rows under the lookup's column names (doc0, ..., v)."""
+def _answers_of(lookup: Lookup | Block, table: pa.Table) -> pa.Table:
+    """A lookup's rows under its column names (doc0, ..., v); a block's rows as its query names them."""
+    if isinstance(lookup, Block):
+        return table
     return pa.table(dict(zip(lookup.columns, table.columns, strict=True)))
 
 
@@ -224,6 +228,12 @@ def _explain(worked: _Worked, results: Mapping[str, QueryResult], verbose: bool,
     lines.extend(f"- {remark}" for remark in statement.meta.get(UNUSED_OPTIONS, ()))
     for number, round_ in enumerate(worked.rounds, start=1):
         for lookup, query in zip(round_.lookups, round_.queries, strict=True):
+            if isinstance(lookup, Block):
+                lines.append(f"-- round {number}, {lookup.name}: the block {lookup.text} joins on AI: planned whole "
+                             "by the planner of one block, its rows read as a table")
+                shown = results[lookup.name].explain() if lookup.name in results else query.explain(verbose)
+                lines.extend(f"   {line}" for line in shown.splitlines())
+                continue
             lines.append(f"-- round {number}, {lookup.name}: {lookup.call} over {lookup.table}")
             pushed = "; ".join(lookup.pushed) if lookup.pushed else "none (the call is read in an ON clause, or "
             if not lookup.pushed:
