@@ -48,6 +48,8 @@ FORMS = [
     ("bigquery", "SELECT r.id FROM reviews r WHERE AI.IF(('Given the title ', r.title, ' and the review ', r.body, "
                  "', does it mention \"plot\"?'))", None),
     ("snowflake", "SELECT AI_FILTER('Is \"acting\" a craft?') AS answer", None),
+    ("snowflake", "SELECT id FROM (SELECT r.id, r.body FROM reviews r WHERE r.stars > 1) WHERE "
+                  "AI_FILTER(PROMPT('Does {0} mention \"acting\"?', body))", None),
     ("snowflake", "SELECT r.id, AI_CLASSIFY(r.body, [{'label': 'acting', 'description': 'the cast'}, "
                   "{'label': 'plot', 'description': 'the story'}]) AS k FROM reviews r",
      "SELECT r.id, AI_CLASSIFY(r.body, [('acting', 'the cast'), ('plot', 'the story')]) AS k FROM reviews r"),

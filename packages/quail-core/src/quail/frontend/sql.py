@@ -385,8 +385,8 @@ class _Reader:
     def _table(self, node: exp.Expression, role: Literal["from", "left", "exists", "anti"]) -> TableSpec:
         where = where_of(node)
         if isinstance(node, exp.Subquery) and isinstance(node.this, exp.Query):
-            if not node.alias:
-                raise fail_at("a subquery in FROM needs an alias", node)
+            if not node.alias:  # Snowflake and DuckDB allow it: its columns are named bare
+                node.set("alias", exp.TableAlias(this=exp.to_identifier(self._unused_alias())))
             refuse_unknown_args(node, TABLE_ARGS)
             source = f"({node.this.sql(dialect='duckdb')})"
             return self._derived(TableSpec("(subquery)", node.alias, role, where, source), node)
@@ -404,6 +404,11 @@ class _Reader:
             known = ", ".join(sorted(self._registered())) or "none"
             raise fail_at(f"unknown table {node.name!r}; registered tables: {known}", node)
         return TableSpec(node.name, node.alias_or_name, role, where)
+
+    def _unused_alias(self) -> str:
+        """A name for a derived table written without one, unlike any alias or table of the statement."""
+        taken = {i.name.lower() for i in self.statement.find_all(exp.Identifier)}
+        return next(f"subquery_{n}" for n in itertools.count(1) if f"subquery_{n}" not in taken)
 
     def _registered(self) -> list[str]:
         names = getattr(self.catalog, "catalog", {})
