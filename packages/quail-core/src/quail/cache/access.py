@@ -16,7 +16,7 @@ from pathlib import Path
 from quail.backends.base import ModelBackend
 from quail.cache.identity import ResolvedIdentity, named_identity, resolved
 from quail.cache.keys import Key, Keys
-from quail.cache.store import Answer, AnswerStore, NotAnAnswerStore, Readout, StoreError
+from quail.cache.store import Answer, AnswerStore, NotAnAnswerStore, Readout, StoreError, is_locked
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.locations import quail_cache_home
 from quail.catalog.models import ModelSpec
@@ -117,9 +117,8 @@ def warn_unusable(error: Exception, computed: str = "answers", stacklevel: int =
 
 def _remedy(error: Exception) -> str:
     """Advice only where it cannot destroy anything: never `clear` for another writer's lock or a foreign file."""
-    text = str(error)
     if isinstance(error, NotAnAnswerStore):
         return " (set EngineConfig.cache or $QUAIL_ANSWER_STORE to a path of its own)"
-    if "locked" in text or "busy" in text:
+    if is_locked(error):
         return " (another Quail process was writing to it; later queries use it again)"
     return " (`quail cache clear` starts a fresh store)"

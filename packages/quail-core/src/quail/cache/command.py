@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TextIO
 
 from quail.cache.access import store_location
-from quail.cache.store import AnswerStore, NotAnAnswerStore, StoreError, remove_files
+from quail.cache.store import AnswerStore, NotAnAnswerStore, StoreError, is_locked, remove_files
 from quail.config import DEFAULT_CACHE_LIMIT, EngineConfig
 
 UNUSABLE = 2
@@ -64,7 +64,7 @@ def _clear(path: Path, out: TextIO, err: TextIO) -> int:
         print(f"quail: {error}", file=err)
         return UNUSABLE
     except StoreError as error:
-        if _locked(error):
+        if is_locked(error):
             print(f"quail: {error}{_advice(error)}", file=err)
             return UNUSABLE
         try:
@@ -85,12 +85,8 @@ def _clear(path: Path, out: TextIO, err: TextIO) -> int:
     return 0
 
 
-def _locked(error: StoreError) -> bool:
-    return "locked" in str(error.__cause__ or error) or "busy" in str(error.__cause__ or error)
-
-
 def _advice(error: StoreError) -> str:
     """What to do about a store Quail made but cannot use now: wait for a writer, or clear a damaged one."""
-    if _locked(error):
+    if is_locked(error):
         return "; another Quail process is writing to it: try again when it has finished"
     return "; `quail cache clear` deletes it (it carries Quail's marker)"

@@ -94,6 +94,13 @@ class StoreError(Exception):
     """The answer store could not be read or written (corrupt, locked, made by a newer Quail, unwritable)."""
 
 
+def is_locked(error: BaseException) -> bool:
+    """Whether the store failed because another process holds its write lock (SQLite's "locked" / "busy"): the
+    store is sound and will serve again, so no advice may suggest deleting it."""
+    text = str(error.__cause__ or error) + str(error)
+    return "locked" in text or "busy" in text
+
+
 class NotAnAnswerStore(StoreError):
     """The path holds something Quail did not make (another database, a text file, a directory): it is left
     exactly as it was, never opened for writing, never deleted."""

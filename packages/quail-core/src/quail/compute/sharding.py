@@ -32,6 +32,7 @@ from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
 from quail.planner.partition import Partition, Phase, Shard, key_alias, plan_partition
 from quail.runtime.progress import ProgressListener
+from quail.runtime.report import sum_known
 from quail.runtime.runner import RunInputs, Runner, RunOutput
 
 Answers = dict[PortRef, pa.Table]
@@ -178,16 +179,12 @@ def merge_metrics(graph: PhysicalGraph, answered: Sequence[PhysicalResponse], sh
         for key, value in response.metrics.extra.items():
             extra[key] = extra.get(key, 0.0) + value
     return ExecutionMetrics(
-        wall_s=wall_s, fresh_tokens=_sum_known([r.metrics.fresh_tokens for r in answered]),
-        cached_tokens=_sum_known([r.metrics.cached_tokens for r in answered]),
+        wall_s=wall_s, fresh_tokens=sum_known([r.metrics.fresh_tokens for r in answered]),
+        cached_tokens=sum_known([r.metrics.cached_tokens for r in answered]),
         boot_s=max(boots) if boots else None, boot_kind=_boot_kind([r.metrics.boot_kind for r in answered]),
         nodes=nodes, extra=extra,
         shards=tuple(shards),
     )
-
-
-def _sum_known(values: Sequence[int | None]) -> int | None:
-    return None if not values or any(v is None for v in values) else sum(v for v in values if v is not None)
 
 
 def _boot_kind(kinds: Sequence[BootKind | None]) -> BootKind | None:

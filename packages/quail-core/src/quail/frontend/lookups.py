@@ -27,7 +27,8 @@ from quail.frontend.syntax import AiCall, AiKind, ai_call, ai_calls, conjuncts, 
 LOOKUP_ALIAS = "d"
 """The alias of the distinct inputs inside a lookup's AI query."""
 VALUE = "v"
-OUTPUT_TYPES: dict[str, pa.DataType] = {"filter": pa.bool_(), "score": pa.float64(), "classify": pa.string()}
+SQL_TYPES = {"filter": "BOOLEAN", "score": "DOUBLE", "classify": "VARCHAR"}
+"""OUTPUT_TYPES as DuckDB spells them: a block's stand-in writes each AI call as a NULL of its type."""
 
 
 class Describer(Protocol):
@@ -95,17 +96,19 @@ def next_stage(statement: exp.Expression, relations: Describer, prefix: str, cou
     ctes = _ctes(statement)
     lookups: list[Lookup | Block] = []
     replacements: list[tuple[exp.Expression, exp.Expression]] = []
-    blocks = _joining_blocks(statement, ctes, relations)
+    located = _located(statement, ctes, relations)
+    blocks = _joining_blocks(located)
     for block in blocks:
         if any(_holds_ai(node, ctes) for node in _block_sources(block).values()):
             continue  # it reads AI results: a later round
         name = f"{prefix}{next(counter)}"
         lookups.append(_planned_block(block, ctes, name))
         replacements.append((block, exp.select("*").from_(exp.to_table(name))))
-    for call in ai_calls(statement):
+    for call, source in located:
         if any(block in _ancestors(call.node) for block in blocks):
             continue
-        lookup = _lookup(call, statement, ctes, relations, f"{prefix}{next(counter)}")
+        assert not isinstance(source, _TwoTables)
+        lookup = _lookup(call, source, ctes, relations, f"{prefix}{next(counter)}")
         if lookup is None:
             continue
         lookups.append(lookup)
@@ -123,20 +126,31 @@ def _ancestors(node: exp.Expression) -> list[exp.Expression]:
     return found
 
 
-def _joining_blocks(statement: exp.Expression, ctes: Mapping[str, exp.CTE], relations: Describer) -> list[exp.Select]:
-    """The CTE bodies and derived tables whose AI calls read two tables (AI joins): each planned whole. Refused
-    where such a call stands anywhere else (it cannot be a lookup, nor a block of its own)."""
-    blocks: list[exp.Select] = []
+def _located(statement: exp.Expression, ctes: Mapping[str, exp.CTE], relations: Describer
+             ) -> list[tuple[AiCall, _Source | _TwoTables | None]]:
+    """Every AI call with the one table it reads (None: constants), or `_TwoTables` where it reads two."""
+    located: list[tuple[AiCall, _Source | _TwoTables | None]] = []
     for call in ai_calls(statement):
         try:
-            _sources(call, ctes, relations)
-        except _TwoTables:
-            block = call.node.find_ancestor(exp.Select)
-            if block is None or not _standalone(block):
-                raise fail_at(f"{call.spelling} over two tables outside the top-level AND of WHERE and ON: an AI "
-                              "value reads one table", call.node) from None
-            if all(block is not b for b in blocks):
-                blocks.append(block)
+            located.append((call, _sources(call, ctes, relations)))
+        except _TwoTables as two:
+            located.append((call, two))
+    return located
+
+
+def _joining_blocks(located: Sequence[tuple[AiCall, _Source | _TwoTables | None]]) -> list[exp.Select]:
+    """The CTE bodies, derived tables and set-operation branches whose AI calls read two tables (AI joins): each
+    planned whole. Refused where such a call stands anywhere else (it cannot be a lookup, nor a block of its own)."""
+    blocks: list[exp.Select] = []
+    for call, source in located:
+        if not isinstance(source, _TwoTables):
+            continue
+        block = call.node.find_ancestor(exp.Select)
+        if block is None or not _standalone(block):
+            raise fail_at(f"{call.spelling} over two tables outside the top-level AND of WHERE and ON: an AI "
+                          "value reads one table", call.node)
+        if all(block is not b for b in blocks):
+            blocks.append(block)
     return [b for b in blocks if not any(o is not b and o in _ancestors(b) for o in blocks)]
 
 
@@ -148,14 +162,10 @@ def _standalone(block: exp.Select) -> bool:
 
 
 def _planned_block(block: exp.Select, ctes: Mapping[str, exp.CTE], name: str) -> Block:
-    inner = block.copy()
-    needed = _needed_ctes(block, ctes)
-    if needed:
-        inner.set("with_", exp.With(expressions=[c.copy() for c in needed], recursive=_recursive(needed)))
+    inner = _with_ctes(block.copy(), block, ctes)
     stand_in = inner.copy()
     for call in ai_calls(stand_in):
-        call.node.replace(exp.cast(exp.null(), {"filter": "BOOLEAN", "score": "DOUBLE", "classify": "VARCHAR"}[
-            call.kind]))
+        call.node.replace(exp.cast(exp.null(), SQL_TYPES[call.kind]))
     return Block(name, inner, safe_sql(block), stand_in.sql("duckdb"))
 
 
@@ -170,10 +180,9 @@ class _Source:
     block: exp.Select
 
 
-def _lookup(call: AiCall, statement: exp.Expression, ctes: Mapping[str, exp.CTE], relations: Describer,
+def _lookup(call: AiCall, source: _Source | None, ctes: Mapping[str, exp.CTE], relations: Describer,
             name: str) -> Lookup | None:
-    """The call as a lookup, or None while the table it reads holds AI calls (a later round)."""
-    source = _sources(call, ctes, relations)
+    """The call as a lookup over `source`, or None while that table holds AI calls (a later round)."""
     if source is not None and _holds_ai(source.node, ctes):
         return None
     pushed = _pushed(call, source, ctes, relations) if source is not None else []
@@ -292,11 +301,7 @@ def _column_names(node: exp.Expression, ctes: Mapping[str, exp.CTE], relations: 
 def _select_all(node: exp.Expression, ctes: Mapping[str, exp.CTE]) -> str:
     source = node.copy()
     source.set("alias", None)
-    select = exp.select("*").from_(source)
-    needed = _needed_ctes(source, ctes)
-    if needed:
-        select.set("with_", exp.With(expressions=[c.copy() for c in needed], recursive=_recursive(needed)))
-    return select.sql("duckdb")
+    return _with_ctes(exp.select("*").from_(source), source, ctes).sql("duckdb")
 
 
 def _pushed(call: AiCall, source: _Source, ctes: Mapping[str, exp.CTE], relations: Describer) -> list[exp.Expression]:
@@ -369,12 +374,10 @@ def _inner_query(call: AiCall, documents: Sequence[exp.Expression], source: _Sou
     """SELECT d.doc0, ..., <call over d.doc_i> AS v FROM (SELECT DISTINCT <documents> FROM <table> WHERE ...) d"""
     inputs = [exp.alias_(exp.cast(d.copy(), "VARCHAR"), f"doc{i}") for i, d in enumerate(documents)]
     distinct = exp.select(*inputs).distinct()
-    needed: list[exp.CTE] = []
     if source is not None:
         distinct = distinct.from_(source.node.copy())
         if pushed:
             distinct = distinct.where(exp.and_(*pushed))
-        needed = _needed_ctes(exp.Tuple(expressions=[source.node.copy(), *(p.copy() for p in pushed)]), ctes)
     derived = exp.Subquery(this=distinct, alias=exp.TableAlias(this=exp.to_identifier(LOOKUP_ALIAS)))
     rewritten = call.node.copy()
     copied = ai_call(rewritten)
@@ -386,10 +389,7 @@ def _inner_query(call: AiCall, documents: Sequence[exp.Expression], source: _Sou
         for index, document in enumerate(_documents(copied)):
             document.replace(exp.column(f"doc{index}", table=LOOKUP_ALIAS))
     items = [exp.column(f"doc{i}", table=LOOKUP_ALIAS) for i in range(len(documents))]
-    inner = exp.select(*items, exp.alias_(rewritten, VALUE)).from_(derived)
-    if needed:
-        inner.set("with_", exp.With(expressions=[c.copy() for c in needed], recursive=_recursive(needed)))
-    return inner
+    return _with_ctes(exp.select(*items, exp.alias_(rewritten, VALUE)).from_(derived), distinct, ctes)
 
 
 def _reading(lookup: Lookup, documents: Sequence[exp.Expression]) -> exp.Expression:
@@ -422,6 +422,14 @@ def _needed_ctes(node: exp.Expression, ctes: Mapping[str, exp.CTE]) -> list[exp.
                 wanted.add(name)
                 pending.append(ctes[name].this)
     return [cte for name, cte in ctes.items() if name in wanted]
+
+
+def _with_ctes(select: exp.Select, reader: exp.Expression, ctes: Mapping[str, exp.CTE]) -> exp.Select:
+    """`select` with a WITH of the statement's CTEs that `reader` reads (none: unchanged)."""
+    needed = _needed_ctes(reader, ctes)
+    if needed:
+        select.set("with_", exp.With(expressions=[c.copy() for c in needed], recursive=_recursive(needed)))
+    return select
 
 
 def _recursive(ctes: Sequence[exp.CTE]) -> bool:

@@ -67,6 +67,7 @@ from quail.frontend.spec import (
 )
 from quail.frontend.syntax import (
     DIALECTS,
+    OUTPUT_TYPES,
     AiCall,
     Dialect,
     ai_call,
@@ -84,10 +85,9 @@ from quail.frontend.syntax import (
 from quail.frontend.tail import TailWriter
 from quail.logical.expressions import Comparison, ScoreThreshold
 
-__all__ = ["DIALECTS", "Dialect", "RelationalCatalog", "ai_call", "parse_sql", "parse_statement", "read_statement"]
+__all__ = ["DIALECTS", "Dialect", "ParsedStatement", "RelationalCatalog", "ai_call", "parse_sql", "parse_statement",
+           "read_statement"]
 
-UNUSED_OPTIONS = "quail_unused_options"
-"""Where a parsed statement keeps the remarks of `unused_options` (its sqlglot meta)."""
 MAX_ROWS = 2**63 - 1
 """The largest LIMIT / OFFSET a row count can reach (DuckDB's and Arrow's signed 64-bit lengths)."""
 COMPARISONS: dict[type[exp.Expression], Comparison] = {exp.GTE: ">=", exp.GT: ">", exp.LTE: "<=", exp.LT: "<"}
@@ -99,7 +99,6 @@ BLOCK_ARGS = {"expressions", "from_", "from", "joins", "where", "limit", "kind",
 SUBQUERY_ARGS = {"expressions", "from_", "from", "where"}
 JOIN_ARGS = {"this", "on", "kind", "side"}
 TABLE_ARGS = {"this", "alias"}
-OUTPUT_TYPES = {"filter": pa.bool_(), "score": pa.float64(), "classify": pa.string()}
 LEFT_ON_HINT = ("LEFT JOIN ... ON takes one AI predicate over both tables, column equalities between them and "
                 "conditions on the joined table; put other conditions in WHERE")
 
@@ -114,32 +113,35 @@ class RelationalCatalog(Protocol):
     def check(self, sql: str, relations: Mapping[str, pa.Schema]) -> pa.Schema: ...
 
 
+@dataclass(frozen=True)
+class ParsedStatement:
+    """The user's statement in the form the readers take (PROMPT form, known case), and the remarks it earns."""
+
+    statement: exp.Query
+    remarks: tuple[str, ...] = ()
+    """Options accepted and of no use to Quail (`connection_id => …`), for explain()."""
+
+
 def parse_sql(text: str, catalog: RelationalCatalog, dialect: Dialect = "snowflake") -> QuerySpec:
     """Read one SELECT statement into a QuerySpec, or raise CompileError."""
-    if dialect not in DIALECTS:
-        raise CompileError(f"unknown SQL dialect {dialect!r}; use 'snowflake' or 'bigquery'")
-    parsed = parse_one(text, dialect)
-    unused = unused_options(parsed)
-    statement = _known_case(canonical_calls(parsed), catalog)
-    _refuse_internal_names(statement)
+    parsed = parse_statement(text, catalog, dialect)
     try:
-        return replace(_Reader(dialect, catalog, statement, text).read(), remarks=unused)
+        return replace(_Reader(dialect, catalog, parsed.statement, text).read(), remarks=parsed.remarks)
     except RecursionError:
         raise CompileError("the query nests too deeply") from None
 
 
-def parse_statement(text: str, catalog: RelationalCatalog, dialect: Dialect = "snowflake") -> exp.Query:
+def parse_statement(text: str, catalog: RelationalCatalog, dialect: Dialect = "snowflake") -> ParsedStatement:
     """The user's one query statement, parsed and checked for names they may not use; CompileError otherwise."""
     if dialect not in DIALECTS:
         raise CompileError(f"unknown SQL dialect {dialect!r}; use 'snowflake' or 'bigquery'")
     parsed = parse_one(text, dialect)
-    unused = unused_options(parsed)
+    remarks = unused_options(parsed)
     statement = _known_case(canonical_calls(parsed), catalog)
-    statement.meta[UNUSED_OPTIONS] = unused
     _refuse_internal_names(statement)
     if not isinstance(statement, exp.Query):
         raise CompileError(_not_a_query(text))
-    return statement
+    return ParsedStatement(statement, remarks)
 
 
 def read_statement(statement: exp.Expression, catalog: RelationalCatalog, dialect: Dialect) -> QuerySpec:

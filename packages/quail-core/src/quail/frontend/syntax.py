@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 from sqlglot.dialects.bigquery import BigQuery
@@ -22,6 +23,8 @@ from quail.frontend.spec import Where
 
 Dialect = Literal["snowflake", "bigquery"]
 AiKind = Literal["filter", "classify", "score"]
+OUTPUT_TYPES: dict[str, pa.DataType] = {"filter": pa.bool_(), "score": pa.float64(), "classify": pa.string()}
+"""The column type of each AI call's value: AI_FILTER a BOOLEAN, AI.SCORE a DOUBLE, AI.CLASSIFY a VARCHAR."""
 
 
 class QuailBigQuery(BigQuery):

@@ -23,11 +23,12 @@ from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
 from quail.data.database import Database
 from quail.errors import CompileError
-from quail.frontend.lookups import OUTPUT_TYPES, VALUE, Block, Lookup, has_ai_calls, next_stage
+from quail.frontend.lookups import VALUE, Block, Lookup, has_ai_calls, next_stage
 from quail.frontend.relational import relocated
 from quail.frontend.spec import QuerySpec
-from quail.frontend.sql import UNUSED_OPTIONS, Dialect, read_statement
-from quail.runtime.report import QueryReport, _sum_known
+from quail.frontend.sql import Dialect, ParsedStatement, read_statement
+from quail.frontend.syntax import OUTPUT_TYPES
+from quail.runtime.report import QueryReport, sum_known
 from quail.runtime.results import QueryResult
 
 LOOKUP_PREFIX = "__quail_ai_"
@@ -59,13 +60,18 @@ Planner = Callable[[QuerySpec, OrderRule | None], Query]
 
 
 class _Relations:
-    """The session's DuckDB as the rule describes relations (registered tables and lookups so far)."""
+    """The session's DuckDB as the rule describes relations (registered tables and lookups so far). A relation is
+    described once per working-out of the rounds: the rule asks for the columns of one source for every column
+    of every call that names no table (lookup names are new each time, so a remembered schema never goes stale)."""
 
     def __init__(self, session: Session) -> None:
         self.session = session
+        self._described: dict[str, pa.Schema] = {}
 
     def describe(self, sql: str) -> pa.Schema:
-        return self.session.database.describe(sql)
+        if sql not in self._described:
+            self._described[sql] = self.session.database.describe(sql)
+        return self._described[sql]
 
     def schema_of(self, table: str) -> pa.Schema | None:
         found = self.session.database.schema(table)
@@ -90,11 +96,12 @@ class LookupQuery:
     """A statement the planner of one query block cannot plan whole, answered by the general rule. It offers
     what `Query` offers: explain(), plan(), run(), collect()."""
 
-    def __init__(self, session: Session, planner: Planner, statement: exp.Expression, dialect: Dialect,
+    def __init__(self, session: Session, planner: Planner, parsed: ParsedStatement, dialect: Dialect,
                  order: OrderRule | None = None) -> None:
         self.session = session
         self.planner = planner
-        self.statement = statement
+        self.statement = parsed.statement
+        self.remarks = parsed.remarks
         self.dialect = dialect
         self.order = order
         self._dry = self._work(run=False)
@@ -110,7 +117,7 @@ class LookupQuery:
     def explain(self, verbose: bool = False, analyze: bool = False) -> str:
         if analyze:
             return self.run().explain()
-        return _explain(self._dry, {}, verbose, self.statement)
+        return _explain(self._dry, {}, verbose, self.remarks)
 
     def run(self) -> QueryResult:
         self.session.check_open()
@@ -119,7 +126,7 @@ class LookupQuery:
         assert worked.table is not None
         return QueryResult(worked.table, _answers(worked.results), _report(self.session, worked, started,
                                                                                self.order),
-                           _explain(worked, worked.results, False, self.statement))
+                           _explain(worked, worked.results, False, self.remarks))
 
     def collect(self) -> pa.Table:
         return self.run().collect()
@@ -200,19 +207,16 @@ def _report(session: Session, worked: _Worked, started: float, order: OrderRule 
     for report in reports:
         remarks.extend(r for r in report.remarks if r not in remarks)
 
-    def total(values: list[float | None]) -> float | None:
-        return None if not values or any(v is None for v in values) else sum(v for v in values if v is not None)
-
     return QueryReport(
         backend=session.backend.name, model=session.model.name, device=session.device.name,
         order_rule=order or "by_cost", wall_s=time.perf_counter() - started,
-        estimated_seconds=total([r.estimated_seconds for r in reports]) if reports else 0.0,
-        sol_seconds=total([r.sol_seconds for r in reports]) if reports else 0.0,
+        estimated_seconds=sum_known([r.estimated_seconds for r in reports]) if reports else 0.0,
+        sol_seconds=sum_known([r.sol_seconds for r in reports]) if reports else 0.0,
         boot_s=next((r.boot_s for r in reports if r.boot_s is not None), None),
         boot_kind=next((r.boot_kind for r in reports if r.boot_kind is not None), None),
-        fresh_tokens=_sum_known([r.fresh_tokens for r in reports]) if reports else 0,
-        cached_tokens=_sum_known([r.cached_tokens for r in reports]) if reports else 0,
-        minimum_tokens=_sum_known([r.minimum_tokens for r in reports]) if reports else 0,
+        fresh_tokens=sum_known([r.fresh_tokens for r in reports]) if reports else 0,
+        cached_tokens=sum_known([r.cached_tokens for r in reports]) if reports else 0,
+        minimum_tokens=sum_known([r.minimum_tokens for r in reports]) if reports else 0,
         stages=tuple(s for r in reports for s in r.stages),
         node_metrics={f"{name}/{node}": metrics for name, result in worked.results.items()
                       for node, metrics in result.query_report.node_metrics.items()},
@@ -223,22 +227,12 @@ def _report(session: Session, worked: _Worked, started: float, order: OrderRule 
     )
 
 
-def _explain(worked: _Worked, results: Mapping[str, QueryResult], verbose: bool, statement: exp.Expression) -> str:
+def _explain(worked: _Worked, results: Mapping[str, QueryResult], verbose: bool, remarks: tuple[str, ...]) -> str:
     lines = ["== Answered by the general rule: each AI call a lookup over the distinct inputs of its table =="]
-    lines.extend(f"- {remark}" for remark in statement.meta.get(UNUSED_OPTIONS, ()))
+    lines.extend(f"- {remark}" for remark in remarks)
     for number, round_ in enumerate(worked.rounds, start=1):
         for lookup, query in zip(round_.lookups, round_.queries, strict=True):
-            if isinstance(lookup, Block):
-                lines.append(f"-- round {number}, {lookup.name}: the block {lookup.text} joins on AI: planned whole "
-                             "by the planner of one block, its rows read as a table")
-                shown = results[lookup.name].explain() if lookup.name in results else query.explain(verbose)
-                lines.extend(f"   {line}" for line in shown.splitlines())
-                continue
-            lines.append(f"-- round {number}, {lookup.name}: {lookup.call} over {lookup.table}")
-            pushed = "; ".join(lookup.pushed) if lookup.pushed else "none (the call is read in an ON clause, or "
-            if not lookup.pushed:
-                pushed += "its block has no condition on that table alone)"
-            lines.append(f"   conditions applied below it: {pushed}")
+            lines.extend(_described(lookup, number))
             if number > 1 and lookup.name not in results:
                 lines.append("   planned when the rounds before it have answered (it reads their results)")
                 continue
@@ -247,3 +241,13 @@ def _explain(worked: _Worked, results: Mapping[str, QueryResult], verbose: bool,
     lines.append("== The statement on DuckDB, each AI call reading its lookup ==")
     lines.append(worked.statement.sql(dialect="duckdb", pretty=True))
     return "\n".join(lines)
+
+
+def _described(lookup: Lookup | Block, number: int) -> list[str]:
+    if isinstance(lookup, Block):
+        return [f"-- round {number}, {lookup.name}: the block {lookup.text} joins on AI: planned whole by the "
+                "planner of one block, its rows read as a table"]
+    pushed = "; ".join(lookup.pushed) if lookup.pushed else (
+        "none (the call is read in an ON clause, or its block has no condition on that table alone)")
+    return [f"-- round {number}, {lookup.name}: {lookup.call} over {lookup.table}",
+            f"   conditions applied below it: {pushed}"]

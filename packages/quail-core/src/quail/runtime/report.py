@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -18,6 +19,7 @@ from quail.physical.graph import PhysicalGraph
 from quail.planner.prefixes import common_prefix
 
 ReportValue = None | bool | int | float | str | list["ReportValue"] | dict[str, "ReportValue"]
+Number = TypeVar("Number", int, float)
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,8 @@ class StageReport:
     evaluated: int
 
 
-def _sum_known(values: Sequence[int | None]) -> int | None:
+def sum_known(values: Sequence[Number | None]) -> Number | None:
+    """The sum, or None when a value is unknown (an unknown is never counted as 0) or there is none."""
     return None if any(v is None for v in values) or not values else sum(v for v in values if v is not None)
 
 
@@ -172,19 +175,19 @@ class QueryReport:
         metrics = [m for m in self.node_metrics.values()]
         model = [m for m in metrics if m.fresh_tokens is not None or m.kv_hits is not None]
         return {
-            "hits": _sum_known([m.kv_hits for m in model]),
-            "misses": _sum_known([m.kv_misses for m in model]),
-            "evictions": _sum_known([m.kv_evictions for m in model]),
-            "recomputed_tokens": _sum_known([m.recomputed_tokens for m in model]),
+            "hits": sum_known([m.kv_hits for m in model]),
+            "misses": sum_known([m.kv_misses for m in model]),
+            "evictions": sum_known([m.kv_evictions for m in model]),
+            "recomputed_tokens": sum_known([m.recomputed_tokens for m in model]),
         }
 
     def answers(self) -> dict[str, int | None]:
         """Model answers by origin over the model nodes: the answer store, the backend, an identical prompt."""
         model = [m for m in self.node_metrics.values() if m.computed_answers is not None]
         return {
-            "stored": _sum_known([m.stored_answers for m in model]),
-            "computed": _sum_known([m.computed_answers for m in model]),
-            "duplicates": _sum_known([m.duplicate_answers for m in model]),
+            "stored": sum_known([m.stored_answers for m in model]),
+            "computed": sum_known([m.computed_answers for m in model]),
+            "duplicates": sum_known([m.duplicate_answers for m in model]),
         }
 
     def calibration(self) -> dict[str, float] | None:
@@ -225,7 +228,7 @@ def model_token_totals(graph: PhysicalGraph, metrics: Mapping[str, NodeMetrics])
     model = [metrics[n.id] for n in graph.nodes if n.is_model_node and n.id in metrics]
     if not model:
         return 0, 0
-    return _sum_known([m.fresh_tokens for m in model]), _sum_known([m.cached_tokens for m in model])
+    return sum_known([m.fresh_tokens for m in model]), sum_known([m.cached_tokens for m in model])
 
 
 def null_inputs(graph: PhysicalGraph, metrics: Mapping[str, NodeMetrics]) -> dict[str, int]:
