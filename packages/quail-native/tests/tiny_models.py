@@ -1,4 +1,4 @@
-"""Tiny random Qwen3 and Gemma 3 checkpoints with a real byte-level BPE, built in-process (seeded)."""
+"""Tiny random Qwen2, Qwen3 and Gemma 3 checkpoints with a real byte-level BPE, built in-process (seeded)."""
 
 from __future__ import annotations
 
@@ -36,8 +36,15 @@ def train_tokenizer(path: Path, vocab_size: int = 400) -> None:
 
 
 def build(kind: str, path: Path, *, seed: int = 0, sliding_window: int = 16) -> Path:
-    """Save a random `kind` ("qwen3" / "gemma3") model with its tokenizer into `path`."""
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, Qwen3Config, Qwen3ForCausalLM
+    """Save a random `kind` ("qwen2" / "qwen3" / "gemma3") model with its tokenizer into `path`."""
+    from transformers import (
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
     path.mkdir(parents=True, exist_ok=True)
     train_tokenizer(path)
@@ -46,6 +53,9 @@ def build(kind: str, path: Path, *, seed: int = 0, sliding_window: int = 16) -> 
                   intermediate_size=128, bos_token_id=2, eos_token_id=1, pad_token_id=0, max_position_embeddings=4096)
     if kind == "qwen3":
         model = Qwen3ForCausalLM(Qwen3Config(num_hidden_layers=2, tie_word_embeddings=True, **common))
+    elif kind == "qwen2":  # Qwen2's head_dim is hidden / heads; an untied head like the embedded Qwen2.5 files
+        qwen2 = {**common, "head_dim": 16}
+        model = Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=2, tie_word_embeddings=False, **qwen2))
     else:
         config = Gemma3TextConfig(num_hidden_layers=3, sliding_window=sliding_window, query_pre_attn_scalar=32,
                                   layer_types=["sliding_attention", "sliding_attention", "full_attention"], **common)

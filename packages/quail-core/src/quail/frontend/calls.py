@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from sqlglot import exp
 
 from quail.errors import CompileError
 from quail.frontend.spec import ColumnName, PromptSpec
-from quail.frontend.syntax import AiCall, beyond_one_block, safe_sql, unsupported, where_of
-from quail.logical.expressions import Label
+from quail.frontend.syntax import AiCall, beyond_one_block, fail_at, safe_sql, unsupported, where_of
+from quail.logical.expressions import Example, Label
 
 Options = dict[str, exp.Expression]
 
@@ -21,14 +23,17 @@ def column_name(node: exp.Expression) -> ColumnName:
 
 
 def prompt_and_options(call: AiCall, keys: set[str]) -> tuple[PromptSpec, Options]:
-    """PROMPT(...) and the optional options object of AI_FILTER / AI.IF / AI.SCORE."""
+    """PROMPT(...) and the optional options object of AI_FILTER / AI.IF / AI.SCORE; its few-shot `examples`
+    (`[('text', TRUE), ...]`) travel with the prompt."""
     if not call.arguments:
         raise unsupported(f"{call.spelling}() without arguments", call.node, "pass PROMPT('…{0}…', column)")
     if len(call.arguments) > 2:
         raise unsupported(f"{call.spelling} with {len(call.arguments)} arguments", call.node,
                           "pass PROMPT(...) and an optional options object")
     prompt = read_prompt(call.arguments[0], call.spelling)
-    options = read_options(call.arguments[1], keys) if len(call.arguments) == 2 else {}
+    options = read_options(call.arguments[1], keys | {"examples"}) if len(call.arguments) == 2 else {}
+    if "examples" in options:
+        prompt = replace(prompt, examples=read_examples(options.pop("examples"), None))
     return prompt, options
 
 
@@ -62,8 +67,53 @@ def classify_arguments(call: AiCall) -> tuple[PromptSpec, tuple[Label, ...], str
     else:
         prompt = read_prompt(first, "AI.CLASSIFY")
     labels = read_labels(call.arguments[1])
-    options = read_options(call.arguments[2], {"task_description"}) if len(call.arguments) == 3 else {}
+    options = read_options(call.arguments[2], {"task_description", "examples"}) if len(call.arguments) == 3 else {}
+    if "examples" in options:
+        prompt = replace(prompt, examples=read_examples(options["examples"], labels))
     return prompt, labels, string_option(options, "task_description")
+
+
+MAX_EXAMPLES = 32
+"""Demonstrations one call may carry: each is a document in every prompt of the call (or once, first)."""
+
+
+def read_examples(node: exp.Expression, labels: tuple[Label, ...] | None) -> tuple[Example, ...]:
+    """`[('text', TRUE), ...]` for a TRUE/FALSE question, `[('text', 'label'), ...]` for AI.CLASSIFY (`labels`);
+    also Snowflake's objects `{'input': 'text', 'output': TRUE}` / `{'input': 'text', 'labels': ['label']}`."""
+    if not isinstance(node, exp.Array) or not node.expressions:
+        raise unsupported(f"examples {safe_sql(node)}", node, "write 'examples': [('a document', TRUE), ...]")
+    if len(node.expressions) > MAX_EXAMPLES:
+        raise fail_at(f"{len(node.expressions)} examples; a call takes at most {MAX_EXAMPLES}", node)
+    return tuple(_example(entry, labels) for entry in node.expressions)
+
+
+def _example(entry: exp.Expression, labels: tuple[Label, ...] | None) -> Example:
+    text, answer = _example_parts(entry)
+    if text is None or not (isinstance(text, exp.Literal) and text.is_string) or answer is None:
+        hint = "('a document', 'label')" if labels is not None else "('a document', TRUE)"
+        raise unsupported(f"example {safe_sql(entry)}", entry, f"an example is {hint}")
+    if labels is None:
+        if not isinstance(answer, exp.Boolean):
+            raise unsupported(f"example answer {safe_sql(answer)}", answer, "the answer of an example is TRUE or FALSE")
+        return Example(str(text.this), "TRUE" if answer.this else "FALSE")
+    names = [label.name for label in labels]
+    if not (isinstance(answer, exp.Literal) and answer.is_string) or answer.this not in names:
+        raise fail_at(f"example label {safe_sql(answer)} is not one of the labels {', '.join(map(repr, names))}",
+                      answer)
+    return Example(str(text.this), str(answer.this))
+
+
+def _example_parts(entry: exp.Expression) -> tuple[exp.Expression | None, exp.Expression | None]:
+    """(text, answer) of a tuple or an object; an object's `labels` holds one label."""
+    if isinstance(entry, exp.Tuple) and len(entry.expressions) == 2:
+        return entry.expressions[0], entry.expressions[1]
+    if not isinstance(entry, exp.Struct):
+        return None, None
+    fields = dict(field for item in entry.expressions if (field := struct_field(item)) is not None)
+    answer = fields.get("output", fields.get("labels"))
+    if isinstance(answer, exp.Array):
+        answer = answer.expressions[0] if len(answer.expressions) == 1 else None
+    return fields.get("input"), answer
 
 
 def number(node: exp.Expression) -> float | None:

@@ -174,8 +174,11 @@ class _Compiler:
 
     def _prompt(self, spec: PromptSpec, scope: Sequence[str]) -> Prompt:
         columns = tuple(self.resolve(a, scope) for a in spec.arguments)
-        prompt = Prompt(spec.template, columns)
+        prompt = Prompt(spec.template, columns, spec.examples)
         _check_placeholders(prompt, spec.where)
+        if prompt.examples and len(set(prompt.aliases)) > 1:
+            raise fail("examples are given for a prompt over one document; this one reads "
+                       f"{', '.join(sorted(set(prompt.aliases)))}", spec.where)
         return prompt
 
     def _predicate(self, spec: PredicateSpec) -> _Resolved:

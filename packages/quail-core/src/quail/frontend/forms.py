@@ -23,7 +23,7 @@ REFUSED = {
     "model": "Quail answers with the session's model (EngineConfig.model / --model); a model per call is not "
              "supported yet",
     "model_params": "a judgement is one next-token readout: no temperature or output length applies",
-    "examples": "few-shot examples are not supported yet",
+    "examples": "give them in the options object: AI.IF(PROMPT(...), {'examples': [('a document', TRUE), ...]})",
     "output_schema": "AI.IF / AI.SCORE / AI.CLASSIFY return a fixed type",
 }
 

@@ -16,16 +16,22 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from quail.data.tokenizer import Tokenizer
 from quail.errors import Refusal, RefusalError
-from quail.logical.expressions import PLACEHOLDER, AiPredicate, ColumnRef, Label, Prompt
+from quail.logical.expressions import PLACEHOLDER, AiPredicate, ColumnRef, Example, Label, Prompt
 
 TokenIds = tuple[int, ...]
 
 TRUE_SPELLINGS = ("TRUE", " TRUE", "True", " True")
 FALSE_SPELLINGS = ("FALSE", " FALSE", "False", " False")
 DOCUMENT_PLACEHOLDER = "the document"
+DOCUMENT_LABEL = "DOCUMENT:\n"
+
+ExamplesLayout = Literal["examples_first", "document_first"]
+"""Where a call's few-shot examples go: before the document, in the preamble every document of the call shares
+(computed once per query), or after it, in the question tail (the document's KV then serves every question)."""
 
 
 @dataclass(frozen=True)
@@ -37,19 +43,26 @@ class PromptStyle:
     are real while the same spellings inside a document or a question stay characters.
     """
 
-    preamble: str = "DOCUMENT:\n"
+    turn_start: str = ""
     cue: str = "\nANSWER:"
     label_prefix: str = " "
     control_tokens: tuple[str, ...] = ()
 
+    @property
+    def preamble(self) -> str:
+        return self.turn_start + DOCUMENT_LABEL
+
     @classmethod
     def chat(cls, user_start: str, user_end_assistant_start: str, control_tokens: tuple[str, ...]) -> PromptStyle:
         """The layout inside a chat turn: the document still comes first inside the user turn."""
-        return cls(preamble=user_start + "DOCUMENT:\n", cue=user_end_assistant_start, label_prefix="",
-                   control_tokens=control_tokens)
+        return cls(turn_start=user_start, cue=user_end_assistant_start, label_prefix="", control_tokens=control_tokens)
 
 
 BASE_STYLE = PromptStyle()
+QWEN2_CHAT_STYLE = PromptStyle.chat(
+    "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+    "<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n", ("<|im_start|>", "<|im_end|>"))
+"""Qwen2.5's ChatML turn, with the system turn its template writes when none is given."""
 QWEN3_CHAT_STYLE = PromptStyle.chat("<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
                                     ("<|im_start|>", "<|im_end|>", "<think>", "</think>"))
 
@@ -77,13 +90,33 @@ def question_text(prompt: Prompt, names: dict[int, str]) -> str:
     return _squash(PLACEHOLDER.sub(lambda m: names[int(m.group(1))], template))
 
 
-def filter_tail(prompt: Prompt, style: PromptStyle = BASE_STYLE) -> str:
+def examples_text(examples: Sequence[Example]) -> str:
+    """The demonstrations as text: each example document and the answer it should get."""
+    return "".join(f"EXAMPLE {n}:\n{example.text}\nANSWER: {example.answer}\n\n"
+                   for n, example in enumerate(examples, start=1))
+
+
+EXAMPLES_FIRST_HEADER = "EXAMPLES (documents with their answers to the question asked below):\n\n"
+EXAMPLES_AFTER_HEADER = "EXAMPLES (other documents with their answers to this question):\n\n"
+
+
+def _examples_after(prompt: Prompt, layout: ExamplesLayout) -> str:
+    """The examples block of a question tail: where the layout puts them after the document."""
+    if not prompt.examples or layout == "examples_first":
+        return ""
+    return EXAMPLES_AFTER_HEADER + examples_text(prompt.examples)
+
+
+def filter_tail(prompt: Prompt, style: PromptStyle = BASE_STYLE, layout: ExamplesLayout = "document_first") -> str:
     question = question_text(prompt, {0: DOCUMENT_PLACEHOLDER})
+    shots = _examples_after(prompt, layout)
+    if shots:
+        return f"\n\nQUESTION: {question}\n{shots}Answer with TRUE or FALSE about the DOCUMENT.{style.cue}"
     return f"\n\nQUESTION: {question}\nAnswer with TRUE or FALSE.{style.cue}"
 
 
 def classify_tail(prompt: Prompt, labels: Sequence[Label], instructions: str | None,
-                  style: PromptStyle = BASE_STYLE) -> str:
+                  style: PromptStyle = BASE_STYLE, layout: ExamplesLayout = "document_first") -> str:
     if prompt.template.strip() == "{0}":
         question = instructions or "Which category fits the document best?"
     else:
@@ -92,7 +125,9 @@ def classify_tail(prompt: Prompt, labels: Sequence[Label], instructions: str | N
             question = f"{instructions} {question}"
     options = "; ".join(f"{label.name} ({label.description})" if label.description else label.name
                         for label in labels)
-    return f"\n\nQUESTION: {question}\nAnswer with one of: {options}.{style.cue}"
+    shots = _examples_after(prompt, layout)
+    about = " about the DOCUMENT" if shots else ""
+    return f"\n\nQUESTION: {question}\n{shots}Answer with one of{about}: {options}.{style.cue}"
 
 
 def join_frame(prompt: Prompt, anchor: str) -> str:
@@ -197,9 +232,24 @@ def content_free_documents(tokenizer: Tokenizer) -> tuple[TokenIds, ...]:
     return tuple(tuple(tokenizer.encode(text)) for text in CONTENT_FREE)
 
 
-def preamble_ids(tokenizer: Tokenizer, style: PromptStyle) -> TokenIds:
+def preamble_ids(tokenizer: Tokenizer, style: PromptStyle, examples: Sequence[Example] = ()) -> TokenIds:
+    """[BOS][the style's turn start]DOCUMENT: — with `examples` (the examples-first layout) between the turn start
+    and the document's label, as plain text whatever the examples spell."""
     bos = () if tokenizer.bos_id is None else (tokenizer.bos_id,)
-    return bos + style_ids(tokenizer, style.preamble, style)
+    if not examples:
+        return bos + style_ids(tokenizer, style.preamble, style)
+    turn = style_ids(tokenizer, style.turn_start, style) if style.turn_start else ()
+    return bos + turn + tuple(tokenizer.encode(EXAMPLES_FIRST_HEADER + examples_text(examples) + DOCUMENT_LABEL))
+
+
+def shared_examples(prompts: Sequence[Prompt]) -> tuple[Example, ...] | None:
+    """The one set of examples every prompt carries, which the examples-first layout can put in their shared
+    preamble; None when they carry none or differ."""
+    sets = {prompt.examples for prompt in prompts}
+    if len(sets) != 1:
+        return None
+    [examples] = sets
+    return examples or None
 
 
 def shared_frame(sequences: Sequence[TokenIds]) -> TokenIds:
@@ -240,18 +290,30 @@ class FilterPrompts:
 
 
 def bind_filters(predicates: Sequence[AiPredicate], tokenizer: Tokenizer,
-                 style: PromptStyle = BASE_STYLE) -> FilterPrompts:
-    """Stages over one alias, in the given order; the shared frame is written once after the document."""
+                 style: PromptStyle = BASE_STYLE, layout: ExamplesLayout = "document_first") -> FilterPrompts:
+    """Stages over one alias, in the given order; the shared frame is written once after the document. The
+    examples-first layout needs the one set of examples every stage carries (`shared_examples`)."""
     if not predicates:
         raise ValueError("bind_filters needs at least one predicate")
     columns = {p.prompt.columns[0] for p in predicates}
     if len(columns) != 1 or any(len(p.prompt.columns) != 1 for p in predicates):
         raise ValueError(f"filter stages must read one document column, got {sorted(map(str, columns))}")
-    tails = [tail_ids(tokenizer, filter_tail(p.prompt, style), style) for p in predicates]
+    tails = [tail_ids(tokenizer, filter_tail(p.prompt, style, layout), style) for p in predicates]
     frame = shared_frame(tails)
     column = next(iter(columns))
-    return FilterPrompts(column.alias, column, preamble_ids(tokenizer, style), frame,
-                         tuple(t[len(frame):] for t in tails))
+    return FilterPrompts(column.alias, column, _layout_preamble([p.prompt for p in predicates], tokenizer, style,
+                                                                 layout),
+                         frame, tuple(t[len(frame):] for t in tails))
+
+
+def _layout_preamble(prompts: Sequence[Prompt], tokenizer: Tokenizer, style: PromptStyle,
+                     layout: ExamplesLayout) -> TokenIds:
+    if layout == "document_first":
+        return preamble_ids(tokenizer, style)
+    examples = shared_examples(prompts)
+    if examples is None:
+        raise ValueError("the examples-first layout needs the same examples on every prompt of the node")
+    return preamble_ids(tokenizer, style, examples)
 
 
 @dataclass(frozen=True)
@@ -290,17 +352,18 @@ class ClassifyPrompt:
 
 
 def bind_classify(prompt: Prompt, labels: Sequence[Label], instructions: str | None, tokenizer: Tokenizer,
-                  style: PromptStyle = BASE_STYLE) -> ClassifyPrompt:
+                  style: PromptStyle = BASE_STYLE, layout: ExamplesLayout = "document_first") -> ClassifyPrompt:
     label_ids = tuple(tuple(tokenizer.encode(style.label_prefix + label.name)) for label in labels)
     empty = [label.name for label, ids in zip(labels, label_ids, strict=True) if not ids]
     if empty:
         raise ValueError(f"labels {empty} tokenize to nothing")
-    return ClassifyPrompt(prompt.columns[0], preamble_ids(tokenizer, style),
-                          tail_ids(tokenizer, classify_tail(prompt, labels, instructions, style), style), label_ids)
+    tail = classify_tail(prompt, labels, instructions, style, layout)
+    return ClassifyPrompt(prompt.columns[0], _layout_preamble([prompt], tokenizer, style, layout),
+                          tail_ids(tokenizer, tail, style), label_ids)
 
 
 def style_for(chat_template: bool, architecture: str) -> PromptStyle:
     """The layout style of a model: its chat turn when it has a chat template, else the base one."""
-    if chat_template and architecture == "qwen3":
-        return QWEN3_CHAT_STYLE
-    return BASE_STYLE
+    if not chat_template:
+        return BASE_STYLE
+    return {"qwen2": QWEN2_CHAT_STYLE, "qwen3": QWEN3_CHAT_STYLE}.get(architecture, BASE_STYLE)

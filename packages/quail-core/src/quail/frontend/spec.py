@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from quail.data.providers import TableSchema
-from quail.logical.expressions import Label, ScoreThreshold
+from quail.logical.expressions import Example, Label, ScoreThreshold
 
 TableRole = Literal["from", "exists", "anti", "left"]
 """`from`: FROM / inner JOIN; `exists` / `anti`: an [NOT] EXISTS subquery's table; `left`: LEFT JOIN ON AI_FILTER."""
@@ -44,6 +44,7 @@ class PromptSpec:
     template: str
     arguments: tuple[ColumnName, ...]
     where: Where = NOWHERE
+    examples: tuple[Example, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,20 @@ class ColumnRef:
 
 
 @dataclass(frozen=True)
+class Example:
+    """A demonstration: a document's text and the answer the model should give for it (TRUE / FALSE, or a label)."""
+
+    text: str
+    answer: str
+
+
+@dataclass(frozen=True)
 class Prompt:
-    """A template whose `{i}` placeholder stands for the text of `columns[i]`."""
+    """A template whose `{i}` placeholder stands for the text of `columns[i]`, with its few-shot `examples`."""
 
     template: str
     columns: tuple[ColumnRef, ...]
+    examples: tuple[Example, ...] = ()
 
     @property
     def aliases(self) -> tuple[str, ...]:
@@ -40,7 +49,8 @@ class Prompt:
 
     def __str__(self) -> str:
         args = "".join(f", {c}" for c in self.columns)
-        return f"PROMPT({self.template!r}{args})"
+        shots = f" with {len(self.examples)} example{'s' if len(self.examples) != 1 else ''}" if self.examples else ""
+        return f"PROMPT({self.template!r}{args}){shots}"
 
 
 @dataclass(frozen=True)

@@ -100,10 +100,14 @@ def minimum_tokens(graph: PhysicalGraph, answers: Mapping[str, pa.Table], tokens
         table = answers.get(node.id)
         if table is None or table.num_rows == 0:
             continue
+        # the tails are counted before they are added: counting them records the preamble in counter.total,
+        # which `counter.total += …` would read before and overwrite after
         if isinstance(node, ph.AiFilter):
-            counter.total += _filter_tails(node, table, counter) + _filter_calibration(node)
+            tails = _filter_tails(node, table, counter) + _filter_calibration(node)
+            counter.total += tails
         elif isinstance(node, ph.AiJoin):
-            counter.total += _join_tails(node, table, counter, tokens) + _join_calibration(node)
+            tails = _join_tails(node, table, counter, tokens) + _join_calibration(node)
+            counter.total += tails
         elif isinstance(node, ph.AiClassify | ph.AiScore):
             rows = pc.unique(table.column(node.alias).combine_chunks())
             counter.document_prefixes(node.preamble, node.alias, rows)

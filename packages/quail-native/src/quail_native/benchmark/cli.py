@@ -42,10 +42,24 @@ def add_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
                         help="comma-separated compute providers; any besides local runs beside it and is "
                              "printed as a ratio to it (e.g. --compute ray --workers 2)")
     parser.add_argument("--workers", type=int, help="workers a distributed provider splits each query over")
+    parser.add_argument("--quality", action="store_true",
+                        help="measure answer quality instead: AUC and accuracy (raw and calibrated, with and without "
+                             "demonstrations) of each model in --models on the bundled labeled reviews, with each "
+                             "model's peak memory; written to quality.md and quality.json in --out")
+    parser.add_argument("--models",
+                        help="comma-separated models for --quality (default: every embedded model installed here)")
+    parser.add_argument("--reviews", type=int, default=120,
+                        help="labeled reviews --quality asks about (default: %(default)s; at most 240)")
     parser.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.quality:
+        from quail_native.benchmark.quality import run_quality
+        from quail_native.models.embedded import installed_embedded_models
+
+        models = args.models.split(",") if args.models else installed_embedded_models()
+        return run_quality(models, args.reviews, args.out, args.precision)
     from quail_native.benchmark.command import run
 
     return run(args)

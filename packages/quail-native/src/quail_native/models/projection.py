@@ -43,17 +43,18 @@ def describe(device: torch.device, dtype: torch.dtype) -> str:
 
 
 class Projection:
-    """`x @ weightᵀ` (no bias) for one weight: through its prepacked copy where oneDNN can take it, else `F.linear`.
+    """`x @ weightᵀ (+ bias)` for one weight: through its prepacked copy where oneDNN can take it, else `F.linear`.
 
     The plain weight stays the model's parameter (state dicts, the answer store's weight identity, the
     head); the packed copy is an opaque oneDNN tensor used only here and never leaves the process."""
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight = weight
+        self.bias = bias
         self.packed = (torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACKED_ROWS_HINT)
                        if why_unpacked(weight.device, weight.dtype) is None else None)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
-            return F.linear(x, self.weight)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+            return F.linear(x, self.weight, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")

@@ -16,8 +16,8 @@ from quail import ModelFileError
 from quail.data.tokenizer import HuggingFaceTokenizer
 from quail_native.models.config import HFConfig
 
-Family = Literal["qwen3", "gemma3"]
-FAMILIES: dict[str, Family] = {"qwen3": "qwen3", "gemma3_text": "gemma3", "gemma3": "gemma3"}
+Family = Literal["qwen2", "qwen3", "gemma3"]
+FAMILIES: dict[str, Family] = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3", "gemma3": "gemma3"}
 
 
 class ModelLoadError(ModelFileError):
@@ -32,7 +32,7 @@ def read_config(path: Path) -> tuple[HFConfig, Family]:
     config = HFConfig.read(config_path)
     family = FAMILIES.get(config.text("model_type", ""))
     if family is None:
-        raise ModelLoadError(f"{path}: model_type {config.text('model_type', '?')!r} is not Qwen3 or Gemma 3")
+        raise ModelLoadError(f"{path}: model_type {config.text('model_type', '?')!r} is not Qwen2, Qwen3 or Gemma 3")
     return config, family
 
 

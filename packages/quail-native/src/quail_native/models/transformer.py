@@ -58,7 +58,7 @@ class WrittenRows:
 
 @dataclass(frozen=True)
 class Arch:
-    """Architecture numbers (from config.json) and the switches between Qwen3 and Gemma 3."""
+    """Architecture numbers (from config.json) and the switches between Qwen2, Qwen3 and Gemma 3."""
 
     family: Family
     vocab: int
@@ -78,6 +78,8 @@ class Arch:
     tied_embeddings: bool
     embed_scale: float | None
     gemma_norms: bool  # RMSNorm scales by (1 + w) and layers add post-norms
+    qk_norm: bool = True  # q and k heads are RMS-normalised before RoPE (Qwen3, Gemma 3; not Qwen2)
+    qkv_bias: bool = False  # q, k and v projections add a bias (Qwen2)
 
     def __post_init__(self) -> None:
         if len(self.layer_types) != self.layers:
@@ -158,12 +160,12 @@ class Attention(nn.Module):
         super().__init__()
         self.arch = arch
         self.kind = kind
-        self.q_proj = nn.Linear(arch.hidden, arch.heads * arch.head_dim, bias=False)
-        self.k_proj = nn.Linear(arch.hidden, arch.kv_heads * arch.head_dim, bias=False)
-        self.v_proj = nn.Linear(arch.hidden, arch.kv_heads * arch.head_dim, bias=False)
+        self.q_proj = nn.Linear(arch.hidden, arch.heads * arch.head_dim, bias=arch.qkv_bias)
+        self.k_proj = nn.Linear(arch.hidden, arch.kv_heads * arch.head_dim, bias=arch.qkv_bias)
+        self.v_proj = nn.Linear(arch.hidden, arch.kv_heads * arch.head_dim, bias=arch.qkv_bias)
         self.o_proj = nn.Linear(arch.heads * arch.head_dim, arch.hidden, bias=False)
-        self.q_norm = RMSNorm(arch.head_dim, arch.norm_eps, arch.gemma_norms)
-        self.k_norm = RMSNorm(arch.head_dim, arch.norm_eps, arch.gemma_norms)
+        self.q_norm = RMSNorm(arch.head_dim, arch.norm_eps, arch.gemma_norms) if arch.qk_norm else None
+        self.k_norm = RMSNorm(arch.head_dim, arch.norm_eps, arch.gemma_norms) if arch.qk_norm else None
         self.fused: _AttentionProjections | None = None
 
     def fuse(self) -> None:
@@ -171,9 +173,11 @@ class Attention(nn.Module):
         parameters become views of it (no extra memory). The q and [k; v] parts get their own
         projections for the last layer, where only the read-out rows ask."""
         qkv = _fuse(self.q_proj, self.k_proj, self.v_proj)
+        bias = _fuse_bias(self.q_proj, self.k_proj, self.v_proj)
         queries = self.q_proj.out_features
-        self.fused = _AttentionProjections(Projection(qkv), Projection(qkv[:queries]),
-                                           Projection(qkv[queries:]), Projection(self.o_proj.weight))
+        self.fused = _AttentionProjections(
+            Projection(qkv, bias), Projection(qkv[:queries], None if bias is None else bias[:queries]),
+            Projection(qkv[queries:], None if bias is None else bias[queries:]), Projection(self.o_proj.weight))
 
     def project(self, x: torch.Tensor, queries: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (at the `queries` rows when named, else every row), k and v (every row)."""
@@ -197,9 +201,9 @@ class Attention(nn.Module):
         arch, tokens = self.arch, x.shape[0]
         q, k, v = self.project(x, queries)
         query_rope = rope if queries is None else tuple(table[queries] for table in rope)
-        q = self.q_norm.rotated(q.reshape(q.shape[0], arch.heads, arch.head_dim), *query_rope,
-                                scale=arch.attention_scale)
-        k = self.k_norm.rotated(k.reshape(tokens, arch.kv_heads, arch.head_dim), *rope)
+        q = _positioned(self.q_norm, q.reshape(q.shape[0], arch.heads, arch.head_dim), query_rope,
+                        arch.attention_scale)
+        k = _positioned(self.k_norm, k.reshape(tokens, arch.kv_heads, arch.head_dim), rope, 1.0)
         v = v.reshape(tokens, arch.kv_heads, arch.head_dim)
         if written is not None:
             context[0].index_copy_(1, written.slots, k[written.rows].transpose(0, 1))
@@ -210,6 +214,17 @@ class Attention(nn.Module):
                 _attend_segment(q, out, queries, context, segment, k, v, segment.masks[self.kind])
         attended = _fused(self.fused).o(out.reshape(q.shape[0], arch.heads * arch.head_dim))
         return attended, k.transpose(0, 1), v.transpose(0, 1)
+
+
+def _positioned(norm: RMSNorm | None, heads: torch.Tensor, rope: tuple[torch.Tensor, ...],
+                scale: float) -> torch.Tensor:
+    """[tokens, heads, head_dim] q or k heads at their positions: QK-norm (where the model has it), RoPE, times
+    `scale` (the attention scale, for queries). Without QK-norm the scale multiplies the rotated heads: RoPE
+    is linear, and the rotation's own output buffer takes it in place."""
+    if norm is not None:
+        return norm.rotated(heads, rope[0], rope[1], scale)
+    rotated = kernels.rotate(heads, rope[0][:, None], rope[1][:, None])
+    return rotated if scale == 1.0 else rotated.mul_(scale)
 
 
 def _attend_segment(q: torch.Tensor, out: torch.Tensor, queries: torch.Tensor | None,
@@ -326,6 +341,20 @@ class MLP(nn.Module):
         if self.activation == "silu":
             return fused.down(F.silu(gate).mul_(up))
         return fused.down(kernels.gelu_tanh_times(gate, up))
+
+
+def _fuse_bias(*linears: nn.Linear) -> torch.Tensor | None:
+    """The linears' biases concatenated like their weights (`_fuse`), each bias then a view into it; None
+    where they have none."""
+    if all(linear.bias is None for linear in linears):
+        return None
+    fused = torch.cat([linear.bias.detach() for linear in linears])
+    offset = 0
+    for linear in linears:
+        rows = linear.out_features
+        linear.bias = nn.Parameter(fused[offset: offset + rows], requires_grad=False)
+        offset += rows
+    return fused
 
 
 def _fuse(*linears: nn.Linear) -> torch.Tensor:

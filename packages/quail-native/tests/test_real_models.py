@@ -1,4 +1,5 @@
-"""Exactness on the real embedded Gemma 3 270M: a handful of documents, every margin vs transformers."""
+"""Exactness on the real embedded models (Gemma 3 270M, Qwen2.5-Coder 0.5B Instruct in its chat layout): a handful
+of documents, every margin vs a plain transformers forward of the same ids."""
 
 from __future__ import annotations
 
@@ -18,15 +19,19 @@ WHERE AI_FILTER(PROMPT('Is this movie review positive? {0}', r.body))
   AND AI_FILTER(PROMPT('Would the reviewer recommend this movie to a friend? {0}', r.body))"""
 
 
-@pytest.fixture(scope="module")
-def run():
-    with quail.Session(quail.EngineConfig(chunk_tokens=256, precision="fp32")) as session:
+EMBEDDED = ("gemma-3-270m", "qwen2.5-coder-0.5b-instruct")
+
+
+@pytest.fixture(scope="module", params=EMBEDDED)
+def run(request):
+    config = quail.EngineConfig(model=request.param, chunk_tokens=256, precision="fp32")
+    with quail.Session(config) as session:
         session.register("reviews", quail.DocumentProvider.from_table(datasets.reviews().slice(0, 5), "id"))
         session.register("aspects", quail.DocumentProvider.from_table(datasets.aspects().slice(0, 3), "id"))
         query = session.sql(SQL)
         result = query.run()
         assert session.tokenizer is not None
-        yield query.plan().graph, result, session.tokenizer
+        yield query.plan().graph, result, session.tokenizer, request.param
 
 
 def naive_margin(model: torch.nn.Module, ids: tuple[int, ...], true_ids: tuple[int, ...],
@@ -41,8 +46,8 @@ def test_filter_and_join_margins_equal_a_plain_transformers_forward(run):
 
     from quail_native.models.embedded import embedded_model_dir
 
-    graph, result, tokenizer = run
-    model = AutoModelForCausalLM.from_pretrained(embedded_model_dir(), dtype=torch.float32).eval()
+    graph, result, tokenizer, name = run
+    model = AutoModelForCausalLM.from_pretrained(embedded_model_dir(name), dtype=torch.float32).eval()
     tokens = answer_tokens(tokenizer)
     bodies = datasets.reviews().column("body").to_pylist()
     aspects = datasets.aspects().column("aspect").to_pylist()
@@ -73,7 +78,7 @@ def test_filter_and_join_margins_equal_a_plain_transformers_forward(run):
 
 
 def test_fresh_tokens_stay_within_two_percent_of_the_minimum(run):
-    _, result, _ = run
+    _, result, _, _ = run
     report = result.report
     assert report["fresh_tokens"] <= 1.02 * report["minimum_tokens"]
 

@@ -1,0 +1,158 @@
+"""Few-shot examples: `{'examples': [('a document', TRUE), ...]}` on AI_FILTER / AI.IF / AI.SCORE and
+`[('a document', 'label'), ...]` on AI.CLASSIFY — read, refused where wrong (naming what), laid out where the
+planner finds them cheaper (first, in the preamble every document shares; or after each document), and said so in
+explain(). The native executor's answers over both layouts are checked against transformers in test_exactness.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from test_general_rule import keyword_session
+
+import quail
+from quail.frontend.prompts import QWEN2_CHAT_STYLE, bind_classify, bind_filters
+from quail.logical.expressions import AiPredicate, ColumnRef, Example, Label, Prompt
+from quail.physical import nodes as ph
+from quail.testing.tokenizer import ByteTokenizer
+
+SHOTS = "{'examples': [('The cast is superb.', TRUE), ('The music drags.', FALSE)]}"
+BODY = ColumnRef("r", "body")
+
+
+@pytest.fixture(scope="module")
+def session() -> Iterator[quail.Session]:
+    with keyword_session() as opened:
+        yield opened
+
+
+def model_nodes(query: quail.Query) -> list[ph.PhysicalNode]:
+    return [n for n in query.plan().graph.nodes if isinstance(n, ph.AiFilter | ph.AiScore | ph.AiClassify)]
+
+
+def decoded(ids: tuple[int, ...]) -> str:
+    return ByteTokenizer().decode(ids)
+
+
+@pytest.mark.parametrize("dialect", ["snowflake", "bigquery"])
+def test_examples_reach_the_prompt_of_a_filter_a_score_and_a_classification(session, dialect):
+    filter_call = "AI_FILTER" if dialect == "snowflake" else "AI.IF"
+    sql = (f"SELECT r.id, AI.SCORE(PROMPT('Is {{0}} positive?', r.body), {SHOTS}) AS s, "
+           "AI.CLASSIFY(r.body, ['acting', 'music'], {'examples': [('The cast is superb.', 'acting')]}) AS k "
+           f"FROM reviews r WHERE {filter_call}(PROMPT('Does {{0}} praise the acting?', r.body), {SHOTS})")
+    query = session.sql(sql, dialect=dialect)
+    texts = []
+    for node in model_nodes(query):
+        assert isinstance(node, ph.AiFilter | ph.AiScore | ph.AiClassify)
+        tail = node.frame + node.stages[0].question if isinstance(node, ph.AiFilter) else (
+            node.question if isinstance(node, ph.AiScore) else node.tail)
+        texts.append(decoded(node.preamble + tail))
+    assert len(texts) == 3
+    assert all("EXAMPLE 1:\nThe cast is superb.\nANSWER: " in text for text in texts)
+    assert sum("ANSWER: acting" in text for text in texts) == 1
+    assert query.run().collect().num_rows >= 0
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ("{'examples': [('a', 'yes')]}", "the answer of an example is TRUE or FALSE"),
+    ("{'examples': [('a', TRUE, 1)]}", "an example is ('a document', TRUE)"),
+    ("{'examples': [(r.body, TRUE)]}", "an example is ('a document', TRUE)"),
+    ("{'examples': []}", "write 'examples': [('a document', TRUE), ...]"),
+    ("{'examples': 'a'}", "write 'examples': [('a document', TRUE), ...]"),
+    ("{'examples': [" + ", ".join(["('a', TRUE)"] * 33) + "]}", "a call takes at most 32"),
+])
+def test_malformed_examples_are_refused_naming_what(session, options, message):
+    with pytest.raises(quail.CompileError, match=message.replace("(", r"\(").replace(")", r"\)")
+                       .replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
+        session.sql(f"SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {{0}} good?', r.body), {options})")
+
+
+def test_an_example_label_must_be_one_of_the_labels(session):
+    with pytest.raises(quail.CompileError, match=r"example label 'plot' is not one of the labels 'acting', 'music'"):
+        session.sql("SELECT AI.CLASSIFY(r.body, ['acting', 'music'], {'examples': [('x', 'plot')]}) AS k "
+                    "FROM reviews r")
+
+
+def test_examples_on_a_join_are_refused(session):
+    with pytest.raises(quail.CompileError, match="examples are given for a prompt over one document"):
+        session.sql(f"SELECT r.id, a.aspect FROM reviews r JOIN aspects a "
+                    f"ON AI_FILTER(PROMPT('Does {{0}} discuss {{1}}?', r.body, a.aspect), {SHOTS})")
+
+
+def test_snowflake_objects_spell_examples_too(session):
+    objects = ("{'examples': [{'input': 'The cast is superb.', 'output': TRUE}, "
+               "{'input': 'The music drags.', 'output': FALSE}]}")
+    plain = session.sql(f"SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {{0}} good?', r.body), {SHOTS})")
+    spelled = session.sql(f"SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {{0}} good?', r.body), {objects})")
+    assert [n.preamble for n in model_nodes(plain)] == [n.preamble for n in model_nodes(spelled)]
+    labelled = session.sql("SELECT AI_CLASSIFY(r.body, ['acting', 'music'], {'examples': "
+                           "[{'input': 'The cast is superb.', 'labels': ['acting']}]}) AS k FROM reviews r")
+    assert "ANSWER: acting" in decoded(model_nodes(labelled)[0].preamble)
+
+
+def test_shared_examples_go_first_once_and_different_ones_after_each_document(session):
+    shared = session.sql(f"SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {{0}} good?', r.body), {SHOTS}) "
+                         f"AND AI_FILTER(PROMPT('Is {{0}} long?', r.body), {SHOTS})")
+    [node] = model_nodes(shared)
+    assert isinstance(node, ph.AiFilter) and "EXAMPLE 2:" in decoded(node.preamble)
+    assert "examples of the filters on r: first" in shared.explain()
+    different = session.sql(f"SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {{0}} good?', r.body), {SHOTS}) "
+                            "AND AI_FILTER(PROMPT('Is {0} long?', r.body))")
+    [node] = model_nodes(different)
+    assert isinstance(node, ph.AiFilter) and "EXAMPLE" not in decoded(node.preamble)
+    assert sum("EXAMPLE 1:" in decoded(node.frame + stage.question) for stage in node.stages) == 1
+    assert "after each document (its questions carry different examples" in different.explain()
+
+
+def test_the_planner_weighs_both_layouts_by_tokens(session):
+    """One document: the examples cost as much after it as first, and first has the longer header; many: first."""
+    one = session.sql(f"SELECT r.id FROM reviews r WHERE r.id = 1 AND "
+                      f"AI_FILTER(PROMPT('Is {{0}} good?', r.body), {SHOTS})")
+    many = session.sql(f"SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {{0}} good?', r.body), {SHOTS})")
+    assert "examples of the filters on r: after each document — first:" in one.explain()
+    assert "examples of the filters on r: first, a prefix every document shares — first:" in many.explain()
+    for query in (one, many):
+        [node] = model_nodes(query)
+        assert isinstance(node, ph.AiFilter)
+        assert ("EXAMPLE 1:" in decoded(node.preamble)) == (query is many)
+
+
+def test_examples_first_keep_the_chat_turn_and_their_text_plain():
+    """In a chat layout the examples sit inside the user turn, after its start; a control token's spelling inside an
+    example stays characters (it cannot end the turn)."""
+    class Chat(ByteTokenizer):
+        def token_id(self, token: str) -> int | None:
+            return {"<|im_start|>": 1000, "<|im_end|>": 1001}.get(token, super().token_id(token))
+
+    tokenizer = Chat()
+    prompt = Prompt("Is {0} good?", (BODY,), (Example("fine <|im_end|> film", "TRUE"),))
+    bound = bind_filters([AiPredicate(prompt, 0)], tokenizer, QWEN2_CHAT_STYLE, "examples_first")
+    assert bound.preamble.count(1000) == 2 and bound.preamble.count(1001) == 1  # system turn, user turn start
+    plain = tokenizer.encode("fine <|im_end|> film")
+    start = _find(bound.preamble, tokenizer.encode("fine"))
+    assert list(bound.preamble[start:start + len(plain)]) == plain
+    classified = bind_classify(Prompt("{0}", (BODY,), (Example("x <|im_start|> y", "a"),)), [Label("a"), Label("b")],
+                               None, tokenizer, QWEN2_CHAT_STYLE, "document_first")
+    assert "x <|im_start|> y" in tokenizer.decode([i for i in classified.tail if i < 1000])
+    assert classified.tail.count(1000) == 1 and classified.tail.count(1001) == 1  # the cue's, only
+
+
+def _find(ids: tuple[int, ...], part: list[int]) -> int:
+    for start in range(len(ids)):
+        if list(ids[start:start + len(part)]) == part:
+            return start
+    raise AssertionError("not found")
+
+
+def test_the_minimum_counts_the_shared_preamble_once(session):
+    """With the examples first, the least a perfect executor computes grows by exactly the examples' tokens: the
+    documents and question tails are those of the same filter without them."""
+    sql = "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {0} good?', r.body)OPTIONS)"
+    plain, shots = (session.sql(sql.replace("OPTIONS", options)) for options in ("", f", {SHOTS}"))
+    [plain_node], [shots_node] = model_nodes(plain), model_nodes(shots)
+    assert isinstance(plain_node, ph.AiFilter) and isinstance(shots_node, ph.AiFilter)
+    assert (plain_node.frame, plain_node.stages[0].question) == (shots_node.frame, shots_node.stages[0].question)
+    extra = len(shots_node.preamble) - len(plain_node.preamble)
+    assert extra > 40
+    assert shots.run().report["minimum_tokens"] - plain.run().report["minimum_tokens"] == extra
