@@ -18,7 +18,7 @@ import quail
 from quail.backends.base import ModelBackend
 from quail.frontend.prompts import answer_tokens
 from quail.physical import nodes as ph
-from quail.testing import ByteTokenizer, KeywordBackend
+from quail.testing import BASE_MODEL, ByteTokenizer, KeywordBackend
 from quail.testing.rules import predicate_margin
 
 Margins = dict[tuple[int, ...], float]
@@ -63,7 +63,7 @@ def request_session(backend: ModelBackend, use: str | None = None, calibration: 
     registry = quail.ExtensionRegistry.with_built_ins()
     registry.register_backend(backend)
     registry.register_backend(KeywordBackend(TOKENIZER))
-    session = quail.Session(quail.EngineConfig(backend=use or backend.name, calibration=calibration,
+    session = quail.Session(quail.EngineConfig(model=BASE_MODEL, backend=use or backend.name, calibration=calibration,
                                                engines_per_device=KEPT_ENGINES),
                             registry=registry, tokenizer=TOKENIZER)
     for table, (_, id_column) in TABLES.items():

@@ -40,7 +40,7 @@ from quail.catalog.models import ModelSpec
 from quail.cli import main
 from quail.config import EngineConfig
 from quail.physical import nodes as ph
-from quail.testing import ByteTokenizer, KeywordBackend
+from quail.testing import BASE_MODEL, ByteTokenizer, KeywordBackend
 from quail.testing.backend import KeywordExecution
 
 TOKENIZER = ByteTokenizer()
@@ -52,7 +52,8 @@ def keyword_session(cache: str = "auto", tables: dict[str, pa.Table] | None = No
     registry = quail.ExtensionRegistry.with_built_ins()
     chosen = backend or KeywordBackend(TOKENIZER)
     registry.register_backend(chosen)
-    session = quail.Session(quail.EngineConfig(backend=chosen.name, cache=cache, **fields), registry=registry,
+    session = quail.Session(quail.EngineConfig(model=BASE_MODEL, backend=chosen.name, cache=cache, **fields),
+                            registry=registry,
                             tokenizer=TOKENIZER)
     for name, (_, id_column) in TABLES.items():
         table = (tables or {}).get(name, arrow_table(name))

@@ -30,7 +30,7 @@ from test_signals import ctrl_c_as_in_a_terminal
 
 import quail
 from quail.errors import RefusalError, WorkerLostError
-from quail.testing import ByteTokenizer
+from quail.testing import BASE_MODEL, ByteTokenizer
 
 PROVIDERS = ["local", "process"]
 NATIVE_TESTS = Path(__file__).resolve().parents[1] / "packages" / "quail-native" / "tests"
@@ -63,7 +63,7 @@ def released() -> Iterator[None]:
 @pytest.mark.parametrize("compute", PROVIDERS)
 @pytest.mark.parametrize("backend", ["example", "example-keyword"])
 def test_an_installed_plugins_backends_answer_the_query_set_through_each_provider(backend, compute):
-    config = quail.EngineConfig(backend=backend, compute=compute, engines_per_device=KEPT_ENGINES)
+    config = quail.EngineConfig(model=BASE_MODEL, backend=backend, compute=compute, engines_per_device=KEPT_ENGINES)
     with registered_tables(quail.Session(config, tokenizer=ByteTokenizer())) as session:
         for case in CASES:
             assert_matches_oracle(case.query(session).collect(), case.oracle)
@@ -78,7 +78,7 @@ def taught(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     margins: dict[tuple[int, ...], float] = {}
     registry = quail.ExtensionRegistry.with_built_ins()
     register_fakes_with(registry, margins)
-    config = quail.EngineConfig(backend="fake_vllm", calibration="off")
+    config = quail.EngineConfig(model=BASE_MODEL, backend="fake_vllm", calibration="off")
     with quail.Session(config, registry=registry, tokenizer=TOKENIZER) as session:
         registered_tables(session)
         for case in REQUEST_CASES:
@@ -112,7 +112,8 @@ def register_fakes_with(registry: quail.ExtensionRegistry, margins: dict[tuple[i
 def hooked_session(backend: str, compute: str) -> quail.Session:
     registry = quail.ExtensionRegistry.with_built_ins()
     register_fakes(registry)
-    config = quail.EngineConfig(backend=backend, compute=compute, worker_setup="compute_setup:register_fakes",
+    config = quail.EngineConfig(model=BASE_MODEL, backend=backend, compute=compute,
+                                worker_setup="compute_setup:register_fakes",
                                 engines_per_device=KEPT_ENGINES, calibration="off")
     return registered_tables(quail.Session(config, registry=registry, tokenizer=TOKENIZER))
 

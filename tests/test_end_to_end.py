@@ -39,7 +39,7 @@ from quail import col, prompt, score
 from quail.backends import shapes
 from quail.physical import codecs, editing
 from quail.physical import nodes as ph
-from quail.testing import ByteTokenizer, KeywordBackend, KeywordExecution
+from quail.testing import BASE_MODEL, ByteTokenizer, KeywordBackend, KeywordExecution
 from quail.testing.rules import predicate_margin
 
 # -- prompts shared by the SQL, the builder and the oracle ------------------------------------------
@@ -80,7 +80,8 @@ def keyword_session(registry: quail.ExtensionRegistry | None = None, backend: st
     if registry is None:
         registry = quail.ExtensionRegistry.with_built_ins()
         registry.register_backend(KeywordBackend(tokenizer))
-    session = quail.Session(quail.EngineConfig(backend=backend, engines_per_device=KEPT_ENGINES), registry=registry,
+    session = quail.Session(quail.EngineConfig(model=BASE_MODEL, backend=backend, engines_per_device=KEPT_ENGINES),
+                            registry=registry,
                             tokenizer=tokenizer)
     for name, (_, id_column) in TABLES.items():
         session.register(name, quail.DocumentProvider.from_table(arrow_table(name), id_column))

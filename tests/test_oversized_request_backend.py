@@ -19,6 +19,7 @@ from quail import DocumentProvider, EngineConfig
 from quail.physical import nodes as ph
 from quail.requests import RequestStrategy
 from quail.runtime.execution import prepared_documents
+from quail.testing import BASE_MODEL
 from quail.testing.rules import predicate_margin
 from quail_vllm.backend import PIPELINED, VLLMBackend
 
@@ -46,7 +47,8 @@ def test_a_request_backend_answers_every_other_document_and_never_sends_a_skippe
     fake = Fake(capacity=1 << 20)
     registry = quail.ExtensionRegistry.with_built_ins()
     registry.register_backend(VLLMBackend("fake_vllm", STRATEGIES[strategy], boot=fake.boot))
-    config = EngineConfig(backend="fake_vllm", calibration="off", chunk_tokens=512, oversized_documents=policy)
+    config = EngineConfig(model=BASE_MODEL, backend="fake_vllm", calibration="off", chunk_tokens=512,
+                          oversized_documents=policy)
     with quail.Session(config, registry=registry, tokenizer=TOKENIZER) as session:
         session.register("longreviews", DocumentProvider.from_table(REVIEWS, "id"))
         query = session.sql(FILTERS)

@@ -98,4 +98,4 @@ def test_core_installs_alone_without_torch(tmp_path):
         capture_output=True, text=True, check=False,
     )
     assert check.returncode == 0, check.stderr
-    assert "gemma-3-270m" in check.stdout
+    assert "qwen2.5-coder-1.5b-instruct" in check.stdout

@@ -228,7 +228,7 @@ WHERE AI_FILTER(PROMPT('Is this movie review positive? {0}', r.body))"""
 
 def gemma_run(compute: str) -> quail.runtime.results.QueryResult:
     options = {"workers": WORKERS} if compute == "ray" else {}
-    config = quail.EngineConfig(compute=compute, precision="fp32", **options)
+    config = quail.EngineConfig(model="gemma-3-270m", compute=compute, precision="fp32", **options)
     with quail.Session(config) as session:
         session.register("reviews", quail.DocumentProvider.from_table(datasets.reviews().slice(0, 12), "id"))
         session.register("aspects", quail.DocumentProvider.from_table(datasets.aspects().slice(0, 3), "id"))

@@ -29,7 +29,8 @@ def catalog_only_registry() -> ExtensionRegistry:
 
 def test_default_config_is_the_embedded_model_on_cpu_with_native():
     config = EngineConfig()
-    assert (config.model, config.device, config.backend, config.gpus) == ("gemma-3-270m", "cpu", "native", 1)
+    assert (config.model, config.device, config.backend, config.gpus) == ("qwen2.5-coder-1.5b-instruct", "cpu",
+                                                                          "native", 1)
 
 
 def test_config_is_frozen_and_rejects_zero_gpus():
@@ -58,7 +59,7 @@ def test_placement_is_not_an_engine_setting():
 def test_default_session_opens_on_this_machine():
     with Session() as session:
         assert session.backend.name == "native"
-        assert session.model.name == "gemma-3-270m"
+        assert session.model.name == "qwen2.5-coder-1.5b-instruct"
     assert session.closed
 
 

@@ -613,14 +613,14 @@ def test_any_mix_of_column_predicates_and_ai_filters_matches_the_oracle(session,
 
 
 def test_the_readme_examples_run_and_give_the_columns_it_shows():
-    """README.md shows two queries on the embedded model with their output: they stay valid SQL here."""
+    """README.md shows two queries on Gemma 3 270M with their output: they stay valid SQL here."""
     import re
     from pathlib import Path
 
     from quail import datasets
 
     readme = Path(__file__).parent.parent.joinpath("README.md").read_text()
-    section = readme[readme.index("Two examples on the embedded model"):]
+    section = readme[readme.index("Two examples on Gemma 3 270M"):]
     blocks = re.findall(r"```sql\n(.*?)```\n\n```\n(.*?)\n", section, re.DOTALL)
     assert len(blocks) == 2
     with keyword_session({"reviews": datasets.reviews()}) as s:

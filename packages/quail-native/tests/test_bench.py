@@ -14,7 +14,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_bench_writes_report_results_and_chart_and_prints_the_ratio_lines_last(tmp_path, capsys):
-    arguments = ["bench", "--scale", "tiny", "--out", str(tmp_path), "--backends", "native,nope", "--repeats", "2",
+    arguments = ["bench", "--model", "gemma-3-270m", "--scale", "tiny", "--out", str(tmp_path), "--backends",
+                 "native,nope", "--repeats", "2",
                  "--precision", "fp32"]
     assert main(arguments) == 0
     out = capsys.readouterr().out.strip().splitlines()
@@ -39,8 +40,8 @@ def test_bench_writes_report_results_and_chart_and_prints_the_ratio_lines_last(t
 
 
 def test_bench_runs_ray_beside_local_and_prints_the_ratio_with_each_shards_time(tmp_path, capsys):
-    argv = ["bench", "--scale", "tiny", "--out", str(tmp_path), "--workloads", "2 filters,classification",
-            "--compute", "ray", "--workers", "2"]
+    argv = ["bench", "--model", "gemma-3-270m", "--scale", "tiny", "--out", str(tmp_path), "--workloads",
+            "2 filters,classification", "--compute", "ray", "--workers", "2"]
     try:
         assert main(argv) == 0
     finally:
@@ -103,3 +104,17 @@ def test_the_peak_is_the_best_of_squares_and_model_projections_in_the_dtype_auto
     assert peak == 150e9
     assert squared == [winner]
     assert measured == [(winner, 512, 640, 4096), (winner, 512, 2048, 640)]  # a full pass of the run's rows
+
+
+def test_quality_reports_each_model_with_and_without_examples_and_its_peak_memory(tmp_path, capsys):
+    """`quail bench --quality` on the real Gemma 3 270M over 12 labeled reviews: every question with and without
+    demonstrations, scored against the labels; the child process's peak memory is reported."""
+    assert main(["bench", "--quality", "--models", "gemma-3-270m", "--reviews", "12", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| gemma-3-270m | Is this movie review positive? (mixed reviews left out) | 0 |" in out
+    assert "| gemma-3-270m | Does the review discuss the ending? | 4 |" in out
+    [run] = json.loads((tmp_path / "quality.json").read_text())
+    assert run["model"] == "gemma-3-270m" and run["peak_rss_bytes"] > 100 << 20
+    assert len(run["scores"]) == 8 and {s["examples"] for s in run["scores"]} == {0, 4}
+    assert all(0.0 <= s["auc"] <= 1.0 and 0.0 <= s["raw_accuracy"] <= 1.0 for s in run["scores"])
+    assert (tmp_path / "quality.md").read_text().startswith("Answer quality on the first 12")

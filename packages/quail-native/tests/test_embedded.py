@@ -204,7 +204,7 @@ def test_the_built_in_sources_pin_their_files():
     """Every embedded model names the size and SHA-256 of its assembled GGUF, and the extra that installs it."""
     for source in embedded.EMBEDDED_SOURCES.values():
         assert source.gguf_size > 100_000_000 and re.fullmatch(r"[0-9a-f]{64}", source.gguf_sha256)
-        assert source.extra in ("embedded", "qwen-coder-1-5b") and source.license
+        assert source.extra in ("embedded", "qwen-coder-0-5b") and source.license
 
 
 def test_missing_conversion_tools_say_what_to_install(fake, monkeypatch, tmp_path):
@@ -374,7 +374,7 @@ def test_gemma_directory_is_a_plain_gemma3_text_model(gemma_dir):
     import torch
     from transformers import AutoModelForCausalLM
 
-    verify_embedded_dir(gemma_dir)
+    verify_embedded_dir(gemma_dir, "gemma-3-270m")
     config = json.loads((gemma_dir / "config.json").read_text())
     assert config["architectures"] == ["Gemma3ForCausalLM"] and "quantization_config" not in config
     assert config["layer_types"].count("full_attention") == 3  # 5 local : 1 global

@@ -62,3 +62,39 @@ def test_truncated_weights_are_a_model_file_error_naming_the_file(tmp_path):
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     with pytest.raises(ModelFileError, match=f"the weights file {weights} cannot be read"):
         load_model(directory)
+
+
+@pytest.mark.parametrize("dtype", ["as stored", "bfloat16"])
+def test_weights_read_one_tensor_at_a_time_equal_safetensors_own_reader(tmp_path, dtype):
+    """The loader reads each tensor into memory of its own (no mapping of the whole file) and converts it at once;
+    every tensor equals what the safetensors library reads, converted the same way."""
+    import torch
+    from safetensors.torch import load_file
+
+    from quail_native.models.loading import _local_name, read_weights
+
+    directory = tiny_models.build("qwen2", tmp_path / "qwen2")
+    target = None if dtype == "as stored" else torch.bfloat16
+    mine = read_weights(directory, target)
+    theirs = load_file(str(directory / "model.safetensors"))
+    assert set(mine) == {_local_name(name) for name in theirs}
+    for name, tensor in theirs.items():
+        expected = tensor if target is None else tensor.to(target)
+        assert mine[_local_name(name)].dtype == expected.dtype
+        assert torch.equal(mine[_local_name(name)], expected), name
+
+
+def test_a_weights_header_pointing_past_the_file_is_a_model_file_error(tmp_path):
+    import json
+    import struct
+
+    from quail import ModelFileError
+
+    directory = tmp_path / "bad"
+    directory.mkdir()
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 1 << 20]}}).encode()
+    (directory / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(16))
+    from quail_native.models.loading import read_weights
+
+    with pytest.raises(ModelFileError, match="tensor w lies outside the file"):
+        read_weights(directory)

@@ -87,7 +87,8 @@ TRACES = "SELECT t.id FROM traces t WHERE AI_FILTER(PROMPT('Did the agent hit an
 
 
 def traces_run(sharing: str) -> quail.QueryResult:
-    config = quail.EngineConfig(chunk_tokens=1024, prefix_sharing=sharing, cache="off", precision="fp32")
+    config = quail.EngineConfig(model="gemma-3-270m", chunk_tokens=1024, prefix_sharing=sharing, cache="off",
+                                precision="fp32")
     with quail.Session(config) as session:  # both runs compute, in fp32 to compare with the fp32 reference
         session.register("traces", quail.DocumentProvider.from_table(datasets.traces().slice(0, 16), "id"))
         return session.sql(TRACES).run()

@@ -15,7 +15,7 @@ SWITCHES = ("auto", "on", "off")
 PRECISIONS = ("auto", "fp32", "bf16")
 OVERSIZED_POLICIES = ("refuse", "skip", "truncate")
 
-DEFAULT_MODEL = "gemma-3-270m"
+DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DEVICE = "cpu"
 DEFAULT_BACKEND = "native"
 DEFAULT_COMPUTE = "local"

@@ -9,4 +9,9 @@ from quail.testing.backend import KeywordBackend, KeywordExecution
 from quail.testing.rules import classify_margins, predicate_margin
 from quail.testing.tokenizer import ByteTokenizer
 
-__all__ = ["ByteTokenizer", "KeywordBackend", "KeywordExecution", "classify_margins", "predicate_margin"]
+BASE_MODEL = "gemma-3-270m"
+"""A catalog model laid out without a chat turn: what a backend that plans per model (vLLM, SGLang) needs when its
+tokenizer is `ByteTokenizer`, which has no chat control tokens (the default model is a chat model)."""
+
+__all__ = ["BASE_MODEL", "ByteTokenizer", "KeywordBackend", "KeywordExecution", "classify_margins",
+           "predicate_margin"]

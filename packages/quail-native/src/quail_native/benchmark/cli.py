@@ -35,9 +35,11 @@ def add_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
     parser.add_argument("--workloads", help="comma-separated parts of workload names to run (default: all)")
     parser.add_argument("--device", default="cpu",
                         help="device name from the catalog: cpu, h100-sxm, h200, … (default: %(default)s)")
+    parser.add_argument("--model", default=EngineConfig.model,
+                        help="the model every backend runs (default: %(default)s)")
     parser.add_argument("--model-dir", type=Path,
-                        help="run a checkpoint directory of the embedded model's shape instead of the embedded "
-                             "weights (a machine the weights cannot reach)")
+                        help="run a checkpoint directory of --model's shape instead of its weights (a machine the "
+                             "weights cannot reach)")
     parser.add_argument("--compute", default="local",
                         help="comma-separated compute providers; any besides local runs beside it and is "
                              "printed as a ratio to it (e.g. --compute ray --workers 2)")

