@@ -115,6 +115,8 @@ def test_quality_reports_each_model_with_and_without_examples_and_its_peak_memor
     assert "| gemma-3-270m | Does the review discuss the ending? | 4 |" in out
     [run] = json.loads((tmp_path / "quality.json").read_text())
     assert run["model"] == "gemma-3-270m" and run["peak_rss_bytes"] > 100 << 20
-    assert len(run["scores"]) == 8 and {s["examples"] for s in run["scores"]} == {0, 4}
+    assert len(run["scores"]) == 9 and {s["examples"] for s in run["scores"]} == {0, 4}
+    [join] = [s for s in run["scores"] if s["question"].startswith("Does the review speak well of the <aspect>?")]
+    assert join["documents"] == 12 * 12 and join["examples"] == 0
     assert all(0.0 <= s["auc"] <= 1.0 and 0.0 <= s["raw_accuracy"] <= 1.0 for s in run["scores"])
     assert (tmp_path / "quality.md").read_text().startswith("Answer quality on the first 12")

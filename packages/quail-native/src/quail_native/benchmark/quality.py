@@ -3,9 +3,10 @@
 Four questions over `datasets.labeled_reviews()` (hand-written, with sentiment and per-aspect labels), each
 asked as one `AI_FILTER` query with calibration on, so every raw margin and every content-free threshold comes
 from the same run; then asked again with four demonstrations (two TRUE, two FALSE, the shortest fitting reviews
-of `datasets.reviews()`, which the labeled set does not contain) in the filter's `examples` option. Scored
-against the labels: AUC (ranking, which calibration cannot change), accuracy and balanced accuracy of the raw
-decision (TRUE iff margin > 0) and of the calibrated one (TRUE iff margin > the content-free margin).
+of `datasets.reviews()`, which the labeled set does not contain) in the filter's `examples` option. A fifth
+question is a join: 40 reviews × 12 aspects. Scored against the labels: AUC (ranking, which calibration cannot
+change), accuracy and balanced accuracy of the raw decision (TRUE iff margin > 0) and of the calibrated one
+(TRUE iff margin > the content-free margin).
 
 Each model runs in a process of its own, one after the other, so its peak memory is its own.
 `python -m quail_native.benchmark.quality --model NAME` runs one model and prints its table.
@@ -53,6 +54,11 @@ QUESTIONS = (
 )
 SHOTS = 2
 """Demonstrations per side (TRUE and FALSE) when a question is asked with examples."""
+JOIN = ("SELECT r.id, a.aspect FROM reviews r JOIN aspects a "
+        "ON AI_FILTER(PROMPT('Does the review {0} speak well of the {1}?', r.body, a.aspect))")
+JOIN_QUESTION = "Does the review speak well of the <aspect>? (join, 12 aspects)"
+JOIN_REVIEWS = 40
+"""Reviews the join question pairs with every aspect (examples are for one-document prompts: none here)."""
 
 
 @dataclass(frozen=True)
@@ -128,13 +134,31 @@ def score(model: str, question: Question, examples: int, reviews: Sequence[Revie
     pairs = [(reviews[row], margin) for row, margin in zip(answers.column("r").to_pylist(),
                                                           answers.column("margin").to_pylist(), strict=True)
              if question.counts(reviews[row])]
-    labels = [question.holds(review) for review, _ in pairs]
-    margins = [margin for _, margin in pairs]
-    raw, calibrated = [m > 0 for m in margins], [m > threshold for m in margins]
     name = f"{question.text} ({question.note})" if question.note else question.text
-    return Scores(model, name, examples, len(pairs), sum(labels) / len(labels), auc(labels, margins),
+    return scored(model, name, examples, [question.holds(review) for review, _ in pairs],
+                  [margin for _, margin in pairs], threshold, wall_s)
+
+
+def scored(model: str, name: str, examples: int, labels: Sequence[bool], margins: Sequence[float], threshold: float,
+           wall_s: float) -> Scores:
+    raw, calibrated = [m > 0 for m in margins], [m > threshold for m in margins]
+    return Scores(model, name, examples, len(labels), sum(labels) / len(labels), auc(labels, margins),
                   accuracy(labels, raw), accuracy(labels, calibrated), balanced_accuracy(labels, raw),
                   balanced_accuracy(labels, calibrated), threshold, wall_s)
+
+
+def join_scores(model: str, session: quail.Session, reviews: Sequence[Review]) -> Scores:
+    """The join question over the first JOIN_REVIEWS reviews × every aspect: TRUE where the review's label for the
+    aspect is positive."""
+    aspects = datasets.aspects().column("aspect").to_pylist()
+    started = time.perf_counter()
+    result = session.sql(JOIN.replace("FROM reviews r", "FROM joined_reviews r")).run()
+    answers = result.answer_tables["join_0"]
+    [threshold] = result.report["calibration"].values()
+    labels = [_aspect(reviews[r], aspects[a]) == "positive"
+              for r, a in zip(answers.column("r").to_pylist(), answers.column("a").to_pylist(), strict=True)]
+    return scored(model, JOIN_QUESTION, 0, labels, answers.column("margin").to_pylist(), threshold,
+                  time.perf_counter() - started)
 
 
 def study(model: str, count: int, precision: str = "auto") -> list[Scores]:
@@ -151,6 +175,11 @@ def study(model: str, count: int, precision: str = "auto") -> list[Scores]:
                 result = session.sql(query(question, examples)).run()
                 scores.append(score(model, question, len(examples), reviews, result,
                                     time.perf_counter() - started))
+        joined = table.slice(0, JOIN_REVIEWS)
+        session.register("joined_reviews", quail.DocumentProvider.from_table(joined.select(["id", "body"]), "id"))
+        session.register("aspects", quail.DocumentProvider.from_table(datasets.aspects().select(["id", "aspect"]),
+                                                                      "id"))
+        scores.append(join_scores(model, session, joined.to_pylist()))
     return scores
 
 
@@ -178,11 +207,13 @@ def render(runs: Sequence[ModelQuality], count: int) -> str:
             lines.append(f"| {s.model} | {s.question} | {s.examples} | {s.documents} | {s.true_share:.2f} | "
                          f"{s.auc:.3f} | {s.raw_accuracy:.3f} | {s.calibrated_accuracy:.3f} | {s.raw_balanced:.3f} | "
                          f"{s.calibrated_balanced:.3f} |")
-    lines += ["", "| model | shots | mean AUC | mean accuracy raw | mean accuracy calibrated | mean balanced raw | "
+    lines += ["", "Means over the four filter questions:", "",
+              "| model | shots | mean AUC | mean accuracy raw | mean accuracy calibrated | mean balanced raw | "
                   "mean balanced calibrated | peak memory | wall |", "|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
-        for shots in sorted({s.examples for s in run.scores}):
-            picked = [s for s in run.scores if s.examples == shots]
+        filters = [s for s in run.scores if s.question != JOIN_QUESTION]
+        for shots in sorted({s.examples for s in filters}):
+            picked = [s for s in filters if s.examples == shots]
 
             def mean(values: Sequence[float]) -> float:
                 return sum(values) / len(values)
