@@ -51,7 +51,7 @@ def test_examples_reach_the_prompt_of_a_filter_a_score_and_a_classification(sess
     assert len(texts) == 3
     assert all("EXAMPLE 1:\nThe cast is superb.\nANSWER: " in text for text in texts)
     assert sum("ANSWER: acting" in text for text in texts) == 1
-    assert query.run().collect().num_rows >= 0
+    assert query.run().collect().column_names == ["id", "s", "k"]
 
 
 @pytest.mark.parametrize(("options", "message"), [
@@ -156,3 +156,65 @@ def test_the_minimum_counts_the_shared_preamble_once(session):
     extra = len(shots_node.preamble) - len(plain_node.preamble)
     assert extra > 40
     assert shots.run().report["minimum_tokens"] - plain.run().report["minimum_tokens"] == extra
+
+
+def test_the_same_words_with_other_examples_are_another_question(session):
+    """Calls that differ only in their examples are answered apart, and a WHERE filter with examples does not make
+    the same filter without them TRUE."""
+    other = "{'examples': [('Dreadful.', TRUE)]}"
+    scores = session.sql(f"SELECT r.id, AI.SCORE(PROMPT('Is {{0}} good?', r.body), {SHOTS}) AS a, "
+                         f"AI.SCORE(PROMPT('Is {{0}} good?', r.body), {other}) AS b, "
+                         "AI.SCORE(PROMPT('Is {0} good?', r.body)) AS c FROM reviews r")
+    assert len([n for n in model_nodes(scores) if isinstance(n, ph.AiScore)]) == 3
+    verdict = session.sql("SELECT r.id, AI_FILTER(PROMPT('Is {0} good?', r.body)) AS plain FROM reviews r "
+                          f"WHERE AI_FILTER(PROMPT('Is {{0}} good?', r.body), {SHOTS})")
+    assert len(model_nodes(verdict)) == 2, "the SELECT value is asked without the examples"
+
+
+def test_a_plan_with_examples_crosses_a_process_boundary_as_data():
+    from quail.physical.codecs import decode_graph, encode_graph
+
+    with keyword_session() as opened:
+        graph = opened.sql(f"SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {{0}} good?', r.body), {SHOTS})"
+                           ).plan().graph
+    assert decode_graph(encode_graph(graph)) == graph
+    [node] = [n for n in graph.nodes if isinstance(n, ph.AiFilter)]
+    assert node.stages[0].predicate.prompt.examples == (Example("The cast is superb.", "TRUE"),
+                                                         Example("The music drags.", "FALSE"))
+
+
+def test_documents_after_another_preamble_count_again_in_the_minimum(session):
+    """A score after an examples-first filter reads the survivors after a different preamble: the least a perfect
+    executor computes holds those documents twice."""
+    where = f"FROM reviews r WHERE AI_FILTER(PROMPT('Is {{0}} good?', r.body), {SHOTS})"
+    alone = session.sql(f"SELECT r.id {where}").run()
+    both = session.sql(f"SELECT r.id, AI.SCORE(PROMPT('Is {{0}} long?', r.body)) AS s {where}").run()
+    [score] = [n for n in model_nodes(session.sql(f"SELECT r.id, AI.SCORE(PROMPT('Is {{0}} long?', r.body)) AS s "
+                                                  f"{where}")) if isinstance(n, ph.AiScore)]
+    survivors = both.answer_tables[score.id].num_rows
+    assert survivors > 0
+    without_documents = alone.report["minimum_tokens"] + len(score.preamble) + survivors * len(score.question)
+    assert both.report["minimum_tokens"] > without_documents
+
+
+def test_the_answer_store_prices_examples_as_the_plan_lays_them_out(tmp_path):
+    """Answers stored under the examples-first layout are the ones the planner finds when it prices the repeat."""
+    sql = f"SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is {{0}} good?', r.body), {SHOTS})"
+    with keyword_session(tmp_path / "answers.sqlite") as opened:
+        first = opened.sql(sql)
+        assert "examples of the filters on r: first" in first.explain()
+        first.run()
+        again = opened.sql(sql).explain()
+    assert "answer store: of" in again and "still to compute #0 0" in again
+
+
+def test_a_filter_whose_examples_go_first_keeps_no_kv_for_the_join(session):
+    """The documents' KV would hold the examples, which the join's prompt does not: nothing is kept, and the plan
+    says the examples' first place was priced with those documents computed again."""
+    query = session.sql("SELECT r.id, a.aspect FROM reviews r JOIN aspects a "
+                        "ON AI_FILTER(PROMPT('Does {0} discuss {1}?', r.body, a.aspect)) "
+                        f"WHERE AI_FILTER(PROMPT('Is {{0}} good?', r.body), {SHOTS})")
+    [node] = [n for n in query.plan().graph.nodes if isinstance(n, ph.AiFilter)]
+    text = query.explain()
+    assert "examples of the filters on r: first" in text and "of documents another node would reuse" in text
+    assert not node.retain_kv and "keep the document KV of r" not in text

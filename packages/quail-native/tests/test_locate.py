@@ -84,17 +84,30 @@ def test_weights_read_one_tensor_at_a_time_equal_safetensors_own_reader(tmp_path
         assert torch.equal(mine[_local_name(name)], expected), name
 
 
-def test_a_weights_header_pointing_past_the_file_is_a_model_file_error(tmp_path):
+def _safetensors(header: object, length: int | None = None, tail: bytes = bytes(16)) -> bytes:
     import json
     import struct
 
+    encoded = json.dumps(header).encode()
+    return struct.pack("<Q", len(encoded) if length is None else length) + encoded + tail
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"", "0 bytes: no header"),
+    (_safetensors({}, length=1 << 40), "the header claims 1,099,511,627,776 bytes"),
+    (_safetensors([1, 2]), "the header is not a JSON object"),
+    (_safetensors({"w": 3}), "tensor w has no shape and byte range"),
+    (_safetensors({"w": {"dtype": "F8_E4M3", "shape": [4], "data_offsets": [0, 4]}}),
+     "tensor w is of type 'F8_E4M3', which Quail does not read"),
+    (_safetensors({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 1 << 20]}}), "tensor w lies outside"),
+    (_safetensors({"w": {"dtype": "F32", "shape": [8], "data_offsets": [0, 16]}}), "shape"),
+])
+def test_a_damaged_weights_file_is_a_model_file_error_naming_what(tmp_path, content, message):
     from quail import ModelFileError
+    from quail_native.models.loading import read_weights
 
     directory = tmp_path / "bad"
     directory.mkdir()
-    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 1 << 20]}}).encode()
-    (directory / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(16))
-    from quail_native.models.loading import read_weights
-
-    with pytest.raises(ModelFileError, match="tensor w lies outside the file"):
+    (directory / "model.safetensors").write_bytes(content)
+    with pytest.raises(ModelFileError, match=message):
         read_weights(directory)

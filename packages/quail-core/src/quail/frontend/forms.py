@@ -23,7 +23,8 @@ REFUSED = {
     "model": "Quail answers with the session's model (EngineConfig.model / --model); a model per call is not "
              "supported yet",
     "model_params": "a judgement is one next-token readout: no temperature or output length applies",
-    "examples": "give them in the options object: AI.IF(PROMPT(...), {'examples': [('a document', TRUE), ...]})",
+    "examples": "give them in the options object: {'examples': [('a document', TRUE), ...]} after the prompt, "
+                "[('a document', 'label'), ...] after AI.CLASSIFY's labels",
     "output_schema": "AI.IF / AI.SCORE / AI.CLASSIFY return a fixed type",
 }
 

@@ -490,7 +490,9 @@ class _Reader:
             VerdictSpec(prompt, name, order, chosen, where))
 
     def _prompt_key(self, prompt: PromptSpec) -> tuple[object, ...]:
-        return (prompt.template, tuple((a.qualifier, a.name) for a in prompt.arguments))
+        """What makes two calls the same question: template, arguments and examples (the same words with other
+        examples are another prompt, answered apart)."""
+        return (prompt.template, tuple((a.qualifier, a.name) for a in prompt.arguments), prompt.examples)
 
     def _fresh_name(self, kind: str) -> str:
         taken = {o.name for o in self.outputs.values()} | set(self.scope.columns) | self.scope.outputs

@@ -16,6 +16,7 @@ from quail.logical.expressions import (
     AiPredicate,
     ColumnRef,
     Equality,
+    Example,
     Label,
     OutputColumn,
     Prompt,
@@ -41,7 +42,7 @@ def register_codec_type(cls: type) -> type:
     return cls
 
 
-for _cls in (*CORE_NODE_TYPES, AnswerTokens, AiPredicate, ColumnRef, Equality, Label, OutputColumn, Prompt,
+for _cls in (*CORE_NODE_TYPES, AnswerTokens, AiPredicate, ColumnRef, Equality, Example, Label, OutputColumn, Prompt,
              ScoreThreshold, FilterStage, NodeEstimate, Edge, PhysicalGraph):
     register_codec_type(_cls)
 

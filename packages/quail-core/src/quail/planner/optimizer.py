@@ -7,15 +7,25 @@ explain() can say what was chosen and why.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from quail.backends.base import PlanningContext
 from quail.data.tokenizer import Tokenizer
 from quail.errors import Refusal, RefusalError
-from quail.frontend.prompts import PromptStyle, bind_classify, bind_filters, bind_join, filter_tail, tail_ids
-from quail.logical.expressions import AiPredicate, Semantics
+from quail.frontend.prompts import (
+    ExamplesLayout,
+    PromptStyle,
+    bind_classify,
+    bind_filters,
+    bind_join,
+    filter_tail,
+    preamble_ids,
+    tail_ids,
+)
+from quail.logical.expressions import AiPredicate, Prompt, Semantics
 from quail.logical.nodes import AiOutput, Classify, LogicalNode, Project
 from quail.planner.cost import CostModel, Lengths, Work, ask, scan
+from quail.planner.examples import LayoutKey, choose_layout
 from quail.planner.filters import FilterOrder, StagePrice, order_filters, selectivity_of
 from quail.planner.joins import (
     EXHAUSTIVE_JOIN_LIMIT,
@@ -49,6 +59,11 @@ class Decisions:
     sol_seconds: float
     assumed: tuple[int, ...]
     remarks: tuple[str, ...]
+    layouts: Mapping[LayoutKey, ExamplesLayout] = field(default_factory=dict)
+    """Where each node's few-shot examples go (`planner.examples`); a node not named has none."""
+
+    def layout(self, key: LayoutKey) -> ExamplesLayout:
+        return self.layouts.get(key, "document_first")
 
     @property
     def estimated_seconds(self) -> float:
@@ -77,6 +92,7 @@ class _Optimizer:
         self.cost = CostModel(context.model, context.device, context.chunk_tokens)
         self.remarks: list[str] = []
         self.stored = StoredPrices(context, tokenizer, style, self.remarks)
+        self.layouts: dict[LayoutKey, ExamplesLayout] = {}
 
     def documents(self, alias: str) -> Lengths:
         lengths = self.context.document_token_lengths.get(alias)
@@ -86,8 +102,26 @@ class _Optimizer:
 
     # -- the pipeline -------------------------------------------------------------------------
 
+    def choose_layouts(self, leaves: list[Leaf]) -> None:
+        """Each node's examples layout, before anything is priced: every price below reads it."""
+        joined = {a for p in (*self.shape.join_predicates, *(s.predicate for s in self.shape.subqueries))
+                  for a in p.aliases}
+        nodes: list[tuple[LayoutKey, str, list[Prompt], str]] = [
+            (("filter", leaf.alias), leaf.alias, [p.prompt for p in leaf.predicates], f"the filters on {leaf.alias}")
+            for leaf in leaves if leaf.predicates]
+        nodes += [(("output", o.position), o.prompt.aliases[0], [o.prompt], f"{o.output} ({type(o).__name__} on "
+                   f"{o.prompt.aliases[0]})") for o in self.shape.outputs]
+        for key, alias, prompts, what in nodes:
+            documents = self.documents(alias)
+            choice = choose_layout(prompts, documents.count, documents.total, alias in joined and key[0] == "filter",
+                                   self.tokenizer, what)
+            self.layouts[key] = choice.layout
+            if choice.remark:
+                self.remarks.append(choice.remark)
+
     def run(self) -> OptimizedPlan:
         leaves = [*self.shape.leaves, *(s.leaf for s in self.shape.subqueries)]
+        self.choose_layouts(leaves)
         orders = {leaf.alias: self.filter_order(leaf) for leaf in leaves if leaf.predicates}
         shared = frozenset(alias for alias, order in orders.items() if self.share_prefixes(alias, order))
         orders = {alias: self.with_sharing(order) if alias in shared else order for alias, order in orders.items()}
@@ -105,7 +139,8 @@ class _Optimizer:
         used_retention = frozenset(a for a in retained if a in anchors.values())
         decisions = Decisions(orders, join_plan, anchors, used_retention, shared, filter_seconds, join_seconds,
                               output_seconds, min(sol, filter_seconds + join_seconds + output_seconds),
-                              self.assumed(), tuple(self.remarks + self.retention_remarks(used_retention, stats)))
+                              self.assumed(), tuple(self.remarks + self.retention_remarks(used_retention, stats)),
+                              dict(self.layouts))
         return OptimizedPlan(self.rewrite(orders, join_plan, anchors), decisions)
 
     def assumed(self) -> tuple[int, ...]:
@@ -117,7 +152,7 @@ class _Optimizer:
     # -- filters ------------------------------------------------------------------------------
 
     def filter_order(self, leaf: Leaf) -> FilterOrder:
-        bound = bind_filters(leaf.predicates, self.tokenizer, self.style)
+        bound = bind_filters(leaf.predicates, self.tokenizer, self.style, self.layouts[("filter", leaf.alias)])
         documents = self.documents(leaf.alias)
         prefix = documents.plus(len(bound.preamble) + len(bound.frame))
         self.check_fits(leaf.alias, prefix.maximum + max(len(q) for q in bound.questions))
@@ -194,10 +229,13 @@ class _Optimizer:
         return stats
 
     def retention(self, stats: dict[str, AliasStats], orders: Mapping[str, FilterOrder]) -> frozenset[str]:
-        """Filtered aliases keep their survivors' document KV for a join (evicted by priority if pages run short)."""
-        for alias in orders:
+        """Filtered aliases keep their survivors' document KV for a join (evicted by priority if pages run short) —
+        unless the filters' examples went first: their documents' KV then holds the examples, which a join's
+        prompt does not."""
+        kept = frozenset(a for a in orders if self.layouts.get(("filter", a)) != "examples_first")
+        for alias in kept:
             stats[alias] = replace(stats[alias], kv_retained=True)
-        return frozenset(orders)
+        return kept
 
     def retention_remarks(self, used: frozenset[str], stats: Mapping[str, AliasStats]) -> list[str]:
         remarks = []
@@ -311,12 +349,17 @@ class _Optimizer:
 
     def output_seconds(self, output: AiOutput, stats: dict[str, AliasStats]) -> float:
         """An AI output column: every document that reaches it, once (a Verdict is a one-stage filter)."""
+        layout = self.layouts[("output", output.position)]
         if isinstance(output, Classify):
-            bound = bind_classify(output.prompt, output.labels, output.instructions, self.tokenizer, self.style)
+            bound = bind_classify(output.prompt, output.labels, output.instructions, self.tokenizer, self.style,
+                                  layout)
             tail, labels = len(bound.tail), [len(ids) for ids in bound.labels]
         else:
-            tail = len(tail_ids(self.tokenizer, filter_tail(output.prompt, self.style), self.style))
+            tail = len(tail_ids(self.tokenizer, filter_tail(output.prompt, self.style, layout), self.style))
             labels = []
+        if layout == "examples_first":  # the examples, once in the node's preamble: spread over its documents
+            tail += len(preamble_ids(self.tokenizer, self.style, output.prompt.examples)) // max(
+                int(self.documents(output.prompt.aliases[0]).count), 1)
         alias = output.prompt.aliases[0]
         documents = stats[alias].documents.plus(1 + tail)
         self.check_fits(alias, documents.maximum + max(labels, default=0))
@@ -325,7 +368,7 @@ class _Optimizer:
             work = work + ask(documents, _constant(documents.count, length))
         if isinstance(output, Classify):  # label log-probabilities need the whole vocabulary head
             work = replace(work, vocabulary_rows=work.answers, answers=0.0)
-        return self.cost.seconds(work.times(self.stored.output_share(output, self.documents(alias).count)))
+        return self.cost.seconds(work.times(self.stored.output_share(output, self.documents(alias).count, layout)))
 
     # -- the rewritten plan -------------------------------------------------------------------
 

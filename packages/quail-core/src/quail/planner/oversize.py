@@ -27,14 +27,13 @@ from quail.data.tokenizer import Tokenizer
 from quail.data.tokens import TokenColumn
 from quail.frontend.prompts import (
     BASE_STYLE,
+    ExamplesLayout,
     PromptStyle,
     bind_classify,
     bind_filters,
     bind_join,
-    filter_tail,
-    preamble_ids,
+    shared_examples,
     style_for,
-    tail_ids,
 )
 from quail.logical.expressions import AiPredicate
 from quail.logical.nodes import Classify, LogicalNode, Score, SemanticFilter, SemanticJoin, Verdict, walk
@@ -168,13 +167,22 @@ def prompt_spaces(plan: LogicalNode, tokenizer: Tokenizer, styles: tuple[PromptS
             spaces.append(PromptSpace(node.prompt.aliases, max(_classify_text(node, tokenizer, s) for s in styles)))
         elif isinstance(node, Score | Verdict):
             spaces.append(PromptSpace(node.prompt.aliases, max(
-                len(preamble_ids(tokenizer, s)) + len(tail_ids(tokenizer, filter_tail(node.prompt, s), s))
-                for s in styles)))
+                _filter_text((AiPredicate(node.prompt, node.position),), tokenizer, s) for s in styles)))
     return spaces
 
 
+LAYOUTS: tuple[ExamplesLayout, ...] = ("document_first", "examples_first")
+
+
 def _filter_text(predicates: tuple[AiPredicate, ...], tokenizer: Tokenizer, style: PromptStyle) -> int:
-    bound = bind_filters(predicates, tokenizer, style)
+    """The wordier of the two examples layouts (the same text without examples): the plan has not chosen yet."""
+    layouts = LAYOUTS if shared_examples([p.prompt for p in predicates]) else LAYOUTS[:1]
+    return max(_filter_layout_text(predicates, tokenizer, style, layout) for layout in layouts)
+
+
+def _filter_layout_text(predicates: tuple[AiPredicate, ...], tokenizer: Tokenizer, style: PromptStyle,
+                        layout: ExamplesLayout) -> int:
+    bound = bind_filters(predicates, tokenizer, style, layout)
     return len(bound.preamble) + len(bound.frame) + max(len(q) for q in bound.questions)
 
 
@@ -189,5 +197,10 @@ def _join_text(predicate: AiPredicate, tokenizer: Tokenizer, style: PromptStyle)
 
 
 def _classify_text(node: Classify, tokenizer: Tokenizer, style: PromptStyle) -> int:
-    bound = bind_classify(node.prompt, node.labels, node.instructions, tokenizer, style)
+    layouts = LAYOUTS if node.prompt.examples else LAYOUTS[:1]
+    return max(_classify_layout_text(node, tokenizer, style, layout) for layout in layouts)
+
+
+def _classify_layout_text(node: Classify, tokenizer: Tokenizer, style: PromptStyle, layout: ExamplesLayout) -> int:
+    bound = bind_classify(node.prompt, node.labels, node.instructions, tokenizer, style, layout)
     return len(bound.preamble) + len(bound.tail) + max((len(label) for label in bound.labels), default=0)

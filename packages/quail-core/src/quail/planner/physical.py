@@ -8,19 +8,14 @@ from dataclasses import dataclass, field
 from quail.backends.base import ModelRegion, PhysicalCandidate, PlanningContext
 from quail.data.tokenizer import Tokenizer
 from quail.frontend.prompts import (
-    EXAMPLES_AFTER_HEADER,
-    EXAMPLES_FIRST_HEADER,
     AnswerTokens,
-    ExamplesLayout,
     PromptStyle,
     bind_classify,
     bind_filters,
     bind_join,
     content_free_documents,
-    examples_text,
-    shared_examples,
 )
-from quail.logical.expressions import AiPredicate, Prompt
+from quail.logical.expressions import AiPredicate
 from quail.logical.nodes import (
     Classify,
     Join,
@@ -54,14 +49,12 @@ def plan_query(backend: str, region: ModelRegion, context: PlanningContext, styl
     calibration = content_free_documents(context.tokenizer) if calibrate else ()
     rows = {alias: len(lengths) + context.null_documents.get(alias, 0)
             for alias, lengths in context.document_token_lengths.items()}
-    document_tokens = {alias: sum(lengths) for alias, lengths in context.document_token_lengths.items()}
     builder = _GraphBuilder(context.tokenizer, style, optimized.decisions, calibration, answers,
-                            frozenset(a for a, n in context.null_documents.items() if n), rows, document_tokens)
+                            frozenset(a for a, n in context.null_documents.items() if n), rows)
     graph = builder.build(optimized.logical)
     graph.validate()
     decisions = optimized.decisions
-    remarks = decisions.remarks + tuple(builder.layout_remarks) + ((CALIBRATION_REMARK,) if calibrate else ()) \
-        + optimized.logical.remarks
+    remarks = decisions.remarks + ((CALIBRATION_REMARK,) if calibrate else ()) + optimized.logical.remarks
     return PhysicalCandidate(backend, graph, optimized.logical, decisions.estimated_seconds, decisions.sol_seconds,
                              remarks)
 
@@ -77,10 +70,6 @@ class _GraphBuilder:
     """Aliases with a NULL document somewhere: the model's inputs skip those rows."""
     scan_rows: Mapping[str, int] = field(default_factory=dict)
     """Per alias: the rows its scan keeps (shown on the plan's Scan nodes)."""
-    document_tokens: Mapping[str, int] = field(default_factory=dict)
-    """Per alias: the tokens of all its documents."""
-    layout_remarks: list[str] = field(default_factory=list)
-    """Where each model node's few-shot examples went, and why (explain's planner decisions)."""
     nodes: list[ph.PhysicalNode] = field(default_factory=list)
     edges: list[Edge] = field(default_factory=list)
     join_order: list[int] = field(default_factory=list)
@@ -140,44 +129,16 @@ class _GraphBuilder:
             return self.verdict(node)
         raise TypeError(f"no physical operator for {type(node).__name__}")
 
-    def examples_layout(self, alias: str, prompts: list[Prompt], what: str, kept_kv: bool = False) -> ExamplesLayout:
-        """Where a model node's few-shot examples go, by the tokens each way costs: first, in the preamble its
-        documents share (computed once — but then the documents' KV holds the examples, so KV another node would
-        have reused (`kept_kv`) is computed again), or after each document, in every question tail (once per
-        document and question)."""
-        if not any(prompt.examples for prompt in prompts):
-            return "document_first"
-        examples = shared_examples(prompts)
-        if examples is None:
-            self.layout_remarks.append(f"examples of {what}: after each document (its questions carry different "
-                                       "examples, which no one shared prefix can hold)")
-            return "document_first"
-        documents = self.scan_rows.get(alias, 1)
-        first = len(self.tokenizer.encode(EXAMPLES_FIRST_HEADER + examples_text(examples)))
-        after = len(self.tokenizer.encode(EXAMPLES_AFTER_HEADER + examples_text(examples)))
-        after_cost = after * documents * len(prompts)
-        first_cost = first + (self.document_tokens.get(alias, 0) if kept_kv else 0)
-        kept = " and its documents' KV computed again for the node that would reuse it" if kept_kv else ""
-        costs = (f"first: {first_cost:,} tokens ({first:,} once{kept}); after each document: {after_cost:,} "
-                 f"({after:,} × {documents:,} documents × {len(prompts)} question{'s' if len(prompts) > 1 else ''})")
-        layout: ExamplesLayout = "examples_first" if first_cost <= after_cost else "document_first"
-        where = "first, a prefix every document shares" if layout == "examples_first" else "after each document"
-        self.layout_remarks.append(f"examples of {what}: {where} — {costs}")
-        return layout
-
     def filter(self, node: SemanticFilter) -> Port:
         rows = self.rows(node.child)
-        retain = node.alias in self.decisions.retained
-        layout = self.examples_layout(node.alias, [p.prompt for p in node.predicates], f"the filters on {node.alias}",
-                                      kept_kv=retain)
-        bound = bind_filters(node.predicates, self.tokenizer, self.style, layout)
+        bound = bind_filters(node.predicates, self.tokenizer, self.style, self.decisions.layout(("filter", node.alias)))
         stages = tuple(ph.FilterStage(p, q, *selectivity_of(p.selectivity))
                        for p, q in zip(node.predicates, bound.questions, strict=True))
         order = self.decisions.filter_orders.get(node.alias)
         estimate = ph.NodeEstimate(rows=None, seconds=order.seconds if order else None)
         model = self.add(ph.AiFilter(f"filter_{node.alias}", estimate, alias=node.alias, column=bound.column,
                                      preamble=bound.preamble, frame=bound.frame, stages=stages,
-                                     retain_kv=retain and layout == "document_first",
+                                     retain_kv=node.alias in self.decisions.retained,
                                      share_prefixes=node.alias in self.decisions.shared_prefixes,
                                      calibration=self.calibration, answers=self.answers),
                          rows=self.documents(rows, (node.alias,)))
@@ -226,8 +187,8 @@ class _GraphBuilder:
     def classify(self, node: Classify) -> Port:
         rows = self.rows(node.child)
         alias = node.prompt.aliases[0]
-        layout = self.examples_layout(alias, [node.prompt], f"{node.output} (AI.CLASSIFY on {alias})")
-        bound = bind_classify(node.prompt, node.labels, node.instructions, self.tokenizer, self.style, layout)
+        bound = bind_classify(node.prompt, node.labels, node.instructions, self.tokenizer, self.style,
+                              self.decisions.layout(("output", node.position)))
         model = self.add(ph.AiClassify(f"classify_{node.output}", alias=alias, column=bound.column,
                                        output=node.output, position=node.position, labels=node.labels,
                                        preamble=bound.preamble, tail=bound.tail, label_tokens=bound.labels),
@@ -238,8 +199,8 @@ class _GraphBuilder:
     def score(self, node: Score) -> Port:
         rows = self.rows(node.child)
         alias = node.prompt.aliases[0]
-        layout = self.examples_layout(alias, [node.prompt], f"{node.output} (AI.SCORE on {alias})")
-        bound = bind_filters([AiPredicate(node.prompt, node.position)], self.tokenizer, self.style, layout)
+        bound = bind_filters([AiPredicate(node.prompt, node.position)], self.tokenizer, self.style,
+                             self.decisions.layout(("output", node.position)))
         model = self.add(ph.AiScore(f"score_{node.output}", alias=alias, column=bound.column, output=node.output,
                                     position=node.position, prompt=node.prompt, preamble=bound.preamble,
                                     question=bound.frame + bound.questions[0], answers=self.answers),
@@ -252,8 +213,7 @@ class _GraphBuilder:
         rows = self.rows(node.child)
         alias = node.prompt.aliases[0]
         predicate = AiPredicate(node.prompt, node.position, node.selectivity)
-        layout = self.examples_layout(alias, [node.prompt], f"{node.output} (AI_FILTER as a value on {alias})")
-        bound = bind_filters([predicate], self.tokenizer, self.style, layout)
+        bound = bind_filters([predicate], self.tokenizer, self.style, self.decisions.layout(("output", node.position)))
         stage = ph.FilterStage(predicate, bound.questions[0], *selectivity_of(node.selectivity))
         model = self.add(ph.AiFilter(f"filter_{node.output}", alias=alias, column=bound.column,
                                      preamble=bound.preamble, frame=bound.frame, stages=(stage,),

@@ -12,6 +12,7 @@ from functools import partial
 from quail.backends.base import PlanningContext
 from quail.data.tokenizer import Tokenizer
 from quail.frontend.prompts import (
+    ExamplesLayout,
     FilterPrompts,
     JoinPrompt,
     PromptStyle,
@@ -65,18 +66,20 @@ class StoredPrices:
                                     f"{bound.anchor.alias} are stored (priced at zero)")
         return self.shares[key]
 
-    def output_share(self, output: Classify | Score, documents: float) -> float:
-        """The share of an AI output's `documents` whose readout is not stored (1 without a store)."""
+    def output_share(self, output: Classify | Score, documents: float, layout: ExamplesLayout) -> float:
+        """The share of an AI output's `documents` whose readout is not stored (1 without a store), its examples
+        laid out as the plan lays them."""
         alias = output.prompt.aliases[0]
         if self.stored is None or not documents:
             return 1.0
         if isinstance(output, Classify):
-            bound = bind_classify(output.prompt, output.labels, output.instructions, self.tokenizer, self.style)
+            bound = bind_classify(output.prompt, output.labels, output.instructions, self.tokenizer, self.style,
+                                  layout)
             pending = self.stored.pending_labels(
                 alias, lambda document: filter_prompt(bound.preamble, document, (), bound.tail), bound.labels)
         else:
             predicate = AiPredicate(output.prompt, output.position)
-            prompts = bind_filters([predicate], self.tokenizer, self.style)
+            prompts = bind_filters([predicate], self.tokenizer, self.style, layout)
             [pending] = self.stored.pending_stages(alias, [(predicate, partial(_stage_prompt, prompts, 0))])
         return len(pending) / documents
 

@@ -65,25 +65,28 @@ def _stage(position: int, node: str, aliases: tuple[str, ...], selectivity: floa
 
 
 class _PrefixCounter:
-    """Counts the tokens of every distinct prompt prefix once (a trie's size, by layout)."""
+    """Counts the tokens of every distinct prompt prefix once (a trie's size, by layout): each preamble once, and
+    the documents after each preamble once (a document after two different preambles — few-shot examples first in
+    one node — is two prefixes)."""
 
     def __init__(self, tokens: Mapping[str, TokenColumn]) -> None:
         self.tokens = tokens
         self.preambles: set[tuple[int, ...]] = set()
-        self.documents: dict[str, set[int]] = {}
+        self.documents: dict[tuple[tuple[int, ...], str], set[int]] = {}
         self.total = 0
 
     def document_prefixes(self, preamble: tuple[int, ...], alias: str, rows: pa.Array) -> None:
         if preamble not in self.preambles:
             self.preambles.add(preamble)
             self.total += len(preamble)
-        seen = self.documents.setdefault(alias, set())
+        seen = self.documents.setdefault((preamble, alias), set())
         seen.update(rows.to_pylist())
 
     def finish(self) -> int:
-        """Documents of an alias share their common token prefixes: Σ len − LCP(previous) sorted."""
+        """Documents of an alias after one preamble share their common token prefixes: Σ len − LCP(previous)
+        sorted."""
         total = self.total
-        for alias, rows in self.documents.items():
+        for (_, alias), rows in self.documents.items():
             column = self.tokens[alias]
             ordered = sorted(column.row(r) for r in rows)
             previous: tuple[int, ...] = ()

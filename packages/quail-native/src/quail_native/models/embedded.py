@@ -424,22 +424,23 @@ def _tokenizer_problems(path: Path) -> list[str]:
 
 
 def _weight_problems(path: Path, model: Any) -> list[str]:
-    """Every saved tensor equals the in-memory one bit for bit (read memory-mapped, one at a time)."""
+    """Every saved tensor equals the in-memory one bit for bit (read one at a time, as the executor reads them)."""
     import torch
-    from safetensors import safe_open
+
+    from quail_native.models.loading import file_tensors
 
     state = model.state_dict()
     problems = []
-    with safe_open(str(path / "model.safetensors"), framework="pt") as saved:
-        names = set(saved.keys())
-        untied = {name for name in state if name not in names and not _is_tied(model, name)}
-        if untied:
-            problems.append(f"model.safetensors lacks {sorted(untied)[:3]}")
-        for name in sorted(names):
-            if name not in state:
-                problems.append(f"model.safetensors has an unknown tensor {name}")
-            elif not torch.equal(saved.get_tensor(name), state[name]):
-                problems.append(f"saved tensor {name} differs from the loaded model")
+    names = set()
+    for name, saved in file_tensors(path / "model.safetensors"):
+        names.add(name)
+        if name not in state:
+            problems.append(f"model.safetensors has an unknown tensor {name}")
+        elif not torch.equal(saved, state[name]):
+            problems.append(f"saved tensor {name} differs from the loaded model")
+    untied = {name for name in state if name not in names and not _is_tied(model, name)}
+    if untied:
+        problems.append(f"model.safetensors lacks {sorted(untied)[:3]}")
     return problems
 
 

@@ -7,6 +7,7 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
@@ -44,11 +45,11 @@ def read_weights(path: Path, dtype: torch.dtype | None = None,
     weights: dict[str, torch.Tensor] = {}
     for file in files:
         try:
-            for name, tensor in _tensors(file):
+            for name, tensor in file_tensors(file):
                 if dtype is not None or device is not None:
                     tensor = tensor.to(device=device, dtype=dtype)
                 weights[_local_name(name)] = tensor
-        except (OSError, ValueError, KeyError, RuntimeError) as error:
+        except (OSError, ValueError, RuntimeError) as error:  # RuntimeError: a shape its bytes do not fill
             raise ModelLoadError(f"the weights file {file} cannot be read ({type(error).__name__}: {error}); it is "
                                  "damaged or truncated: restore it, or delete the directory to convert it "
                                  "again") from None
@@ -60,27 +61,44 @@ SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.
                       "BOOL": torch.bool}
 
 
-def _tensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def file_tensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
     """The tensors of one safetensors file, each read into memory of its own (not mapped): its 8-byte header
-    length, JSON header (dtype, shape, byte range of every tensor), then the bytes."""
+    length, JSON header (dtype, shape, byte range of every tensor), then the bytes. Raises ValueError naming
+    what does not hold."""
+    size = file.stat().st_size
     with open(file, "rb") as handle:
+        if size < 8:
+            raise ValueError(f"{size} bytes: no header")
         (length,) = struct.unpack("<Q", handle.read(8))
+        if length > size - 8:
+            raise ValueError(f"the header claims {length:,} bytes; the file has {size - 8:,} after its length")
         header = json.loads(handle.read(length))
+        if not isinstance(header, dict):
+            raise ValueError("the header is not a JSON object")
         base = 8 + length
-        size = file.stat().st_size
         for name, entry in header.items():
             if name == "__metadata__":
                 continue
-            start, stop = entry["data_offsets"]
-            if not 0 <= start <= stop or base + stop > size:
-                raise ValueError(f"tensor {name} lies outside the file")
-            handle.seek(base + start)
-            data = bytearray(stop - start)
-            if handle.readinto(data) != len(data):
-                raise ValueError(f"tensor {name} is cut short")
-            dtype = SAFETENSORS_DTYPES[entry["dtype"]]
-            flat = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
-            yield name, flat.reshape(entry["shape"])
+            yield name, _tensor(handle, name, entry, base, size)
+
+
+def _tensor(handle: BinaryIO, name: str, entry: object, base: int, size: int) -> torch.Tensor:
+    if not isinstance(entry, dict) or not isinstance(entry.get("data_offsets"), list) \
+            or not isinstance(entry.get("shape"), list):
+        raise ValueError(f"tensor {name} has no shape and byte range")
+    dtype = SAFETENSORS_DTYPES.get(str(entry.get("dtype")))
+    if dtype is None:
+        raise ValueError(f"tensor {name} is of type {entry.get('dtype')!r}, which Quail does not read "
+                         f"({', '.join(SAFETENSORS_DTYPES)})")
+    start, stop = entry["data_offsets"]
+    if not 0 <= start <= stop or base + stop > size:
+        raise ValueError(f"tensor {name} lies outside the file")
+    handle.seek(base + start)
+    data = bytearray(stop - start)
+    if handle.readinto(data) != len(data):
+        raise ValueError(f"tensor {name} is cut short")
+    flat = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
+    return flat.reshape(entry["shape"])
 
 
 def _local_name(name: str) -> str:
