@@ -612,22 +612,27 @@ def test_any_mix_of_column_predicates_and_ai_filters_matches_the_oracle(session,
     assert problem is None, f"{sql}: {problem}"
 
 
-def test_the_readme_examples_run_and_give_the_columns_it_shows():
-    """README.md shows two queries on Gemma 3 270M with their output: they stay valid SQL here."""
+def test_the_documented_examples_run_and_give_the_columns_they_show():
+    """docs/sql.md shows two queries on Gemma 3 270M with their output, and the README a first join with examples:
+    they stay valid SQL here."""
     import re
     from pathlib import Path
 
     from quail import datasets
 
-    readme = Path(__file__).parent.parent.joinpath("README.md").read_text()
-    section = readme[readme.index("Two examples on Gemma 3 270M"):]
+    root = Path(__file__).parent.parent
+    reference = root.joinpath("docs", "sql.md").read_text()
+    section = reference[reference.index("Two examples on Gemma 3 270M"):]
     blocks = re.findall(r"```sql\n(.*?)```\n\n```\n(.*?)\n", section, re.DOTALL)
     assert len(blocks) == 2
-    with keyword_session({"reviews": datasets.reviews()}) as s:
+    readme = root.joinpath("README.md").read_text()
+    [first] = re.findall(r"```sql\n(.*?)```", readme[readme.index("## SQL you can write"):], re.DOTALL)[:1]
+    with keyword_session({"reviews": datasets.reviews(), "aspects": datasets.aspects()}) as s:
         for (sql, header), dialect in zip(blocks, (SF, BQ), strict=True):
             result = s.sql(sql, dialect=dialect).run()
             assert result.collect().column_names == header.split()
             assert 0 < result.count() <= 5
+        assert s.sql(first).run().collect().column_names == ["id", "aspect"]
 
 
 @pytest.mark.parametrize("compute", ["local", "process"])
