@@ -218,3 +218,16 @@ def test_a_filter_whose_examples_go_first_keeps_no_kv_for_the_join(session):
     text = query.explain()
     assert "examples of the filters on r: first" in text and "of documents another node would reuse" in text
     assert not node.retain_kv and "keep the document KV of r" not in text
+
+
+@pytest.mark.parametrize("call", ["AI_FILTER(PROMPT('Is {0} good?', r.body), OPTIONS)",
+                                  "AI.SCORE(PROMPT('Is {0} good?', r.body), OPTIONS) > 0.5"])
+def test_examples_longer_than_a_forward_pass_are_refused_naming_them(call):
+    """Skipping or cutting documents could not help: the refusal names the examples and what to change."""
+    long = "word " * 2500
+    options = "{'examples': [('" + long + "', TRUE), ('short', FALSE)]}"
+    with keyword_session() as opened, pytest.raises(quail.RefusalError) as refused:
+        opened.sql(f"SELECT r.id FROM reviews r WHERE {call.replace('OPTIONS', options)}").plan()
+    message = str(refused.value)
+    assert "the examples of the prompts over r leave no room for a document" in message
+    assert "2 examples and the question take" in message and "give fewer or shorter examples" in message

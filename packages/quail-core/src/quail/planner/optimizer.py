@@ -155,6 +155,8 @@ class _Optimizer:
         bound = bind_filters(leaf.predicates, self.tokenizer, self.style, self.layouts[("filter", leaf.alias)])
         documents = self.documents(leaf.alias)
         prefix = documents.plus(len(bound.preamble) + len(bound.frame))
+        text = len(bound.preamble) + len(bound.frame) + max(len(q) for q in bound.questions)
+        self.check_examples_fit(leaf.alias, text, [p.prompt for p in leaf.predicates])
         self.check_fits(leaf.alias, prefix.maximum + max(len(q) for q in bound.questions))
         prices = []
         pending = self.stored.pending_stages(leaf.alias, leaf.predicates, bound, documents)
@@ -210,6 +212,19 @@ class _Optimizer:
     def with_sharing(self, order: FilterOrder) -> FilterOrder:
         saved, added = self.sharing_seconds(order.alias, order)
         return replace(order, seconds=max(order.seconds - saved + added, 0.0))
+
+    def check_examples_fit(self, what: str, text: int, prompts: list[Prompt]) -> None:
+        """A prompt whose own text — its examples, mostly — leaves no room for a document: refused naming the
+        examples (skipping or cutting documents, the oversized-document remedy, could not help)."""
+        budget = min(self.context.chunk_tokens, self.context.model.context_length)
+        examples = sum(len(prompt.examples) for prompt in prompts)
+        if examples and text >= budget:
+            raise RefusalError(Refusal(
+                f"the examples of the prompts over {what} leave no room for a document in one forward pass",
+                (f"{examples} example{'s' if examples > 1 else ''} and the question take {text:,} tokens",),
+                needed=text + 1, available=budget, unit="tokens",
+                hints=("give fewer or shorter examples", "or raise EngineConfig.chunk_tokens"),
+            ))
 
     def check_fits(self, what: str, longest: float) -> None:
         budget = min(self.context.chunk_tokens, self.context.model.context_length)
@@ -357,10 +372,12 @@ class _Optimizer:
         else:
             tail = len(tail_ids(self.tokenizer, filter_tail(output.prompt, self.style, layout), self.style))
             labels = []
-        if layout == "examples_first":  # the examples, once in the node's preamble: spread over its documents
-            tail += len(preamble_ids(self.tokenizer, self.style, output.prompt.examples)) // max(
-                int(self.documents(output.prompt.aliases[0]).count), 1)
         alias = output.prompt.aliases[0]
+        first = output.prompt.examples if layout == "examples_first" else ()
+        preamble = len(preamble_ids(self.tokenizer, self.style, first))
+        self.check_examples_fit(alias, preamble + tail + max(labels, default=0), [output.prompt])
+        if first:  # the examples, once in the node's preamble: spread over its documents
+            tail += preamble // max(int(self.documents(alias).count), 1)
         documents = stats[alias].documents.plus(1 + tail)
         self.check_fits(alias, documents.maximum + max(labels, default=0))
         work = scan(documents)
