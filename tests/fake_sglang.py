@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from quail.frontend.prompts import AnswerTokens
+from quail.prompts import AnswerTokens
 
 OTHER_LABEL = -30.0
 SAMPLING_KEYS = frozenset({

@@ -19,7 +19,7 @@ from vllm import SamplingParams
 from vllm.logprobs import Logprob
 from vllm.outputs import CompletionOutput, RequestOutput
 
-from quail.frontend.prompts import AnswerTokens
+from quail.prompts import AnswerTokens
 
 BLOCK = 16
 OTHER_LABEL = -30.0

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from quail.data.tokenizer import Tokenizer
-from quail.frontend.prompts import BASE_STYLE, PromptStyle, bind_filters, bind_join
 from quail.logical.expressions import AiPredicate
 from quail.physical import nodes as ph
+from quail.prompts import BASE_STYLE, PromptStyle, bind_filters, bind_join
 
 
 def filter_node(predicates: Sequence[AiPredicate], tokenizer: Tokenizer, style: PromptStyle = BASE_STYLE

@@ -16,8 +16,8 @@ from test_end_to_end import CASES, KEPT_ENGINES, Case, assert_matches_oracle, re
 
 import quail
 from quail.backends.base import ModelBackend
-from quail.frontend.prompts import answer_tokens
 from quail.physical import nodes as ph
+from quail.prompts import answer_tokens
 from quail.testing import BASE_MODEL, ByteTokenizer, KeywordBackend
 from quail.testing.rules import predicate_margin
 

@@ -46,9 +46,9 @@ from quail import (
     col,
     prompt,
 )
-from quail.backends import serving
 from quail.cli import main
 from quail.errors import ConfigError
+from quail.serving import engines as serving
 from quail.testing import KeywordBackend
 
 REVIEWS = pa.table({"id": [1, 2, 3], "body": ["great acting", "a dull plot", "acting and plot"]})

@@ -15,8 +15,8 @@ from prompt_nodes import filter_node, join_node
 from quail.data.providers import DocumentProvider
 from quail.data.tokenizer import HuggingFaceTokenizer
 from quail.data.tokens import TokenStore
-from quail.frontend.prompts import BASE_STYLE, QWEN3_CHAT_STYLE
 from quail.logical.expressions import AiPredicate, ColumnRef, Prompt
+from quail.prompts import BASE_STYLE, QWEN3_CHAT_STYLE
 
 tokenizers = pytest.importorskip("tokenizers")
 

@@ -12,9 +12,9 @@ import pytest
 from test_general_rule import keyword_session
 
 import quail
-from quail.frontend.prompts import QWEN2_CHAT_STYLE, bind_classify, bind_filters
 from quail.logical.expressions import AiPredicate, ColumnRef, Example, Label, Prompt
 from quail.physical import nodes as ph
+from quail.prompts import QWEN2_CHAT_STYLE, bind_classify, bind_filters
 from quail.testing.tokenizer import ByteTokenizer
 
 SHOTS = "{'examples': [('The cast is superb.', TRUE), ('The music drags.', FALSE)]}"

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import quail.query_cli
-import quail.session
+import quail.runtime.coordinator
 from quail.cli import main
 
 REVIEWS = pa.table({"id": [1, 2, 3], "body": ["great acting", "dull plot", "the acting shines"]})
@@ -36,7 +36,7 @@ def no_model_work(monkeypatch):
     def refuse(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("the model ran before the output destination was checked")
 
-    monkeypatch.setattr(quail.session.Query, "run", refuse)
+    monkeypatch.setattr(quail.runtime.coordinator.Query, "run", refuse)
 
 
 def query(capsys, reviews: Path, output: str) -> tuple[int, str]:

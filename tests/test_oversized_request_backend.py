@@ -18,7 +18,6 @@ import quail
 from quail import DocumentProvider, EngineConfig
 from quail.physical import nodes as ph
 from quail.requests import RequestStrategy
-from quail.runtime.execution import prepared_documents
 from quail.testing import BASE_MODEL
 from quail.testing.rules import predicate_margin
 from quail_vllm.backend import PIPELINED, VLLMBackend
@@ -52,7 +51,8 @@ def test_a_request_backend_answers_every_other_document_and_never_sends_a_skippe
     with quail.Session(config, registry=registry, tokenizer=TOKENIZER) as session:
         session.register("longreviews", DocumentProvider.from_table(REVIEWS, "id"))
         query = session.sql(FILTERS)
-        oversized, tokens, _ = prepared_documents(query)
+        prepared = query.prepared()
+        oversized, tokens = prepared.oversized, prepared.tokens
         assert oversized.counts() == {"r": 1}
         documents = [tuple(TOKENIZER.encode(b)) for i, b in enumerate(BODIES) if i != 2]
         if policy == "truncate":

@@ -28,7 +28,6 @@ from quail.physical import editing
 from quail.physical import nodes as ph
 from quail.planner.partition import key_alias, plan_partition, split_documents
 from quail.planner.prefixes import plan_borrows
-from quail.runtime.execution import token_columns
 from quail.testing import ByteTokenizer, KeywordBackend
 
 TOLERANCE = 1.1
@@ -110,7 +109,7 @@ def test_a_cumulative_trace_stays_with_the_step_it_borrows_from():
         session.register("traces", quail.DocumentProvider.from_table(datasets.traces(), "id"))
         query = session.sql("SELECT t.id FROM traces t WHERE AI_FILTER(PROMPT('Did the agent hit an error? {0}', "
                             "t.log))")
-        graph, tokens = query.plan().graph, token_columns(query)
+        graph, tokens = query.plan().graph, query.prepared().tokens
         assert any(isinstance(n, ph.AiFilter) and n.share_prefixes for n in graph.nodes)
         partition = plan_partition(graph, tokens, 2)
     [phase] = partition.phases
@@ -135,7 +134,7 @@ def session():
 
 def partition_of(session, case_id, workers=2):
     query = CASE_BY_ID[case_id].query(session)
-    return query.plan().graph, plan_partition(query.plan().graph, token_columns(query), workers)
+    return query.plan().graph, plan_partition(query.plan().graph, query.prepared().tokens, workers)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -187,7 +186,7 @@ class Reorder(ph.PhysicalNode):
 def test_a_limit_after_a_node_the_planner_does_not_know_is_not_met_early(session):
     query = CASE_BY_ID["limit_filter"].query(session)
     edited = editing.insert(query.plan().graph, Reorder(id="reorder"), after="survivors_r")
-    partition = plan_partition(edited, token_columns(query), 2)
+    partition = plan_partition(edited, query.prepared().tokens, 2)
     assert partition.unsplit is None and partition.limit is None
     assert len(partition.phases[0].shards) == 2
 
@@ -195,7 +194,7 @@ def test_a_limit_after_a_node_the_planner_does_not_know_is_not_met_early(session
 def test_a_limit_before_model_work_runs_unsplit_and_says_why(session):
     query = CASE_BY_ID["one_keyword_filter"].query(session)
     edited = editing.insert(query.plan().graph, ph.Limit(id="early", count=2), after="scan_r")
-    partition = plan_partition(edited, token_columns(query), 2)
+    partition = plan_partition(edited, query.prepared().tokens, 2)
     assert partition.unsplit is not None and "Limit 'early' comes before model work" in partition.unsplit
     [phase] = partition.phases
     assert phase.alias is None and len(phase.shards) == 1

@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 
 import quail
 from quail import PlanEditError
-from quail.frontend.prompts import AnswerTokens
 from quail.logical.expressions import AiPredicate, ColumnRef, Equality, Label, OutputColumn, Prompt, ScoreThreshold
 from quail.physical import nodes as ph
 from quail.physical.codecs import decode_graph, encode_graph, from_json, register_codec_type, to_json
 from quail.physical.editing import insert, move, remove
 from quail.physical.graph import Edge, PhysicalGraph
+from quail.prompts import AnswerTokens
 
 # ------------------------------------------------------------------------------------------------
 # Random values of every field type

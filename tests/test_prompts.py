@@ -9,7 +9,8 @@ import pytest
 from prompt_nodes import filter_node, join_node
 
 from quail import RefusalError
-from quail.frontend.prompts import (
+from quail.logical.expressions import AiPredicate, ColumnRef, Label, Prompt
+from quail.prompts import (
     BASE_STYLE,
     QWEN3_CHAT_STYLE,
     answer_tokens,
@@ -21,7 +22,6 @@ from quail.frontend.prompts import (
     shared_frame,
     style_for,
 )
-from quail.logical.expressions import AiPredicate, ColumnRef, Label, Prompt
 
 BODY = ColumnRef("r", "body")
 ASPECT = ColumnRef("a", "aspect")

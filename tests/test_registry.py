@@ -8,7 +8,7 @@ import pytest
 
 from quail import ExtensionRegistry, ModelSpec
 from quail.catalog.models import GEMMA_3_270M
-from quail.plugins.registry import Origin
+from quail.plugins.kinds import Origin
 from quail_example.backend import ExampleBackend
 
 

@@ -22,13 +22,14 @@ from request_helpers import teach as teach_margins
 from test_end_to_end import CASES, assert_matches_oracle, keyword_session, result_rows
 
 import quail
-from quail.backends.base import BackendExecutionContext, PhysicalRequest, TableInput
+from quail.backends.base import BackendExecutionContext
+from quail.compute.request import PhysicalRequest, TableInput
 from quail.data.tokens import TokenStore
 from quail.errors import RefusalError
 from quail.physical import codecs
 from quail.physical import nodes as ph
 from quail.requests import RequestStrategy
-from quail.runtime.execution import model_outputs
+from quail.runtime.coordinator import model_outputs
 from quail_vllm.backend import PIPELINED, STOCK, VLLMBackend
 from quail_vllm.engine import VLLMEngine
 
@@ -233,7 +234,7 @@ def test_execute_request_runs_the_graph_on_an_engine_kept_in_runtime_state(tmp_p
             assert response.tables[(step.id, "answers")].equals(expected[step.id])
         assert response.metrics.fresh_tokens > 0
         assert set(response.metrics.nodes) >= {n.id for n in model_nodes}
-        quail.backends.serving.release_all(state)
+        quail.serving.engines.release_all(state)
     assert fake.llm.closed
 
 

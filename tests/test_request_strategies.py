@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from quail.frontend.prompts import AnswerTokens
+from quail.prompts import AnswerTokens
 from quail.requests.engine import EngineAnswer, EngineRequest, margin_of
 from quail.requests.strategies import AnchorWork, FilterWork, JoinWork, Tally, join_order, run_filter, run_join
 

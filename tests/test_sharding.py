@@ -17,10 +17,10 @@ from e2e_data import TABLES, arrow_table
 from test_end_to_end import CASE_BY_ID, CASES, assert_matches_oracle, keyword_session
 
 import quail
-from quail.backends import serving
-from quail.backends.base import BackendExecutionContext, PhysicalRequest, PhysicalResponse, ShardMetrics
+from quail.backends.base import BackendExecutionContext
 from quail.compute.base import Caller, ShardingProvider
 from quail.compute.local import LocalProvider
+from quail.compute.request import PhysicalRequest, PhysicalResponse, ShardMetrics
 from quail.compute.sharding import (
     finish,
     limit_reached,
@@ -32,7 +32,7 @@ from quail.compute.sharding import (
 )
 from quail.errors import ComputeError
 from quail.planner.partition import plan_partition
-from quail.runtime.execution import token_columns
+from quail.serving import engines as serving
 from quail.testing import ByteTokenizer, KeywordBackend
 
 WORKERS = 3
@@ -129,7 +129,7 @@ def test_a_limit_stops_once_the_first_shards_hold_its_rows(sessions):
     result = case.query(sharded).run()
     assert result.collect().equals(case.query(local).collect())
     query = case.query(sharded)
-    planned = plan_partition(query.plan().graph, token_columns(query), WORKERS)
+    planned = plan_partition(query.plan().graph, query.prepared().tokens, WORKERS)
     assert len(result.report["shards"]) < len(planned.phases[0].shards), "later shards never ran"
 
 

@@ -67,14 +67,14 @@ def test_a_signal_while_the_model_works_cleans_up_and_exits_128_plus_n(tmp_path,
     (tmp_path / "rows.json").write_text("previous rows\n")
     result = run_script(tmp_path, f"""
         import os, sys, time
-        import quail.runtime.runner
+        import quail.serving.runner
 
         def signalled_midway(self, *args, **kwargs):
             assert any(os.scandir(os.environ["TMPDIR"])), "the session has written its token files"
             os.kill(os.getpid(), {int(signal_number)})
             time.sleep(30)
 
-        quail.runtime.runner.Runner.run = signalled_midway
+        quail.serving.runner.Runner.run = signalled_midway
         from quail.cli import main
         sys.exit(main(["query", {FILTER!r}, "--table", "reviews=reviews.parquet", "--output", "rows.json",
                        "--backend", "example-keyword", "--no-progress"]))

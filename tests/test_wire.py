@@ -14,9 +14,9 @@ import pytest
 from test_end_to_end import CASE_BY_ID, keyword_session
 
 from quail.backends import shapes
-from quail.backends.base import ExecutionMetrics, PhysicalResponse, ShardMetrics
+from quail.compute.request import ExecutionMetrics, PhysicalResponse, ShardMetrics
 from quail.compute.wire import decode_request, decode_response, encode_request, encode_response, receive
-from quail.runtime.execution import model_request, providers_of, token_columns
+from quail.runtime.coordinator import model_request
 
 
 def round_trip(frames):
@@ -29,7 +29,7 @@ def sent():
     with keyword_session() as session:
         query = CASE_BY_ID["join_with_filters_on_both_sides"].query(session)
         graph = query.plan().graph
-        request = model_request(session, graph, providers_of(query), token_columns(query), {})
+        request = model_request(session, graph, query.prepared())
         answers = shapes.filter_answers("a", [0, 2], [1, 1], [True, False], [0.5, -0.25])
         known = {("filter_a", "answers"): answers, ("scan_r", "rows"): pa.table({"r": pa.array([3, 4], pa.int32())})}
         yield replace(request, known=known)

@@ -22,7 +22,8 @@ import torch
 
 import quail
 from quail.data.tokenizer import HuggingFaceTokenizer
-from quail.frontend.prompts import (
+from quail.logical.expressions import ColumnRef, Prompt
+from quail.prompts import (
     BASE_STYLE,
     answer_tokens,
     filter_tail,
@@ -30,7 +31,6 @@ from quail.frontend.prompts import (
     partner_label,
     preamble_ids,
 )
-from quail.logical.expressions import ColumnRef, Prompt
 
 WINDOW = 16  # Gemma 3's sliding window: every test document is longer
 SHARPEN_SEEDS = {"qwen2": 2, "qwen3": 0, "gemma3": 2}  # picked so filter and join answers are mixed TRUE / FALSE

@@ -27,10 +27,10 @@ import torch
 from naive_reference import WINDOW, NaiveModel, TinyModel
 
 import quail
-from quail.frontend.prompts import filter_tail
 from quail.logical.expressions import AiPredicate, ColumnRef, Prompt
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
+from quail.prompts import filter_tail
 from quail_native.executor import labels as labels_scheduler
 from quail_native.models import kernels, projection
 from quail_native.precision_rule import BF16_MARGIN

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from quail.frontend.prompts import BASE_STYLE, bind_filters
 from quail.logical.expressions import AiPredicate, ColumnRef, Prompt
+from quail.prompts import BASE_STYLE, bind_filters
 from quail_native.models.embedded import embedded_model_dir
 from quail_native.models.tokenizer import load_tokenizer
 

@@ -8,8 +8,8 @@ import torch
 
 import quail
 from quail import datasets
-from quail.frontend.prompts import answer_tokens
 from quail.physical.nodes import AiFilter, AiJoin
+from quail.prompts import answer_tokens
 
 pytestmark = pytest.mark.slow
 

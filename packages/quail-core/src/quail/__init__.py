@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from quail.backends.base import (
         BackendExecutionContext,
-        ExecutionMetrics,
         GpuContext,
         ModelBackend,
         ModelExecution,
@@ -22,16 +21,14 @@ if TYPE_CHECKING:
         ModelRegion,
         NodeInputs,
         PhysicalCandidate,
-        PhysicalRequest,
-        PhysicalResponse,
         PlanningContext,
         SupportResult,
-        TableInput,
     )
     from quail.catalog.devices import DeviceSpec
     from quail.catalog.models import ModelSpec
     from quail.compute.base import Caller, ComputeProvider
     from quail.compute.lifetime import release_engines
+    from quail.compute.request import ExecutionMetrics, PhysicalRequest, PhysicalResponse, TableInput
     from quail.config import EngineConfig
     from quail.data.providers import DocumentProvider
     from quail.errors import CompileError, ModelFileError, PlanEditError, QuailError, Refusal, RefusalError

@@ -132,7 +132,8 @@ def _demo(args: argparse.Namespace) -> int:
 def _backends(args: argparse.Namespace) -> int:
     from quail.arguments import check_device_count
     from quail.config import EngineConfig
-    from quail.plugins.registry import FIRST_PARTY_BACKENDS, ExtensionRegistry
+    from quail.plugins.kinds import FIRST_PARTY_BACKENDS
+    from quail.plugins.registry import ExtensionRegistry
 
     registry = ExtensionRegistry.with_built_ins()
     model = registry.model(args.model)

@@ -5,10 +5,8 @@ from __future__ import annotations
 import os
 from types import TracebackType
 
-import pyarrow as pa
-
-from quail.arguments import check_device_count, plan_argument, session_config, text_argument
-from quail.backends.base import ModelBackend, OrderRule, PhysicalCandidate, TokenizerSource
+from quail.arguments import check_device_count, session_config, text_argument
+from quail.backends.base import ModelBackend, OrderRule, TokenizerSource
 from quail.cache.token_ids import remembered
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
@@ -16,26 +14,16 @@ from quail.compute.base import ComputeProvider
 from quail.config import EngineConfig
 from quail.data.database import Database
 from quail.data.providers import TableSchema
-from quail.data.scan import ScanView
 from quail.data.sources import as_source
 from quail.data.tokenizer import Tokenizer
 from quail.data.tokens import TokenStore
 from quail.errors import CompileError, GeneralRuleError, QuailError, Refusal, RefusalError
 from quail.frontend.builder import Docs
-from quail.frontend.compile import compile_query
 from quail.frontend.spec import QuerySpec, TableSpec
 from quail.frontend.sql import Dialect, parse_sql, parse_statement
-from quail.logical.nodes import LogicalNode, Scan, validate_plan, walk
-from quail.logical.rules import run_rules
-from quail.physical.graph import PhysicalGraph
 from quail.plugins.registry import ExtensionRegistry
-from quail.runtime.execution import plan_physical, planned_shards, run_query
-from quail.runtime.explain import explain_text
+from quail.runtime.coordinator import Query
 from quail.runtime.lookups import LookupQuery
-from quail.runtime.results import QueryResult
-from quail.runtime.views import scan_views
-
-ORDER_RULES: tuple[OrderRule, ...] = ("by_cost", "as_written")
 
 
 class Session:
@@ -167,57 +155,3 @@ class Session:
                  traceback: TracebackType | None) -> None:
         self.close()
 
-
-class Query:
-    """A compiled query: its logical plan is built (and checked) when the query is created."""
-
-    def __init__(self, session: Session, spec: QuerySpec, order: OrderRule | None = None) -> None:
-        if order is not None and order not in ORDER_RULES:
-            raise CompileError(f"order must be one of {', '.join(ORDER_RULES)}, got {order!r}")
-        self.session = session
-        self.spec = spec
-        self.order: OrderRule = order or "by_cost"
-        unoptimized = compile_query(spec, session.catalog)
-        self.logical_plan: LogicalNode = run_rules(unoptimized, session.registry.logical_rules)
-        validate_plan(self.logical_plan)
-        self._candidate: PhysicalCandidate | None = None
-        self._planned_on = -1
-
-    def views(self) -> dict[str, ScanView]:
-        """Each alias's scan view: its column predicates applied by DuckDB, only the columns it needs."""
-        return scan_views(self.logical_plan, self.session.database)
-
-    @property
-    def aliases(self) -> dict[str, str]:
-        """alias → table of every Scan in the plan."""
-        return {node.alias: node.table for node in walk(self.logical_plan) if isinstance(node, Scan)}
-
-    def plan(self) -> PhysicalCandidate:
-        """The cheapest physical plan the backend offers (planned once, again if a table changed; no model run)."""
-        self.session.database.refresh()
-        if self._candidate is None or self._planned_on != self.session.database.generation:
-            self._candidate = plan_physical(self)
-            self._planned_on = self.session.database.generation
-        return self._candidate
-
-    def explain(self, verbose: bool = False, analyze: bool = False) -> str:
-        """Logical and physical plans with estimates and decisions; `analyze` runs and adds measurements."""
-        if analyze:
-            return self.run().explain()
-        rules = ", ".join(rule.name for rule in self.session.registry.logical_rules)
-        try:
-            candidate, refusal = self.plan(), None
-        except (RefusalError, CompileError) as error:
-            candidate, refusal = None, str(error)
-        shown = candidate.plan if candidate is not None else self.logical_plan
-        sharding = planned_shards(self, candidate.graph) if candidate is not None else []
-        return explain_text(shown, candidate, self.order, rules, refusal, sharding=sharding)
-
-    def run(self, plan: PhysicalCandidate | PhysicalGraph | None = None) -> QueryResult:
-        self.session.check_open()
-        """Execute; `plan` may be an edited physical graph of this query."""
-        plan_argument(plan)
-        return run_query(self, plan)
-
-    def collect(self) -> pa.Table:
-        return self.run().collect()

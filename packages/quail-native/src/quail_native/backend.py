@@ -21,12 +21,12 @@ from quail import (
     Refusal,
     SupportResult,
 )
-from quail.backends import serving
 from quail.config import EngineConfig
 from quail.data.tokenizer import Tokenizer
-from quail.frontend.prompts import answer_tokens, style_for
 from quail.planner.calibration import calibrates
 from quail.planner.physical import plan_query
+from quail.prompts import answer_tokens, style_for
+from quail.serving import engines as serving
 from quail_native.precision_record import recall, record_path
 from quail_native.precision_rule import unmeasured_precision
 

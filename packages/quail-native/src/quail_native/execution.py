@@ -9,7 +9,8 @@ from collections.abc import Callable
 import pyarrow as pa
 
 from quail.backends import shapes
-from quail.backends.base import NodeInputs, NodeMetrics, NodeOutput
+from quail.backends.base import NodeInputs, NodeOutput
+from quail.compute.request import NodeMetrics
 from quail.errors import Refusal, RefusalError
 from quail.physical import nodes as ph
 from quail.runtime.relational import candidate_tuples

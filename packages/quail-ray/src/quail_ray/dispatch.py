@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from quail.backends.base import PhysicalRequest, PhysicalResponse, PortRef, ShardMetrics
+from quail.compute.request import PhysicalRequest, PhysicalResponse, PortRef, ShardMetrics
 from quail.compute.sharding import Answers, ShardProgress, limit_reached, merge_answers, shard_request
 from quail.compute.wire import decode_error, decode_response
 from quail.errors import WorkerLostError

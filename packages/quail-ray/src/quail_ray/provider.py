@@ -14,9 +14,9 @@ import uuid
 from types import ModuleType
 
 from quail import Refusal, RefusalError
-from quail.backends.base import PhysicalRequest, PhysicalResponse, ShardMetrics
 from quail.compute.base import Caller
 from quail.compute.lifetime import on_release
+from quail.compute.request import PhysicalRequest, PhysicalResponse, ShardMetrics
 from quail.compute.sharding import Answers, finish, merge_metrics, progress_of, request_partition, scan_port
 from quail.config import EngineConfig
 from quail_ray.dispatch import PhaseRun

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, cast
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from quail.backends.base import PhysicalRequest
+from quail.compute.request import PhysicalRequest
 from quail.compute.wire import Frames, Message, encode_request, receive
 from quail.data.tokens import TOKENS_SCHEMA, TokenColumn
 from quail.planner.partition import Phase, Shard

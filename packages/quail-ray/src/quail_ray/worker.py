@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from quail.backends.base import BackendExecutionContext, PhysicalResponse, RuntimeState
-from quail.backends.serving import release_all
+from quail.backends.base import BackendExecutionContext, RuntimeState
+from quail.compute.request import PhysicalResponse
 from quail.compute.wire import decode_request, encode_error, encode_response
 from quail.errors import QuailError, Refusal, RefusalError
 from quail.physical.nodes import PhysicalNode
 from quail.plugins.registry import ExtensionRegistry
+from quail.serving.engines import release_all
 from quail_ray.transport import RayFrames, from_ray, to_ray
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from quail.frontend.prompts import AnswerTokens
+from quail.prompts import AnswerTokens
 from quail.requests import EngineAnswer, EngineRequest, margin_of
 
 if TYPE_CHECKING:

@@ -21,8 +21,9 @@ from array import array
 from collections.abc import Sequence
 from typing import Literal
 
+from quail.data.tokenizer import TokenIds
+
 ReadoutKind = Literal["margin", "labels", "calibration"]
-TokenIds = tuple[int, ...]
 Key = bytes
 
 KEY_BYTES = 16

@@ -19,11 +19,10 @@ from quail.cache.access import StoredAnswerAccess
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
 from quail.config import EngineConfig
-from quail.data.tokenizer import Tokenizer
+from quail.data.tokenizer import TokenIds, Tokenizer
 from quail.data.tokens import TokenColumn
-from quail.frontend.prompts import content_free_documents
+from quail.prompts import content_free_documents
 
-TokenIds = tuple[int, ...]
 SAMPLED_TUPLES = 256
 """Join tuples looked up to estimate the stored share of a join."""
 

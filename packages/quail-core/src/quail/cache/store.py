@@ -45,7 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from quail.cache.keys import Key, ReadoutKind, TokenIds, token_bytes
+from quail.cache.keys import Key, ReadoutKind, token_bytes
+from quail.data.tokenizer import TokenIds
 
 SCHEMA_VERSION = 1
 APPLICATION_ID = 0x5155414C

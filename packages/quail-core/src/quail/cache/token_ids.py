@@ -19,10 +19,10 @@ from pathlib import Path
 
 from quail.backends.base import ModelBackend, ModelIdentitySource
 from quail.cache.access import store_location, warn_unusable
-from quail.cache.keys import KEY_BYTES, Key, TokenIds
+from quail.cache.keys import KEY_BYTES, Key
 from quail.cache.store import AnswerStore, StoreError
 from quail.config import EngineConfig
-from quail.data.tokenizer import Tokenizer
+from quail.data.tokenizer import TokenIds, Tokenizer
 
 _PERSON = b"quail-tokens-1"
 KEPT_IN_PROCESS = 4096

@@ -10,14 +10,12 @@ runs the relational part. Providers are registered through the plugin hooks, lik
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-from quail.backends.base import PhysicalRequest, PhysicalResponse
+from quail.backends.base import BackendLookup
+from quail.compute.request import PhysicalRequest, PhysicalResponse
 from quail.config import EngineConfig
-from quail.runtime.progress import ProgressListener
-
-if TYPE_CHECKING:
-    from quail.plugins.registry import ExtensionRegistry
+from quail.progress import ProgressListener
 
 
 @dataclass(frozen=True)
@@ -28,7 +26,7 @@ class Caller:
     code run too); providers with workers elsewhere use their workers' own registries.
     """
 
-    registry: ExtensionRegistry
+    registry: BackendLookup
     progress: ProgressListener | None = None
 
 

@@ -6,10 +6,11 @@ the same model without booting again.
 
 from __future__ import annotations
 
-from quail.backends.base import BackendExecutionContext, PhysicalRequest, PhysicalResponse, RuntimeState
-from quail.backends.serving import forget_kv_all, release_all
+from quail.backends.base import BackendExecutionContext, RuntimeState
 from quail.compute.base import Caller
 from quail.compute.lifetime import on_release
+from quail.compute.request import PhysicalRequest, PhysicalResponse
+from quail.serving.engines import forget_kv_all, release_all
 
 RUNTIME_STATE: RuntimeState = {}
 """Every engine the local provider has booted in this process."""

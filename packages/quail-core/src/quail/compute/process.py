@@ -16,13 +16,13 @@ import sys
 import threading
 from multiprocessing.connection import Connection
 
-from quail.backends.base import PhysicalRequest, PhysicalResponse
 from quail.compute.base import Caller
 from quail.compute.lifetime import on_release
+from quail.compute.request import PhysicalRequest, PhysicalResponse
 from quail.compute.wire import decode_error, decode_response, encode_request, receive
 from quail.errors import WorkerLostError
 from quail.physical.graph import PhysicalGraph
-from quail.runtime.progress import ProgressListener
+from quail.progress import ProgressListener
 
 STOP_WAIT_S = 5.0
 WorkerKey = tuple[str, str | None]

@@ -17,7 +17,8 @@ from dataclasses import dataclass, replace
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from quail.backends.base import (
+from quail.compute.base import Caller
+from quail.compute.request import (
     BootKind,
     ExecutionMetrics,
     NodeMetrics,
@@ -26,14 +27,13 @@ from quail.backends.base import (
     PortRef,
     ShardMetrics,
 )
-from quail.compute.base import Caller
 from quail.errors import ComputeError
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
 from quail.planner.partition import Partition, Phase, Shard, key_alias, plan_partition
-from quail.runtime.progress import ProgressListener
+from quail.progress import ProgressListener
 from quail.runtime.report import sum_known
-from quail.runtime.runner import RunInputs, Runner, RunOutput
+from quail.serving.runner import RunInputs, Runner, RunOutput
 
 Answers = dict[PortRef, pa.Table]
 
@@ -95,7 +95,7 @@ def _check_within(table: pa.Table, alias: str, shard: Shard, port: PortRef) -> N
     if table.num_rows and not pc.all(pc.is_in(table.column(alias), value_set=shard.rows())).as_py():
         raise ComputeError(f"the answers of {port[0]} for shard {shard.index} name documents outside it: the backend "
                            "ignored the request's known ports (run model nodes through "
-                           "quail.backends.serving.execute_request, or honour BackendExecutionContext.known)")
+                           "quail.serving.engines.execute_request, or honour BackendExecutionContext.known)")
 
 
 def finish(request: PhysicalRequest, answers: Mapping[PortRef, pa.Table],

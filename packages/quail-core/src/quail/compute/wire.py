@@ -19,7 +19,9 @@ from typing import Literal, TypeVar
 
 import pyarrow as pa
 
-from quail.backends.base import (
+from quail.catalog.devices import DeviceSpec
+from quail.catalog.models import ModelSpec
+from quail.compute.request import (
     ExecutionMetrics,
     NodeMetrics,
     PhysicalRequest,
@@ -28,8 +30,6 @@ from quail.backends.base import (
     ShardMetrics,
     TableInput,
 )
-from quail.catalog.devices import DeviceSpec
-from quail.catalog.models import ModelSpec
 from quail.config import EngineConfig
 from quail.data.tokens import TokenColumn
 from quail.errors import CompileError, ComputeError, QuailError, Refusal, RefusalError

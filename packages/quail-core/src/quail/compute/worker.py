@@ -16,11 +16,12 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
-from quail.backends.base import BackendExecutionContext, PhysicalResponse, RuntimeState
-from quail.backends.serving import release_all
+from quail.backends.base import BackendExecutionContext, RuntimeState
+from quail.compute.request import PhysicalResponse
 from quail.compute.wire import Frames, Message, decode_request, encode_error, encode_progress, encode_response, receive
 from quail.physical.nodes import PhysicalNode
 from quail.plugins.registry import ExtensionRegistry
+from quail.serving.engines import release_all
 
 PARENT_CHECK_S = 1.0
 

@@ -16,6 +16,9 @@ from quail.errors import ModelFileError
 if TYPE_CHECKING:
     from tokenizers import Tokenizer as TokenizerFile
 
+TokenIds = tuple[int, ...]
+"""A token sequence as Quail passes it around: immutable and hashable (a prompt, a document, a label)."""
+
 
 @runtime_checkable
 class Tokenizer(Protocol):

@@ -29,7 +29,7 @@ from quail.logical.expressions import Comparison, Label, ScoreThreshold, Semanti
 
 if TYPE_CHECKING:
     from quail.backends.base import OrderRule
-    from quail.session import Query
+    from quail.runtime.coordinator import Query
 
 SEMANTICS: tuple[Semantics, ...] = ("full", "exists", "anti")
 

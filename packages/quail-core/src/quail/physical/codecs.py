@@ -11,7 +11,6 @@ import dataclasses
 import json
 from typing import TypeAlias
 
-from quail.frontend.prompts import AnswerTokens
 from quail.logical.expressions import (
     AiPredicate,
     ColumnRef,
@@ -24,6 +23,7 @@ from quail.logical.expressions import (
 )
 from quail.physical.graph import Edge, PhysicalGraph
 from quail.physical.nodes import CORE_NODE_TYPES, FilterStage, NodeEstimate
+from quail.prompts import AnswerTokens
 
 Json: TypeAlias = bool | int | float | str | list["Json"] | dict[str, "Json"] | None
 TAG = "__type__"

@@ -19,8 +19,9 @@ from enum import Enum
 from types import MappingProxyType
 from typing import ClassVar
 
-from quail.frontend.prompts import AnswerTokens, filter_prompt, join_prompt
+from quail.data.tokenizer import TokenIds
 from quail.logical.expressions import AiPredicate, ColumnRef, Equality, Label, OutputColumn, Prompt, Semantics
+from quail.prompts import AnswerTokens, filter_prompt, join_prompt
 
 
 class PortType(Enum):
@@ -77,7 +78,6 @@ class PhysicalNode:
         return self.kind
 
 
-TokenIds = tuple[int, ...]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,14 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from quail.data.tokenizer import Tokenizer
-from quail.frontend.prompts import (
+from quail.logical.expressions import Prompt
+from quail.prompts import (
     EXAMPLES_AFTER_HEADER,
     EXAMPLES_FIRST_HEADER,
     ExamplesLayout,
     examples_text,
     shared_examples,
 )
-from quail.logical.expressions import Prompt
 
 LayoutKey = tuple[str, str | int]
 """("filter", alias) for an alias's filter node, ("output", position) for an AI output column."""

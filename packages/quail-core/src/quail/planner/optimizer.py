@@ -12,16 +12,6 @@ from dataclasses import dataclass, field, replace
 from quail.backends.base import PlanningContext
 from quail.data.tokenizer import Tokenizer
 from quail.errors import Refusal, RefusalError
-from quail.frontend.prompts import (
-    ExamplesLayout,
-    PromptStyle,
-    bind_classify,
-    bind_filters,
-    bind_join,
-    filter_tail,
-    preamble_ids,
-    tail_ids,
-)
 from quail.logical.expressions import AiPredicate, Prompt, Semantics
 from quail.logical.nodes import AiOutput, Classify, LogicalNode, Project
 from quail.planner.cost import CostModel, Lengths, Work, ask, scan
@@ -39,6 +29,16 @@ from quail.planner.joins import (
 )
 from quail.planner.shape import Leaf, PlanShape, SubqueryJoin, rebuild, shape_of
 from quail.planner.stored import StoredPrices
+from quail.prompts import (
+    ExamplesLayout,
+    PromptStyle,
+    bind_classify,
+    bind_filters,
+    bind_join,
+    filter_tail,
+    preamble_ids,
+    tail_ids,
+)
 
 OVERSIZED_HINT = ("to answer the other documents, skip or cut the long ones: "
                   "EngineConfig(oversized_documents='skip' or 'truncate')")

@@ -25,7 +25,9 @@ from quail.catalog.models import ModelSpec
 from quail.config import OversizedPolicy
 from quail.data.tokenizer import Tokenizer
 from quail.data.tokens import TokenColumn
-from quail.frontend.prompts import (
+from quail.logical.expressions import AiPredicate
+from quail.logical.nodes import Classify, LogicalNode, Score, SemanticFilter, SemanticJoin, Verdict, walk
+from quail.prompts import (
     BASE_STYLE,
     ExamplesLayout,
     PromptStyle,
@@ -35,8 +37,6 @@ from quail.frontend.prompts import (
     shared_examples,
     style_for,
 )
-from quail.logical.expressions import AiPredicate
-from quail.logical.nodes import Classify, LogicalNode, Score, SemanticFilter, SemanticJoin, Verdict, walk
 
 ReportValue = None | bool | int | float | str | list["ReportValue"] | dict[str, "ReportValue"]
 

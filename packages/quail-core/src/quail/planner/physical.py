@@ -7,14 +7,6 @@ from dataclasses import dataclass, field
 
 from quail.backends.base import ModelRegion, PhysicalCandidate, PlanningContext
 from quail.data.tokenizer import Tokenizer
-from quail.frontend.prompts import (
-    AnswerTokens,
-    PromptStyle,
-    bind_classify,
-    bind_filters,
-    bind_join,
-    content_free_documents,
-)
 from quail.logical.expressions import AiPredicate
 from quail.logical.nodes import (
     Classify,
@@ -33,6 +25,14 @@ from quail.physical.graph import Edge, PhysicalGraph
 from quail.planner.calibration import REMARK as CALIBRATION_REMARK
 from quail.planner.filters import selectivity_of
 from quail.planner.optimizer import Decisions, optimize
+from quail.prompts import (
+    AnswerTokens,
+    PromptStyle,
+    bind_classify,
+    bind_filters,
+    bind_join,
+    content_free_documents,
+)
 
 Port = tuple[str, str]
 

@@ -10,21 +10,20 @@ from __future__ import annotations
 from functools import partial
 
 from quail.backends.base import PlanningContext
-from quail.data.tokenizer import Tokenizer
-from quail.frontend.prompts import (
+from quail.data.tokenizer import TokenIds, Tokenizer
+from quail.logical.expressions import AiPredicate
+from quail.logical.nodes import Classify, Score
+from quail.planner.cost import Lengths
+from quail.prompts import (
     ExamplesLayout,
     FilterPrompts,
     JoinPrompt,
     PromptStyle,
-    TokenIds,
     bind_classify,
     bind_filters,
     filter_prompt,
     join_prompt,
 )
-from quail.logical.expressions import AiPredicate
-from quail.logical.nodes import Classify, Score
-from quail.planner.cost import Lengths
 
 
 class StoredPrices:

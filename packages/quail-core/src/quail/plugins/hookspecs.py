@@ -12,33 +12,15 @@ By convention the entry-point name is the name of the backend the plugin provide
 from __future__ import annotations
 
 import argparse
-from typing import Protocol
 
 import pluggy
 
-from quail.backends.base import ModelBackend
-from quail.catalog.devices import DeviceSpec
-from quail.catalog.models import ModelSpec
-from quail.compute.base import ComputeProvider
-from quail.logical.rules import LogicalRule
+from quail.plugins.kinds import Registrar
 
 PROJECT = "quail"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
-
-class Registrar(Protocol):
-    """What a plugin may register. Its registrations land together or not at all."""
-
-    def register_backend(self, backend: ModelBackend) -> None: ...
-
-    def register_model(self, spec: ModelSpec) -> None: ...
-
-    def register_device(self, spec: DeviceSpec) -> None: ...
-
-    def register_logical_rule(self, rule: LogicalRule) -> None: ...
-
-    def register_compute(self, provider: ComputeProvider) -> None: ...
 
 
 @hookspec

@@ -6,24 +6,12 @@ import argparse
 import warnings
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
+from typing import Protocol
 
 import pluggy
 
-from quail.backends.base import ModelBackend
-from quail.catalog.devices import DeviceSpec
-from quail.catalog.models import ModelSpec
-from quail.compute.base import ComputeProvider
-from quail.logical.rules import LogicalRule
 from quail.plugins import hookspecs
-from quail.plugins.registry import (
-    CORE,
-    FIRST_PARTY_BACKENDS,
-    Extension,
-    ExtensionRegistry,
-    Kind,
-    Origin,
-    PluginFailure,
-)
+from quail.plugins.kinds import CORE, FIRST_PARTY_BACKENDS, Extension, Kind, Origin, PluginFailure, Registrar
 
 GROUP = hookspecs.PROJECT
 
@@ -32,26 +20,22 @@ class PluginLoadWarning(UserWarning):
     """A plugin failed to load; the others were loaded and the reason is remembered."""
 
 
+class PluginHost(Protocol):
+    """What plugins are loaded into (an ExtensionRegistry): batches that land whole, and failures remembered."""
+
+    def register_all(self, items: list[tuple[Kind, Extension]], origin: Origin) -> None: ...
+
+    def record_failure(self, failure: PluginFailure) -> None: ...
+
+
 @dataclass
-class _StagedRegistrar:
+class _StagedRegistrar(Registrar):
     """Collects one plugin's registrations so they can land together or not at all."""
 
     items: list[tuple[Kind, Extension]] = field(default_factory=list)
 
-    def register_backend(self, backend: ModelBackend) -> None:
-        self.items.append(("backend", backend))
-
-    def register_model(self, spec: ModelSpec) -> None:
-        self.items.append(("model", spec))
-
-    def register_device(self, spec: DeviceSpec) -> None:
-        self.items.append(("device", spec))
-
-    def register_logical_rule(self, rule: LogicalRule) -> None:
-        self.items.append(("logical_rule", rule))
-
-    def register_compute(self, provider: ComputeProvider) -> None:
-        self.items.append(("compute", provider))
+    def register_all(self, items: list[tuple[Kind, Extension]], origin: Origin) -> None:
+        self.items.extend(items)
 
     def claimed_names(self) -> tuple[str, ...]:
         return tuple(str(getattr(item, "name", "?")) for kind, item in self.items if kind == "backend")
@@ -63,7 +47,7 @@ def plugin_manager() -> pluggy.PluginManager:
     return manager
 
 
-def load_plugins(registry: ExtensionRegistry, group: str = GROUP) -> None:
+def load_plugins(registry: PluginHost, group: str = GROUP) -> None:
     """Import every entry point of `group`, collect each plugin's registrations, then commit them.
 
     Every entry point loads, even two that share a name (pluggy's `load_setuptools_entrypoints`
@@ -91,7 +75,7 @@ def load_plugins(registry: ExtensionRegistry, group: str = GROUP) -> None:
             _fail(registry, PluginFailure(entry.name, origin, "register", str(exc), registrar.claimed_names()))
 
 
-def _load_built_ins(registry: ExtensionRegistry, manager: pluggy.PluginManager) -> None:
+def _load_built_ins(registry: PluginHost, manager: pluggy.PluginManager) -> None:
     """Core's own plugin, first and through the same hook; its failure is a bug of Quail's, so it raises."""
     from quail.plugins import builtin
 
@@ -103,7 +87,7 @@ def _load_built_ins(registry: ExtensionRegistry, manager: pluggy.PluginManager) 
 
 
 def _load(manager: pluggy.PluginManager, entry: EntryPoint, origin: Origin,
-          registry: ExtensionRegistry | None) -> object | None:
+          registry: PluginHost | None) -> object | None:
     """Import one entry point's module and register it under a name unique to its distribution."""
     try:
         plugin = entry.load()
@@ -127,7 +111,7 @@ def _precedence(staged: tuple[EntryPoint, Origin, _StagedRegistrar]) -> tuple[in
     return rank, entry.name, origin.distribution or ""
 
 
-def _collect(registry: ExtensionRegistry, manager: pluggy.PluginManager, plugin: object, name: str,
+def _collect(registry: PluginHost, manager: pluggy.PluginManager, plugin: object, name: str,
              origin: Origin) -> _StagedRegistrar | None:
     implementations = [i for i in manager.hook.quail_register.get_hookimpls() if i.plugin is plugin]
     if not implementations:
@@ -169,7 +153,7 @@ def _message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _fail(registry: ExtensionRegistry, failure: PluginFailure) -> None:
+def _fail(registry: PluginHost, failure: PluginFailure) -> None:
     registry.record_failure(failure)
     warnings.warn(failure.describe(), PluginLoadWarning, stacklevel=3)
 

@@ -13,7 +13,6 @@ import json
 from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 
-from quail.backends import serving
 from quail.backends.base import (
     BackendExecutionContext,
     GpuContext,
@@ -21,24 +20,25 @@ from quail.backends.base import (
     ModelIdentity,
     ModelRegion,
     PhysicalCandidate,
-    PhysicalResponse,
     PlanningContext,
     SupportResult,
 )
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.locations import local_model_directory
 from quail.catalog.models import ModelSpec
+from quail.compute.request import PhysicalResponse
 from quail.config import EngineConfig
 from quail.data.tokenizer import HuggingFaceTokenizer, Tokenizer
 from quail.errors import Refusal, RefusalError
-from quail.frontend.prompts import answer_tokens, style_for
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
 from quail.planner.calibration import calibrates
 from quail.planner.physical import plan_query
+from quail.prompts import answer_tokens, style_for
 from quail.requests.engine import RequestEngine
 from quail.requests.execution import REQUEST_NODES, RequestModelExecution
 from quail.requests.strategies import RequestStrategy
+from quail.serving import engines as serving
 
 EngineFactory = Callable[[GpuContext], RequestEngine]
 CHECKPOINT_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json",

@@ -12,9 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from quail.frontend.prompts import AnswerTokens
-
-TokenIds = tuple[int, ...]
+from quail.data.tokenizer import TokenIds
+from quail.prompts import AnswerTokens
 
 
 @dataclass(frozen=True)

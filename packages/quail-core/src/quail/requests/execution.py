@@ -15,12 +15,14 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from quail.backends import shapes
-from quail.backends.base import NodeInputs, NodeMetrics, NodeOutput
+from quail.backends.base import NodeInputs, NodeOutput
+from quail.compute.request import NodeMetrics
+from quail.data.tokenizer import TokenIds
 from quail.errors import Refusal, RefusalError
-from quail.frontend.prompts import AnswerTokens
 from quail.logical.expressions import AiPredicate
 from quail.physical import nodes as ph
-from quail.requests.engine import EngineRequest, RequestEngine, TokenIds
+from quail.prompts import AnswerTokens
+from quail.requests.engine import EngineRequest, RequestEngine
 from quail.requests.strategies import (
     AnchorWork,
     FilterWork,

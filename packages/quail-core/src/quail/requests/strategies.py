@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Literal
 
-from quail.frontend.prompts import AnswerTokens
-from quail.requests.engine import EngineAnswer, EngineRequest, RequestEngine, TokenIds
+from quail.data.tokenizer import TokenIds
+from quail.prompts import AnswerTokens
+from quail.requests.engine import EngineAnswer, EngineRequest, RequestEngine
 
 FilterStrategy = Literal["operator", "pipelined"]
 """operator: one batch per stage over every live document; pipelined: a document's next stage is

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from quail.backends.base import NodeMetrics, PhysicalCandidate, ShardMetrics
+from quail.backends.base import PhysicalCandidate
+from quail.compute.request import NodeMetrics, ShardMetrics
 from quail.logical.nodes import LogicalNode, render
 from quail.physical.graph import PhysicalGraph
 from quail.physical.nodes import NodeEstimate, PhysicalNode

@@ -12,7 +12,7 @@ from typing import TypeVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from quail.backends.base import NodeMetrics, ShardMetrics
+from quail.compute.request import NodeMetrics, ShardMetrics
 from quail.data.tokens import TokenColumn
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph

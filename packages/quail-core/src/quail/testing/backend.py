@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 
-from quail.backends import serving, shapes
+from quail.backends import shapes
 from quail.backends.base import (
     BackendExecutionContext,
     GpuContext,
@@ -15,22 +15,22 @@ from quail.backends.base import (
     ModelIdentity,
     ModelRegion,
     NodeInputs,
-    NodeMetrics,
     NodeOutput,
     PhysicalCandidate,
-    PhysicalResponse,
     PlanningContext,
     SupportResult,
 )
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
+from quail.compute.request import NodeMetrics, PhysicalResponse
 from quail.config import EngineConfig
 from quail.data.tokenizer import Tokenizer
 from quail.errors import Refusal, RefusalError
-from quail.frontend.prompts import BASE_STYLE
 from quail.physical import nodes as ph
 from quail.planner.physical import plan_query
+from quail.prompts import BASE_STYLE
 from quail.runtime.relational import candidate_tuples
+from quail.serving import engines as serving
 from quail.testing.rules import classify_margins, predicate_margin
 from quail.testing.tokenizer import ByteTokenizer
 

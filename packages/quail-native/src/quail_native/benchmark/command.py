@@ -15,8 +15,8 @@ import torch
 
 import quail
 from quail.compute.local import forget_kv_caches
-from quail.frontend.prompts import answer_tokens
 from quail.planner.statistics import document_columns
+from quail.prompts import answer_tokens
 from quail.runtime.report import ReportValue
 from quail.runtime.results import QueryResult
 from quail_native.backend import NativeBackend

@@ -16,9 +16,9 @@ import torch
 
 from quail.backends.shapes import predicate_holds
 from quail.data.tokenizer import Tokenizer
-from quail.frontend.prompts import AnswerTokens
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
+from quail.prompts import AnswerTokens
 
 Texts = dict[str, list[str]]
 

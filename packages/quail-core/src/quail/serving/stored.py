@@ -19,12 +19,12 @@ from collections.abc import Callable
 
 from quail.backends.base import ModelExecution, NodeInputs, NodeOutput
 from quail.cache.access import StoredAnswerAccess
-from quail.cache.filters import answer_filter
-from quail.cache.joins import answer_join
-from quail.cache.node_run import NodeRun
-from quail.cache.outputs import answer_outputs
 from quail.physical import nodes as ph
-from quail.runtime.progress import reporting
+from quail.progress import reporting
+from quail.serving.filters import answer_filter
+from quail.serving.joins import answer_join
+from quail.serving.node_run import NodeRun
+from quail.serving.outputs import answer_outputs
 
 COMMIT_PASSES = 8
 """A backend call (and so a committed batch of answers) covers at most this many forward passes of prompt tokens."""

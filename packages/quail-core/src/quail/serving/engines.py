@@ -22,22 +22,20 @@ from dataclasses import dataclass
 
 from quail.backends.base import (
     BackendExecutionContext,
-    BootKind,
     DescribesEngine,
-    ExecutionMetrics,
     ForgetsKV,
     ModelBackend,
     ModelExecution,
-    PhysicalResponse,
     RuntimeState,
 )
 from quail.cache.access import StoredAnswerAccess
-from quail.cache.execution import CachedExecution
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
+from quail.compute.request import BootKind, ExecutionMetrics, PhysicalResponse
 from quail.config import EngineConfig
 from quail.runtime.report import model_token_totals
-from quail.runtime.runner import RunInputs, Runner
+from quail.serving.runner import RunInputs, Runner
+from quail.serving.stored import CachedExecution
 
 _USES = itertools.count()
 

@@ -17,9 +17,9 @@ import pyarrow.compute as pc
 from quail.backends import shapes
 from quail.backends.base import NodeInputs
 from quail.cache.keys import Key
-from quail.cache.node_run import Found, NodeRun
 from quail.physical import nodes as ph
 from quail.runtime.relational import candidate_tuples
+from quail.serving.node_run import Found, NodeRun
 
 Tuple = tuple[int, ...]
 

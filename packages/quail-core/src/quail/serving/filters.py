@@ -17,8 +17,8 @@ import pyarrow as pa
 from quail.backends import shapes
 from quail.backends.base import NodeInputs
 from quail.cache.keys import Key
-from quail.cache.node_run import Found, NodeRun, representatives, row_inputs
 from quail.physical import nodes as ph
+from quail.serving.node_run import Found, NodeRun, representatives, row_inputs
 
 
 def answer_filter(node: ph.AiFilter, inputs: NodeInputs, run: NodeRun) -> pa.Table:

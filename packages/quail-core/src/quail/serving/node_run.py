@@ -10,25 +10,35 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import Protocol, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from quail.backends import shapes
-from quail.backends.base import NodeInputs, NodeMetrics
+from quail.backends.base import ModelExecution, NodeInputs
+from quail.cache.access import StoredAnswerAccess
 from quail.cache.keys import Key, Keys, ReadoutKind
 from quail.cache.store import Answer, Readout
+from quail.compute.request import NodeMetrics
 from quail.logical.expressions import AiPredicate
 from quail.physical import nodes as ph
-from quail.runtime.progress import reporting
-
-if TYPE_CHECKING:
-    from quail.cache.execution import CachedExecution
+from quail.progress import reporting
 
 Item = TypeVar("Item")
 Origin = int | tuple[int, ...] | None
 """The row (filters, outputs) or tuple (joins) whose backend call computed an answer; None when stored."""
+
+
+class AnswerSource(Protocol):
+    """Where a node run gets its answers (a `CachedExecution`): the store, and the backend booted on first need."""
+
+    access: StoredAnswerAccess
+    backend_name: str
+    commit_tokens: int | None
+    progress: Callable[[int, int], None] | None
+
+    def backend(self) -> ModelExecution: ...
 
 
 @dataclass(frozen=True)
@@ -45,7 +55,7 @@ class Found:
 class NodeRun:
     """One model node's way through the store: lookups, backend calls, answers to commit, counts, progress."""
 
-    def __init__(self, execution: CachedExecution, node: ph.PhysicalNode) -> None:
+    def __init__(self, execution: AnswerSource, node: ph.PhysicalNode) -> None:
         self.execution = execution
         self.node = node
         self.consulted = execution.access.active

@@ -18,11 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from quail.data.tokenizer import Tokenizer
+from quail.data.tokenizer import TokenIds, Tokenizer
 from quail.errors import Refusal, RefusalError
 from quail.logical.expressions import PLACEHOLDER, AiPredicate, ColumnRef, Example, Label, Prompt
-
-TokenIds = tuple[int, ...]
 
 TRUE_SPELLINGS = ("TRUE", " TRUE", "True", " True")
 FALSE_SPELLINGS = ("FALSE", " FALSE", "False", " False")

@@ -15,9 +15,9 @@ import pyarrow as pa
 from quail.backends import shapes
 from quail.backends.base import NodeInputs
 from quail.cache.keys import Key, ReadoutKind
-from quail.cache.node_run import NodeRun, representatives, row_inputs
 from quail.cache.store import Readout
 from quail.physical import nodes as ph
+from quail.serving.node_run import NodeRun, representatives, row_inputs
 
 OutputNode = ph.AiClassify | ph.AiScore
 

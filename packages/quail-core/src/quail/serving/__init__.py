@@ -1,0 +1,1 @@
+"""The worker side: engines booted and kept, the answer store in front of them, the node runner."""
