@@ -26,28 +26,30 @@ import pyarrow.parquet as pq
 import pytest
 
 from quail import (
-    BackendExecutionContext,
     CompileError,
     DeviceSpec,
     DocumentProvider,
     EngineConfig,
     ExtensionRegistry,
-    GpuContext,
-    ModelExecution,
-    ModelRegion,
     ModelSpec,
-    PhysicalCandidate,
-    PhysicalResponse,
-    PlanningContext,
     Refusal,
     RefusalError,
     Session,
-    SupportResult,
     col,
     prompt,
 )
 from quail.cli import main
 from quail.errors import ConfigError
+from quail.extend import (
+    BackendExecutionContext,
+    GpuContext,
+    ModelExecution,
+    ModelRegion,
+    PhysicalCandidate,
+    PhysicalResponse,
+    PlanningContext,
+    SupportResult,
+)
 from quail.serving import engines as serving
 from quail.testing import KeywordBackend
 

@@ -107,3 +107,45 @@ def test_no_plugin_imports_another_and_core_imports_none():
         top = module.split(".")[0]
         others = {t.split(".")[0] for t in targets} - {top, "quail"}
         assert not others, f"{module} imports {sorted(others)}"
+
+
+def test_first_party_plugins_build_on_quail_and_quail_extend_alone():
+    edges = graph()
+    for module, targets in edges.items():
+        if module.split(".")[0] == "quail":
+            continue
+        deeper = sorted(t for t in targets if t.split(".")[0] == "quail" and t not in ("quail", "quail.extend",
+                                                                                          "quail.datasets"))
+        assert not deeper, f"{module} reaches past quail and quail.extend: {deeper}"
+
+
+LAYERS = (
+    ("basics", ("quail.errors", "quail.config", "quail.interrupts", "quail.catalog", "quail.data", "quail.logical",
+                "quail.prompts", "quail.datasets", "quail.frontend.spec")),
+    ("plans", ("quail.physical", "quail.progress")),
+    ("contract", ("quail.compute.request", "quail.backends", "quail.backends.base", "quail.backends.shapes")),
+    ("planner", ("quail.planner",)),
+    ("worker side", ("quail.cache", "quail.serving", "quail.backends.default", "quail.requests", "quail.compute")),
+    ("registry", ("quail.plugins",)),
+    ("front", ("quail",)),
+)
+"""quail-core's layers, bottom first (docs/architecture.md draws them): a module imports from its own layer or
+below. The front is everything else: SQL and builder front ends, the query run, session, CLI, worker processes,
+the test kit and `quail.extend`."""
+
+
+def layer_of(module: str) -> int:
+    """The layer of the longest prefix that names `module` (a module, or a package holding it)."""
+    found = [(len(prefix), index) for index, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes
+             if module == prefix or module.startswith(prefix + ".")]
+    return max(found)[1]
+
+
+def test_quail_core_imports_point_down_its_layers():
+    upward = []
+    for module, targets in graph().items():
+        if module.split(".")[0] != "quail" or module == "quail.compute.worker":  # a worker process's entry point
+            continue
+        upward += [f"{module} ({LAYERS[layer_of(module)][0]}) → {target} ({LAYERS[layer_of(target)][0]})"
+                   for target in targets if target.split(".")[0] == "quail" and layer_of(target) > layer_of(module)]
+    assert not upward, "imports pointing up a layer:\n" + "\n".join(sorted(upward))

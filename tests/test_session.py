@@ -5,17 +5,10 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from quail import (
-    DocumentProvider,
-    EngineConfig,
-    ExtensionRegistry,
-    QuailError,
-    RefusalError,
-    Session,
-    SupportResult,
-)
+from quail import DocumentProvider, EngineConfig, ExtensionRegistry, QuailError, RefusalError, Session
 from quail.catalog.devices import BUILT_IN_DEVICES
 from quail.catalog.models import BUILT_IN_MODELS
+from quail.extend import SupportResult
 from quail.plugins import builtin
 from quail_example.backend import ExampleBackend
 

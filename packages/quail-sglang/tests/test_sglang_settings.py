@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import quail
-from quail import GpuContext
+from quail.extend import GpuContext
 from quail_sglang import backend as sglang_backend
 from quail_sglang.backend import INSTALL, SGLangBackend, boot_sglang, settings_for
 

@@ -7,8 +7,8 @@ import json
 import pytest
 
 import quail
-from quail import GpuContext
 from quail.catalog.devices import DeviceSpec
+from quail.extend import GpuContext
 from quail_vllm import backend as vllm_backend
 from quail_vllm.backend import CPU_BLOCK_TOKENS, VLLMBackend, settings_for
 

@@ -1,8 +1,9 @@
 """Quail: a query engine for AI functions in SQL.
 
-The public names below load on first use (PEP 562 `__getattr__`), so `import quail.cli` starts
-without pyarrow and sqlglot, and the command line can turn an interrupt that arrives while they
-load into a clean exit instead of a traceback.
+What a user needs is here; what a backend or compute-provider author needs is in `quail.extend`.
+The names load on first use (PEP 562 `__getattr__`), so `import quail.cli` starts without pyarrow
+and sqlglot, and the command line can turn an interrupt that arrives while they load into a clean
+exit instead of a traceback.
 """
 
 from __future__ import annotations
@@ -11,82 +12,53 @@ from importlib import import_module
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from quail.backends.base import (
-        BackendExecutionContext,
-        GpuContext,
-        ModelBackend,
-        ModelExecution,
-        ModelIdentity,
-        ModelIdentitySource,
-        ModelRegion,
-        NodeInputs,
-        PhysicalCandidate,
-        PlanningContext,
-        SupportResult,
-    )
     from quail.catalog.devices import DeviceSpec
     from quail.catalog.models import ModelSpec
-    from quail.compute.base import Caller, ComputeProvider
     from quail.compute.lifetime import release_engines
-    from quail.compute.request import ExecutionMetrics, PhysicalRequest, PhysicalResponse, TableInput
     from quail.config import EngineConfig
     from quail.data.providers import DocumentProvider
     from quail.errors import CompileError, ModelFileError, PlanEditError, QuailError, Refusal, RefusalError
     from quail.frontend.builder import col, prompt, score
+    from quail.physical.graph import PhysicalGraph
     from quail.plugins.hookspecs import hookimpl
     from quail.plugins.registry import ExtensionRegistry
-    from quail.session import Query, Session
+    from quail.runtime.coordinator import Query
+    from quail.runtime.results import QueryResult
+    from quail.session import Session
 
 _HOMES = {
-    "quail.backends.base": ("BackendExecutionContext", "ExecutionMetrics", "GpuContext", "ModelBackend",
-                            "ModelExecution", "ModelIdentity", "ModelIdentitySource", "ModelRegion", "NodeInputs",
-                            "PhysicalCandidate", "PhysicalRequest", "PhysicalResponse", "PlanningContext",
-                            "SupportResult", "TableInput"),
     "quail.catalog.devices": ("DeviceSpec",),
     "quail.catalog.models": ("ModelSpec",),
-    "quail.compute.base": ("Caller", "ComputeProvider"),
     "quail.compute.lifetime": ("release_engines",),
     "quail.config": ("EngineConfig",),
     "quail.data.providers": ("DocumentProvider",),
     "quail.errors": ("CompileError", "ModelFileError", "PlanEditError", "QuailError", "Refusal", "RefusalError"),
     "quail.frontend.builder": ("col", "prompt", "score"),
+    "quail.physical.graph": ("PhysicalGraph",),
     "quail.plugins.hookspecs": ("hookimpl",),
     "quail.plugins.registry": ("ExtensionRegistry",),
-    "quail.session": ("Query", "Session"),
+    "quail.runtime.coordinator": ("Query",),
+    "quail.runtime.results": ("QueryResult",),
+    "quail.session": ("Session",),
 }
 _MODULE_OF = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = [
-    "BackendExecutionContext",
-    "Caller",
     "CompileError",
-    "ComputeProvider",
     "DeviceSpec",
     "DocumentProvider",
     "EngineConfig",
-    "ExecutionMetrics",
     "ExtensionRegistry",
-    "GpuContext",
-    "ModelBackend",
-    "ModelExecution",
     "ModelFileError",
-    "ModelIdentity",
-    "ModelIdentitySource",
-    "ModelRegion",
     "ModelSpec",
-    "NodeInputs",
-    "PhysicalCandidate",
-    "PhysicalRequest",
-    "PhysicalResponse",
+    "PhysicalGraph",
     "PlanEditError",
-    "PlanningContext",
     "QuailError",
     "Query",
+    "QueryResult",
     "Refusal",
     "RefusalError",
     "Session",
-    "SupportResult",
-    "TableInput",
     "col",
     "hookimpl",
     "prompt",

@@ -3,30 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from quail import (
-    BackendExecutionContext,
-    DeviceSpec,
-    GpuContext,
-    ModelExecution,
-    ModelIdentity,
-    ModelRegion,
-    ModelSpec,
-    PhysicalCandidate,
-    PhysicalResponse,
-    PlanningContext,
-    Refusal,
-    SupportResult,
-)
-from quail.config import EngineConfig
-from quail.data.tokenizer import Tokenizer
-from quail.planner.calibration import calibrates
-from quail.planner.physical import plan_query
-from quail.prompts import answer_tokens, style_for
-from quail.serving import engines as serving
+from quail import DeviceSpec, EngineConfig, ModelSpec
+from quail.extend import Backend, GpuContext, ModelExecution, ModelIdentity, SupportResult, Tokenizer, answer_tokens
 from quail_native.precision_record import recall, record_path
 from quail_native.precision_rule import unmeasured_precision
 
@@ -36,8 +17,8 @@ CHECKPOINT_FILES = ("config.json", "tokenizer.json", "*.safetensors")
 """What `load_model` reads of a checkpoint directory: the files its answers are a function of."""
 
 
-@dataclass(frozen=True)
-class NativeBackend:
+@dataclass(frozen=True, eq=True)
+class NativeBackend(Backend):
     """Quail's executor. Stateless, so every instance is equal: sessions share the engine it boots."""
 
     name: str = "native"
@@ -66,13 +47,6 @@ class NativeBackend:
         directory = model_directory(model)
         files = tuple(sorted({p for pattern in CHECKPOINT_FILES for p in Path(directory).glob(pattern)}))
         return ModelIdentity(files, (("precision", precision_name(config, device, model)), ("device", device.kind)))
-
-    def plan(self, region: ModelRegion, context: PlanningContext) -> Sequence[PhysicalCandidate] | Refusal:
-        if context.tokenizer is None:
-            return Refusal("the native backend plans with the model's tokenizer, and none was given")
-        answers = answer_tokens(context.tokenizer)  # refuses a tokenizer that cannot tell TRUE from FALSE
-        style = style_for(context.model.chat_template, context.model.architecture)
-        return [plan_query(self.name, region, context, style, calibrate=calibrates(context), answers=answers)]
 
     def start(self, context: GpuContext) -> ModelExecution:
         import torch
@@ -105,9 +79,6 @@ class NativeBackend:
             notes.append(f"attention: {kernels.attention_status(dtype)}")
         return NativeExecution(loaded, AnswerColumns(tokens.true_ids, tokens.false_ids), arena,
                                Budget(config.chunk_tokens), tuple(notes))
-
-    def execute_request(self, context: BackendExecutionContext) -> PhysicalResponse:
-        return serving.execute_request(self, context)
 
 
 def precision_name(config: EngineConfig, device: DeviceSpec, model: ModelSpec) -> str:

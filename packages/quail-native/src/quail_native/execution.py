@@ -8,12 +8,24 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
-from quail.backends import shapes
-from quail.backends.base import NodeInputs, NodeOutput
-from quail.compute.request import NodeMetrics
-from quail.errors import Refusal, RefusalError
-from quail.physical import nodes as ph
-from quail.runtime.relational import candidate_tuples
+from quail import Refusal, RefusalError
+from quail.extend import (
+    AiClassify,
+    AiFilter,
+    AiJoin,
+    AiScore,
+    NodeInputs,
+    NodeMetrics,
+    NodeOutput,
+    PhysicalNode,
+    candidate_tuples,
+    choose_label,
+    filter_answers,
+    join_answers,
+    label_answers,
+    predicate_holds,
+    score_answers,
+)
 from quail_native.executor.arena import KVArena
 from quail_native.executor.calibration import Calibration
 from quail_native.executor.filters import FilterLayout, run_filter
@@ -47,19 +59,19 @@ class NativeExecution:
     def margin(self, result: ItemResult) -> float:
         return margins(self.loaded.model, result.hidden, self.answers)[0]
 
-    def execute(self, node: ph.PhysicalNode, inputs: NodeInputs) -> NodeOutput:
+    def execute(self, node: PhysicalNode, inputs: NodeInputs) -> NodeOutput:
         started = time.perf_counter()
         before = self.state.packer.counters.snapshot()
         kv_before = self.state.counters.snapshot()
-        calibrated = isinstance(node, ph.AiFilter | ph.AiJoin)
+        calibrated = isinstance(node, AiFilter | AiJoin)
         calibration = Calibration(node.calibration_prompts() if calibrated else {}, self.margin)
-        if isinstance(node, ph.AiFilter):
+        if isinstance(node, AiFilter):
             table = self.filter(node, inputs, calibration)
-        elif isinstance(node, ph.AiJoin):
+        elif isinstance(node, AiJoin):
             table = self.join(node, inputs, calibration)
-        elif isinstance(node, ph.AiClassify):
+        elif isinstance(node, AiClassify):
             table = self.classify(node, inputs)
-        elif isinstance(node, ph.AiScore):
+        elif isinstance(node, AiScore):
             table = self.score(node, inputs)
         else:
             raise RefusalError(Refusal(f"the native backend has no runtime for {node.kind}"))
@@ -77,24 +89,24 @@ class NativeExecution:
 
     # -- filters ------------------------------------------------------------------------------
 
-    def filter(self, node: ph.AiFilter, inputs: NodeInputs, calibration: Calibration) -> pa.Table:
+    def filter(self, node: AiFilter, inputs: NodeInputs, calibration: Calibration) -> pa.Table:
         rows = inputs.rows(node.alias)
         stages = node.stages
         layout = FilterLayout(node.preamble, node.frame, tuple(s.question for s in stages))
 
         def holds(stage: int, margin: float) -> bool:
             predicate = stages[stage].predicate
-            return shapes.predicate_holds(predicate, margin, calibration.offset(predicate.position))
+            return predicate_holds(predicate, margin, calibration.offset(predicate.position))
 
         found = run_filter(self.state, node.alias, rows, inputs.tokens(node.alias), layout, holds, self.margin,
                            node.retain_kv, share=node.share_prefixes, lead=calibration.lead(self.state, node.preamble))
-        return shapes.filter_answers(node.alias, [f.row for f in found],
+        return filter_answers(node.alias, [f.row for f in found],
                                      [stages[f.stage].predicate.position for f in found],
                                      [f.answer for f in found], [f.margin for f in found])
 
     # -- joins --------------------------------------------------------------------------------
 
-    def join(self, node: ph.AiJoin, inputs: NodeInputs, calibration: Calibration) -> pa.Table:
+    def join(self, node: AiJoin, inputs: NodeInputs, calibration: Calibration) -> pa.Table:
         aliases = [c.alias for c in node.predicate.prompt.columns]
         texts = {alias: inputs.tokens(alias) for alias in aliases}
         anchor_alias = node.anchor.alias
@@ -108,29 +120,29 @@ class NativeExecution:
         offset = calibration.offset
         found = run_join(self.state, [anchors[r] for r in sorted(anchors)],
                          JoinLayout(node.preamble, node.frame, node.semantics), self.margin,
-                         lambda m: shapes.predicate_holds(node.predicate, m, offset(node.predicate.position)),
+                         lambda m: predicate_holds(node.predicate, m, offset(node.predicate.position)),
                          retain=node.retain_anchor_kv, share=node.share_prefixes,
                          lead=calibration.lead(self.state, node.preamble))
         columns = {alias: [f.rows[i] for f in found] for i, alias in enumerate(aliases)}
-        return shapes.join_answers(columns, [f.answer for f in found], [f.margin for f in found], anchor=anchor_alias,
+        return join_answers(columns, [f.answer for f in found], [f.margin for f in found], anchor=anchor_alias,
                                    partners=partner_aliases, semantics=node.semantics,
                                    position=node.predicate.position)
 
     # -- classify and score -------------------------------------------------------------------
 
-    def classify(self, node: ph.AiClassify, inputs: NodeInputs) -> pa.Table:
+    def classify(self, node: AiClassify, inputs: NodeInputs) -> pa.Table:
         rows = inputs.rows(node.alias)
         model = self.loaded.model
         layout = LabelLayout(node.preamble, node.tail, tuple(node.label_tokens))
         scores = run_labels(self.state, rows, inputs.tokens(node.alias), layout,
                             lambda hidden, targets: log_probabilities(model, hidden, targets))
         names = [label.name for label in node.labels]
-        chosen = [names[shapes.choose_label(scores[r])] for r in rows]
-        return shapes.label_answers(node.alias, node.output, rows, chosen, [scores[r] for r in rows])
+        chosen = [names[choose_label(scores[r])] for r in rows]
+        return label_answers(node.alias, node.output, rows, chosen, [scores[r] for r in rows])
 
-    def score(self, node: ph.AiScore, inputs: NodeInputs) -> pa.Table:
+    def score(self, node: AiScore, inputs: NodeInputs) -> pa.Table:
         rows = inputs.rows(node.alias)
         texts = inputs.tokens(node.alias)
         found = run_filter(self.state, node.alias, rows, texts, FilterLayout(node.preamble, (), (node.question,)),
                            lambda _k, _m: True, self.margin, retain=False)
-        return shapes.score_answers(node.alias, node.output, [f.row for f in found], [f.margin for f in found])
+        return score_answers(node.alias, node.output, [f.row for f in found], [f.margin for f in found])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 import quail
-from quail.plugins.hookspecs import Registrar
+from quail.extend import Registrar
 from quail_native.backend import NativeBackend
 
 

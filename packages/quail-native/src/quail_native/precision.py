@@ -17,7 +17,7 @@ from functools import lru_cache
 
 import torch
 
-from quail.config import Precision
+from quail.extend import Precision
 from quail_native.models.projection import Projection
 from quail_native.precision_record import ProbeRecord, recall, record_path, remember
 from quail_native.precision_rule import PrecisionName, unmeasured_precision

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
-from quail.catalog.locations import quail_cache_home
+from quail.extend import quail_cache_home
 from quail_native.machine import cpu_features
 from quail_native.precision_rule import PrecisionName, faster_precision
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from quail.config import Precision
+from quail.extend import Precision
 
 PrecisionName = Literal["fp32", "bf16"]
 

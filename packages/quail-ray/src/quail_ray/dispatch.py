@@ -13,11 +13,23 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from quail.compute.request import PhysicalRequest, PhysicalResponse, PortRef, ShardMetrics
-from quail.compute.sharding import Answers, ShardProgress, limit_reached, merge_answers, shard_request
-from quail.compute.wire import decode_error, decode_response
-from quail.errors import WorkerLostError
-from quail.planner.partition import Partition, Phase, Shard
+from quail.extend import (
+    Answers,
+    Partition,
+    Phase,
+    PhysicalRequest,
+    PhysicalResponse,
+    PortRef,
+    Shard,
+    ShardMetrics,
+    ShardProgress,
+    WorkerLostError,
+    decode_error,
+    decode_response,
+    limit_reached,
+    merge_answers,
+    shard_request,
+)
 from quail_ray.pool import Worker, WorkerPool
 from quail_ray.transport import TokenShipment, from_ray, request_frames
 

@@ -16,9 +16,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from quail.catalog.devices import DeviceSpec
-from quail.config import EngineConfig
-from quail.errors import Refusal, RefusalError
+from quail import DeviceSpec, EngineConfig, Refusal, RefusalError
 from quail_ray.worker import QuailWorker
 
 if TYPE_CHECKING:

@@ -13,12 +13,20 @@ import time
 import uuid
 from types import ModuleType
 
-from quail import Refusal, RefusalError
-from quail.compute.base import Caller
-from quail.compute.lifetime import on_release
-from quail.compute.request import PhysicalRequest, PhysicalResponse, ShardMetrics
-from quail.compute.sharding import Answers, finish, merge_metrics, progress_of, request_partition, scan_port
-from quail.config import EngineConfig
+from quail import EngineConfig, Refusal, RefusalError
+from quail.extend import (
+    Answers,
+    Caller,
+    PhysicalRequest,
+    PhysicalResponse,
+    ShardMetrics,
+    finish,
+    merge_metrics,
+    on_release,
+    progress_of,
+    request_partition,
+    scan_port,
+)
 from quail_ray.dispatch import PhaseRun
 from quail_ray.pool import WorkerPool
 from quail_ray.transport import TokenShipment

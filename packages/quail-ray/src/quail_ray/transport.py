@@ -17,10 +17,17 @@ from typing import TYPE_CHECKING, cast
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from quail.compute.request import PhysicalRequest
-from quail.compute.wire import Frames, Message, encode_request, receive
-from quail.data.tokens import TOKENS_SCHEMA, TokenColumn
-from quail.planner.partition import Phase, Shard
+from quail.extend import (
+    TOKENS_SCHEMA,
+    Frames,
+    Message,
+    Phase,
+    PhysicalRequest,
+    Shard,
+    TokenColumn,
+    encode_request,
+    receive,
+)
 
 if TYPE_CHECKING:
     from ray import ObjectRef

@@ -16,13 +16,18 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from quail.backends.base import BackendExecutionContext, RuntimeState
-from quail.compute.request import PhysicalResponse
-from quail.compute.wire import decode_request, encode_error, encode_response
-from quail.errors import QuailError, Refusal, RefusalError
-from quail.physical.nodes import PhysicalNode
-from quail.plugins.registry import ExtensionRegistry
-from quail.serving.engines import release_all
+from quail import ExtensionRegistry, QuailError, Refusal, RefusalError
+from quail.extend import (
+    BackendExecutionContext,
+    PhysicalNode,
+    PhysicalResponse,
+    RuntimeState,
+    decode_request,
+    encode_error,
+    encode_response,
+    release_all,
+    serve,
+)
 from quail_ray.transport import RayFrames, from_ray, to_ray
 
 if TYPE_CHECKING:
@@ -94,8 +99,7 @@ class QuailWorker:
             if events is not None:
                 events.put_nowait((ticket[0], ticket[1], node.id, done, total))
 
-        context = BackendExecutionContext(request, registry, self.state, progress)
-        return registry.backend(request.backend).execute_request(context)
+        return serve(BackendExecutionContext(request, registry, self.state, progress))
 
     def release(self) -> int:
         """Close every engine this worker keeps; how many there were."""

@@ -10,10 +10,17 @@ anchor-major requests in flight together would each compute their anchor again.
 
 from __future__ import annotations
 
-from quail import DeviceSpec, GpuContext, ModelSpec, Refusal, RefusalError, SupportResult
-from quail.catalog.locations import local_model_directory
-from quail.requests import RequestBackend, RequestEngine, RequestStrategy
-from quail.requests.backend import EngineFactory, installed
+from quail import DeviceSpec, ModelSpec, Refusal, RefusalError
+from quail.extend import (
+    EngineFactory,
+    GpuContext,
+    RequestBackend,
+    RequestEngine,
+    RequestStrategy,
+    SupportResult,
+    installed,
+    local_model_directory,
+)
 from quail_sglang.engine import EngineSettings, SGLangEngine
 
 ARCHITECTURES = ("qwen2", "qwen3", "gemma3")

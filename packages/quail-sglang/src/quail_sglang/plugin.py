@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import quail
-from quail.plugins.hookspecs import Registrar
+from quail.extend import Registrar
 from quail_sglang.backend import SGLangBackend
 
 

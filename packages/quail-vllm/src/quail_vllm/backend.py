@@ -11,10 +11,17 @@ model nodes one by one as token-id requests; they differ only in how requests ar
 
 from __future__ import annotations
 
-from quail import DeviceSpec, GpuContext, ModelSpec, Refusal, RefusalError, SupportResult
-from quail.catalog.locations import local_model_directory
-from quail.requests import RequestBackend, RequestEngine, RequestStrategy
-from quail.requests.backend import EngineFactory, installed
+from quail import DeviceSpec, ModelSpec, Refusal, RefusalError
+from quail.extend import (
+    EngineFactory,
+    GpuContext,
+    RequestBackend,
+    RequestEngine,
+    RequestStrategy,
+    SupportResult,
+    installed,
+    local_model_directory,
+)
 from quail_vllm.engine import EngineSettings, VLLMEngine
 
 ARCHITECTURES = ("qwen2", "qwen3", "gemma3")

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from quail.prompts import AnswerTokens
-from quail.requests import EngineAnswer, EngineRequest, margin_of
+from quail.extend import AnswerTokens, EngineAnswer, EngineRequest, margin_of
 
 if TYPE_CHECKING:
     from vllm import LLM, RequestOutput, SamplingParams

@@ -10,7 +10,7 @@ from quail.backends.base import BackendExecutionContext, RuntimeState
 from quail.compute.base import Caller
 from quail.compute.lifetime import on_release
 from quail.compute.request import PhysicalRequest, PhysicalResponse
-from quail.serving.engines import forget_kv_all, release_all
+from quail.serving.engines import forget_kv_all, release_all, serve
 
 RUNTIME_STATE: RuntimeState = {}
 """Every engine the local provider has booted in this process."""
@@ -20,9 +20,7 @@ class LocalProvider:
     name = "local"
 
     def execute(self, request: PhysicalRequest, caller: Caller) -> PhysicalResponse:
-        backend = caller.registry.backend(request.backend)
-        context = BackendExecutionContext(request, caller.registry, RUNTIME_STATE, caller.progress)
-        return backend.execute_request(context)
+        return serve(BackendExecutionContext(request, caller.registry, RUNTIME_STATE, caller.progress))
 
     def close(self) -> None:
         release_all(RUNTIME_STATE)

@@ -7,9 +7,9 @@ Nothing here is a live object, so a request may go to another process or another
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar
 
 import pyarrow as pa
 
@@ -20,6 +20,7 @@ from quail.data.providers import Columns, Rows
 from quail.data.tokens import TokenColumn
 from quail.physical.graph import PhysicalGraph
 
+Number = TypeVar("Number", int, float)
 BootKind = Literal["cold", "warm"]
 PortRef = tuple[str, str]
 """(node id, port name) of a physical node's output."""
@@ -140,3 +141,16 @@ class PhysicalResponse:
 
     tables: Mapping[PortRef, pa.Table]
     metrics: ExecutionMetrics
+
+
+def sum_known(values: Sequence[Number | None]) -> Number | None:
+    """The sum, or None when a value is unknown (an unknown is never counted as 0) or there is none."""
+    return None if any(v is None for v in values) or not values else sum(v for v in values if v is not None)
+
+
+def model_token_totals(graph: PhysicalGraph, metrics: Mapping[str, NodeMetrics]) -> tuple[int | None, int | None]:
+    """(fresh, cached) tokens over the model nodes; None when a backend did not count them."""
+    model = [metrics[n.id] for n in graph.nodes if n.is_model_node and n.id in metrics]
+    if not model:
+        return 0, 0
+    return sum_known([m.fresh_tokens for m in model]), sum_known([m.cached_tokens for m in model])

@@ -26,13 +26,13 @@ from quail.compute.request import (
     PhysicalResponse,
     PortRef,
     ShardMetrics,
+    sum_known,
 )
 from quail.errors import ComputeError
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
 from quail.planner.partition import Partition, Phase, Shard, key_alias, plan_partition
 from quail.progress import ProgressListener
-from quail.runtime.report import sum_known
 from quail.serving.runner import RunInputs, Runner, RunOutput
 
 Answers = dict[PortRef, pa.Table]

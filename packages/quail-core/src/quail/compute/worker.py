@@ -21,7 +21,7 @@ from quail.compute.request import PhysicalResponse
 from quail.compute.wire import Frames, Message, decode_request, encode_error, encode_progress, encode_response, receive
 from quail.physical.nodes import PhysicalNode
 from quail.plugins.registry import ExtensionRegistry
-from quail.serving.engines import release_all
+from quail.serving.engines import release_all, serve
 
 PARENT_CHECK_S = 1.0
 
@@ -52,9 +52,7 @@ class _Worker:
 
     def answer(self, received: Message) -> PhysicalResponse:
         request = decode_request(received)
-        registry = self.registry()
-        context = BackendExecutionContext(request, registry, self.state, self.progress)
-        return registry.backend(request.backend).execute_request(context)
+        return serve(BackendExecutionContext(request, self.registry(), self.state, self.progress))
 
     def serve(self, requests: Connection) -> None:
         while True:

@@ -19,13 +19,13 @@ from quail.backends.base import OrderRule, PlanningContext, StoredAnswers
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
 from quail.config import EngineConfig, Switch
+from quail.data.relational import RowSource
 from quail.data.tokenizer import Tokenizer
 from quail.data.tokens import TokenColumn
 from quail.logical.expressions import Equality
 from quail.logical.nodes import Classify, LogicalNode, Score, SemanticFilter, SemanticJoin, Verdict, walk
 from quail.planner.oversize import taking_part
 from quail.planner.prefixes import shareable_tokens
-from quail.runtime.relational import RowSource
 
 
 class TableRows(RowSource, Protocol):

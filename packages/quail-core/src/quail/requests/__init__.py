@@ -7,7 +7,7 @@ engine in an adapter that plays `RequestEngine`, and answers model nodes one by 
 """
 
 from quail.requests.backend import RequestBackend
-from quail.requests.engine import EngineAnswer, EngineRequest, RequestEngine, margin_of
+from quail.requests.engine import EngineAnswer, EngineRequest, ReadsContinuations, RequestEngine, margin_of
 from quail.requests.execution import RequestModelExecution
 from quail.requests.strategies import FilterStrategy, JoinStrategy, RequestStrategy
 
@@ -16,6 +16,7 @@ __all__ = [
     "EngineRequest",
     "FilterStrategy",
     "JoinStrategy",
+    "ReadsContinuations",
     "RequestBackend",
     "RequestEngine",
     "RequestModelExecution",

@@ -66,6 +66,15 @@ class RequestEngine(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class ReadsContinuations(Protocol):
+    """Optional for a RequestEngine: what an AI.CLASSIFY label scores — the summed log-probability of each
+    continuation's tokens after the prompt (the first read at the prompt's last position, each next one after
+    the continuation's tokens before it). An engine with it runs AI.CLASSIFY nodes too."""
+
+    def continuation_logprobs(self, prompt: TokenIds, continuations: Sequence[TokenIds]) -> list[float]: ...
+
+
 def margin_of(logprobs: dict[int, float], true_ids: Sequence[int], false_ids: Sequence[int]) -> float:
     """max over TRUE-like ids minus max over FALSE-like ids; a missing id is an engine error, said so."""
     missing = [i for i in (*true_ids, *false_ids) if i not in logprobs]

@@ -17,12 +17,13 @@ import pyarrow as pa
 from quail.backends import shapes
 from quail.backends.base import NodeInputs, NodeOutput
 from quail.compute.request import NodeMetrics
+from quail.data.relational import candidate_tuples
 from quail.data.tokenizer import TokenIds
 from quail.errors import Refusal, RefusalError
 from quail.logical.expressions import AiPredicate
 from quail.physical import nodes as ph
 from quail.prompts import AnswerTokens
-from quail.requests.engine import EngineRequest, RequestEngine
+from quail.requests.engine import EngineRequest, ReadsContinuations, RequestEngine
 from quail.requests.strategies import (
     AnchorWork,
     FilterWork,
@@ -32,10 +33,11 @@ from quail.requests.strategies import (
     run_filter,
     run_join,
 )
-from quail.runtime.relational import candidate_tuples
 
 REQUEST_NODES = (ph.AiFilter, ph.AiJoin, ph.AiScore)
 """The model nodes one TRUE/FALSE request per prompt can answer."""
+LABEL_NODES = (*REQUEST_NODES, ph.AiClassify)
+"""The model nodes an engine that `ReadsContinuations` answers: AI.CLASSIFY as well."""
 
 
 class RequestModelExecution:
@@ -47,6 +49,8 @@ class RequestModelExecution:
 
     def execute(self, node: ph.PhysicalNode, inputs: NodeInputs) -> NodeOutput:
         started = time.perf_counter()
+        if isinstance(node, ph.AiClassify) and isinstance(self.engine, ReadsContinuations):
+            return _classified(self.engine, node, inputs, started)
         if not isinstance(node, REQUEST_NODES):
             raise RefusalError(Refusal(f"a request backend cannot run {node.kind} {node.id!r}",
                                        hints=("plan the query on this backend; AI.CLASSIFY runs on native",)))
@@ -70,6 +74,19 @@ class RequestModelExecution:
 
     def close(self) -> None:
         self.engine.close()
+
+
+def _classified(engine: ReadsContinuations, node: ph.AiClassify, inputs: NodeInputs, started: float) -> NodeOutput:
+    """Each row's label scores (summed continuation log-probabilities) and the best label, ties to the earlier."""
+    rows, texts = inputs.rows(node.alias), inputs.tokens(node.alias)
+    scores = [engine.continuation_logprobs(node.document_prompt(texts[row]), node.label_tokens) for row in rows]
+    names = [label.name for label in node.labels]
+    table = shapes.label_answers(node.alias, node.output, rows, [names[shapes.choose_label(s)] for s in scores],
+                                 scores)
+    fresh = sum(len(node.document_prompt(texts[row])) + sum(map(len, node.label_tokens)) for row in rows)
+    metrics = NodeMetrics(time.perf_counter() - started, rows_in=inputs.rows_in, rows_out=table.num_rows,
+                          fresh_tokens=fresh, cached_tokens=0)
+    return NodeOutput({"answers": table}, metrics)
 
 
 @dataclass

@@ -21,7 +21,7 @@ from quail.cache.planning import stored_answers
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
 from quail.compute.base import Caller, ComputeProvider, ShardingProvider
-from quail.compute.request import PhysicalRequest, PortRef, TableInput
+from quail.compute.request import PhysicalRequest, PortRef, TableInput, model_token_totals
 from quail.config import EngineConfig
 from quail.data.database import Database
 from quail.data.scan import ScanView
@@ -41,7 +41,7 @@ from quail.plugins.registry import ExtensionRegistry
 from quail.progress import ProgressListener
 from quail.runtime.duckdb_tail import DuckTail
 from quail.runtime.explain import explain_text, render_shards
-from quail.runtime.report import QueryReport, minimum_tokens, model_token_totals, null_inputs, stages
+from quail.runtime.report import QueryReport, minimum_tokens, null_inputs, stages
 from quail.runtime.results import QueryResult
 from quail.runtime.views import scan_views
 from quail.serving.runner import RunInputs, Runner

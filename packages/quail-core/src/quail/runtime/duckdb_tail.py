@@ -12,9 +12,9 @@ from collections.abc import Mapping
 import pyarrow as pa
 
 from quail.data.database import Database
+from quail.data.relational import RowSource
 from quail.frontend.relational import OUTPUTS_RELATION, rows_relation
 from quail.physical import nodes as ph
-from quail.runtime.relational import RowSource
 
 
 class DuckTail:

@@ -21,6 +21,7 @@ from sqlglot.errors import SqlglotError
 from quail.backends.base import ModelBackend, OrderRule, PhysicalCandidate
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
+from quail.compute.request import sum_known
 from quail.data.database import Database
 from quail.errors import CompileError
 from quail.frontend.lookups import VALUE, Block, Lookup, has_ai_calls, next_stage
@@ -28,7 +29,7 @@ from quail.frontend.relational import relocated
 from quail.frontend.spec import QuerySpec
 from quail.frontend.sql import Dialect, ParsedStatement, read_statement
 from quail.frontend.syntax import OUTPUT_TYPES
-from quail.runtime.report import QueryReport, sum_known
+from quail.runtime.report import QueryReport
 from quail.runtime.results import QueryResult
 
 LOOKUP_PREFIX = "__quail_ai_"

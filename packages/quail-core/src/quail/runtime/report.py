@@ -5,21 +5,19 @@ Every key is present for every backend; an unknown value is None, never 0.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from quail.compute.request import NodeMetrics, ShardMetrics
+from quail.compute.request import NodeMetrics, ShardMetrics, sum_known
 from quail.data.tokens import TokenColumn
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
 from quail.planner.prefixes import common_prefix
 
 ReportValue = None | bool | int | float | str | list["ReportValue"] | dict[str, "ReportValue"]
-Number = TypeVar("Number", int, float)
 
 
 @dataclass(frozen=True)
@@ -33,11 +31,6 @@ class StageReport:
     assumed_selectivity: bool
     observed_selectivity: float | None
     evaluated: int
-
-
-def sum_known(values: Sequence[Number | None]) -> Number | None:
-    """The sum, or None when a value is unknown (an unknown is never counted as 0) or there is none."""
-    return None if any(v is None for v in values) or not values else sum(v for v in values if v is not None)
 
 
 def stages(graph: PhysicalGraph, answers: Mapping[str, pa.Table]) -> list[StageReport]:
@@ -228,14 +221,6 @@ class QueryReport:
             "retries": sum(s.retries for s in self.shards),
             "null_inputs": dict(self.null_inputs or {}),
         }
-
-
-def model_token_totals(graph: PhysicalGraph, metrics: Mapping[str, NodeMetrics]) -> tuple[int | None, int | None]:
-    """(fresh, cached) tokens over the model nodes; None when a backend did not count them."""
-    model = [metrics[n.id] for n in graph.nodes if n.is_model_node and n.id in metrics]
-    if not model:
-        return 0, 0
-    return sum_known([m.fresh_tokens for m in model]), sum_known([m.cached_tokens for m in model])
 
 
 def null_inputs(graph: PhysicalGraph, metrics: Mapping[str, NodeMetrics]) -> dict[str, int]:

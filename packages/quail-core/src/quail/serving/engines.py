@@ -31,9 +31,8 @@ from quail.backends.base import (
 from quail.cache.access import StoredAnswerAccess
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
-from quail.compute.request import BootKind, ExecutionMetrics, PhysicalResponse
+from quail.compute.request import BootKind, ExecutionMetrics, PhysicalResponse, model_token_totals
 from quail.config import EngineConfig
-from quail.runtime.report import model_token_totals
 from quail.serving.runner import RunInputs, Runner
 from quail.serving.stored import CachedExecution
 
@@ -75,6 +74,12 @@ class _Boot:
     @property
     def notes(self) -> tuple[str, ...]:
         return tuple(self.execution.notes) if isinstance(self.execution, DescribesEngine) else ()
+
+
+def serve(context: BackendExecutionContext) -> PhysicalResponse:
+    """The far side of every compute provider: the backend the request names, found in the context's registry
+    (the worker's own, or the caller's for the `local` provider), answers it."""
+    return context.registry.backend(context.request.backend).execute_request(context)
 
 
 def execute_request(backend: ModelBackend, context: BackendExecutionContext) -> PhysicalResponse:

@@ -17,8 +17,8 @@ import pyarrow.compute as pc
 from quail.backends import shapes
 from quail.backends.base import NodeInputs
 from quail.cache.keys import Key
+from quail.data.relational import candidate_tuples
 from quail.physical import nodes as ph
-from quail.runtime.relational import candidate_tuples
 from quail.serving.node_run import Found, NodeRun
 
 Tuple = tuple[int, ...]

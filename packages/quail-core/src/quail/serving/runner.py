@@ -21,13 +21,13 @@ import pyarrow.compute as pc
 from quail.backends import shapes
 from quail.backends.base import ModelExecution, NodeInputs, NodeOutput
 from quail.compute.request import NodeMetrics, PortRef
+from quail.data import relational
+from quail.data.relational import RowSource
 from quail.data.tokens import TokenColumn
 from quail.errors import PlanEditError
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
 from quail.progress import ProgressListener, reporting
-from quail.runtime import relational
-from quail.runtime.relational import RowSource
 
 Observer = Callable[[ph.PhysicalNode, NodeMetrics], None]
 

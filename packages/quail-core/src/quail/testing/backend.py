@@ -3,34 +3,30 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import pyarrow as pa
 
 from quail.backends import shapes
 from quail.backends.base import (
-    BackendExecutionContext,
     GpuContext,
     ModelExecution,
     ModelIdentity,
-    ModelRegion,
     NodeInputs,
     NodeOutput,
-    PhysicalCandidate,
     PlanningContext,
     SupportResult,
 )
+from quail.backends.default import Backend
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
-from quail.compute.request import NodeMetrics, PhysicalResponse
+from quail.compute.request import NodeMetrics
 from quail.config import EngineConfig
+from quail.data.relational import candidate_tuples
 from quail.data.tokenizer import Tokenizer
 from quail.errors import Refusal, RefusalError
 from quail.physical import nodes as ph
-from quail.planner.physical import plan_query
-from quail.prompts import BASE_STYLE
-from quail.runtime.relational import candidate_tuples
-from quail.serving import engines as serving
+from quail.prompts import BASE_STYLE, AnswerTokens, PromptStyle
 from quail.testing.rules import classify_margins, predicate_margin
 from quail.testing.tokenizer import ByteTokenizer
 
@@ -38,7 +34,7 @@ RULE_VERSION = "keyword-1"
 """Changes whenever `quail.testing.rules` answers differently, so stored keyword answers are not reused."""
 
 
-class KeywordBackend:
+class KeywordBackend(Backend):
     """A CPU backend for tests: plans like every backend, answers by rule instead of a model.
 
     Keyword backends of one class and tokenizer are equal: sessions share the execution one boots.
@@ -70,16 +66,20 @@ class KeywordBackend:
         """The keyword rule reads decoded text: its answers depend on the rule and the tokenizer, not on a model."""
         return ModelIdentity(files=(), settings=(("rule", RULE_VERSION), ("tokenizer", self._tokenizer.identity)))
 
-    def plan(self, region: ModelRegion, context: PlanningContext) -> Sequence[PhysicalCandidate] | Refusal:
-        # keyword margins carry no language-model bias, so `auto` leaves them uncalibrated
-        return [plan_query(self.name, region, context, BASE_STYLE, calibrate=context.calibration == "on")]
+    def prompt_style(self, model: ModelSpec) -> PromptStyle:
+        return BASE_STYLE
+
+    def answer_tokens(self, tokenizer: Tokenizer) -> AnswerTokens | None:
+        """The rule answers in margins directly: no answer token is read."""
+        return None
+
+    def calibrates(self, context: PlanningContext) -> bool:
+        """Keyword margins carry no language-model bias, so `auto` leaves them uncalibrated."""
+        return context.calibration == "on"
 
     def start(self, context: GpuContext) -> ModelExecution:
         self.started += 1
         return KeywordExecution(self._tokenizer)
-
-    def execute_request(self, context: BackendExecutionContext) -> PhysicalResponse:
-        return serving.execute_request(self, context)
 
 
 class KeywordExecution:

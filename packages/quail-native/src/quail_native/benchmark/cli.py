@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from quail import ExtensionRegistry
-from quail.config import EngineConfig
-from quail.errors import Refusal, RefusalError
+from quail import EngineConfig, ExtensionRegistry, Refusal, RefusalError
 
 SCALE_NAMES = ("tiny", "small", "medium", "large", "xlarge")
 

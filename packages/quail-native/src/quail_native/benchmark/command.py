@@ -14,11 +14,8 @@ from pathlib import Path
 import torch
 
 import quail
-from quail.compute.local import forget_kv_caches
-from quail.planner.statistics import document_columns
-from quail.prompts import answer_tokens
-from quail.runtime.report import ReportValue
-from quail.runtime.results import QueryResult
+from quail import QueryResult
+from quail.extend import ReportValue, answer_tokens, document_columns, forget_kv_caches
 from quail_native.backend import NativeBackend
 from quail_native.benchmark.computes import compute_lines, computes_of, labelled, shard_walls
 from quail_native.benchmark.naive import NaiveModel

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from quail.runtime.report import ReportValue
+from quail.extend import ReportValue
 
 
 class ComputeRow(Protocol):

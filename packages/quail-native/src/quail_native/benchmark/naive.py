@@ -14,11 +14,8 @@ from pathlib import Path
 import pyarrow as pa
 import torch
 
-from quail.backends.shapes import predicate_holds
-from quail.data.tokenizer import Tokenizer
-from quail.physical import nodes as ph
-from quail.physical.graph import PhysicalGraph
-from quail.prompts import AnswerTokens
+from quail import PhysicalGraph
+from quail.extend import AiClassify, AiFilter, AiJoin, AiScore, AnswerTokens, PhysicalNode, Tokenizer, predicate_holds
 
 Texts = dict[str, list[str]]
 
@@ -100,9 +97,9 @@ class NaiveModel:
                 agreeing += int(check(expected))
         return NaiveRun(self.seconds, tokens, items, agreeing)
 
-    def items(self, node: ph.PhysicalNode, table: pa.Table, texts: Texts):  # noqa: ANN201 - a local generator
+    def items(self, node: PhysicalNode, table: pa.Table, texts: Texts):  # noqa: ANN201 - a local generator
         rows = table.to_pylist()
-        if isinstance(node, ph.AiFilter):
+        if isinstance(node, AiFilter):
             stages = {s.predicate.position: k for k, s in enumerate(node.stages)}
             offsets = {p: self.offset(prompts) for p, prompts in node.calibration_prompts().items()}
             for row in rows:
@@ -112,21 +109,21 @@ class NaiveModel:
                 predicate, offset = node.stages[stage].predicate, offsets[row["predicate"]]
                 yield ids, row["answer"], lambda answer, m=margin, p=predicate, o=offset: \
                     predicate_holds(p, m, o) == answer
-        elif isinstance(node, ph.AiJoin):
+        elif isinstance(node, AiJoin):
             offset = self.offset(node.calibration_prompts()[node.predicate.position])
             for row in rows:
                 ids = node.prompt(self.encode(texts[node.anchor.alias][row[node.anchor.alias]]),
                                   [self.encode(texts[p.alias][row[p.alias]]) for p in node.partners])
                 margin = self.margin(ids)
                 yield ids, row["answer"], lambda answer, m=margin: predicate_holds(node.predicate, m, offset) == answer
-        elif isinstance(node, ph.AiClassify):
+        elif isinstance(node, AiClassify):
             names = [label.name for label in node.labels]
             for row in rows:
                 prompt = node.document_prompt(self.encode(texts[node.alias][row[node.alias]]))
                 scores = [self.label_score(prompt, label) for label in node.label_tokens]
                 best = names[max(range(len(scores)), key=lambda k: (scores[k], -k))]
                 yield prompt, row[node.output], lambda label, b=best: label == b
-        elif isinstance(node, ph.AiScore):
+        elif isinstance(node, AiScore):
             for row in rows:
                 ids = node.document_prompt(self.encode(texts[node.alias][row[node.alias]]))
                 margin = self.margin(ids)

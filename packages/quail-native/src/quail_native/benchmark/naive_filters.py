@@ -16,8 +16,7 @@ import torch
 
 import quail
 from quail import datasets
-from quail.physical.nodes import AiFilter
-from quail.prompts import answer_tokens
+from quail.extend import AiFilter, answer_tokens
 
 FILTER_SQL = """SELECT r.id FROM reviews r
 WHERE AI_FILTER(PROMPT('Is this movie review positive? {0}', r.body), {'selectivity': 0.45})

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from quail.planner.prefixes import plan_borrows
+from quail.extend import plan_borrows
 from quail_native.executor.packing import Item
 from quail_native.executor.state import SharedState, Tokens
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from quail.errors import Refusal, RefusalError
+from quail import Refusal, RefusalError
 from quail_native.executor.arena import KVArena
 from quail_native.models.transformer import Arch
 

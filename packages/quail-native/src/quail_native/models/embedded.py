@@ -34,8 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from quail import Refusal, RefusalError
-from quail.catalog.locations import quail_cache_home
-from quail.config import DEFAULT_MODEL
+from quail.extend import DEFAULT_MODEL, quail_cache_home
 
 Progress = Callable[[str], None]
 

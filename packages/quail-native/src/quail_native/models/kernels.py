@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from quail.catalog.locations import quail_cache_home
+from quail.extend import quail_cache_home
 from quail_native.machine import cpu_features
 
 SOURCE = Path(__file__).with_name("kernels.c")

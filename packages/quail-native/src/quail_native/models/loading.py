@@ -11,7 +11,7 @@ from typing import BinaryIO
 
 import torch
 
-from quail.data.tokenizer import HuggingFaceTokenizer
+from quail.extend import HuggingFaceTokenizer
 from quail_native.models import gemma3, qwen2, qwen3
 from quail_native.models.tokenizer import ModelLoadError, load_tokenizer, read_config
 from quail_native.models.transformer import Arch, Transformer

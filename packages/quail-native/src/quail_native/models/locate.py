@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from quail import ModelSpec
-from quail.catalog.locations import local_model_directory
+from quail.extend import local_model_directory
 
 EMBEDDED_PREFIX = "pypi:"
 """A catalog source naming PyPI packages: the model is an embedded one, converted once under Quail's home."""

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from quail import ModelFileError
-from quail.data.tokenizer import HuggingFaceTokenizer
+from quail.extend import HuggingFaceTokenizer
 from quail_native.models.config import HFConfig
 
 Family = Literal["qwen2", "qwen3", "gemma3"]
