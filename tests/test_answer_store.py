@@ -26,8 +26,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from e2e_data import TABLES, arrow_table, normalized
-from test_end_to_end import ACTING, CASES, RECOMMEND, WORTH, Case, assert_matches_oracle, sql_prompt
+from support.cases import ACTING, CASES, RECOMMEND, WORTH, Case, assert_matches_oracle, sql_prompt
+from support.e2e_data import TABLES, arrow_table, normalized
 
 import quail
 from quail.backends.base import GpuContext, ModelIdentity, NodeInputs, NodeOutput

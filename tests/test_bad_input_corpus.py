@@ -493,6 +493,7 @@ def test_an_api_case_raises_its_error_naming_the_problem(case, session):
     assert case.names in str(caught.value), f"{case.id}: the message does not name {case.names!r}"
 
 
+@pytest.mark.plugins
 @pytest.mark.parametrize("case", CLI_CASES, ids=lambda case: case.id)
 def test_a_cli_case_exits_2_with_a_message_naming_the_problem(case, data):
     code, err = run_cli(case, data)
@@ -562,6 +563,7 @@ def test_a_path_with_glob_characters_names_that_one_file(tmp_path, name):
         assert rows.collect().column("id").to_pylist() == [1]
 
 
+@pytest.mark.plugins
 def test_compute_ray_where_ray_cannot_be_imported_is_refused_saying_what_to_install(data, monkeypatch, capsys):
     import sys
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pytest
+from support.cases import empty_keyword_session
 
 import quail
 from quail import CompileError, col, prompt, score
@@ -29,7 +30,7 @@ from quail.logical.nodes import render
 
 @pytest.fixture(scope="module")
 def session() -> Iterator[quail.Session]:
-    s = quail.Session()
+    s = empty_keyword_session()
     tables = {
         "reviews": pa.table({"id": [1, 2, 3], "body": ["great acting", "dull plot", "fine"], "stars": [5, 2, 3]}),
         "aspects": pa.table({"id": [1, 2], "aspect": ["acting", "plot"]}),
@@ -443,7 +444,7 @@ def test_select_output_is_written_before_a_join_predicate(session, dialect: str)
 
 
 def test_builder_sees_tables_registered_after_it_started():
-    s = quail.Session()
+    s = empty_keyword_session()
     s.register("reviews", quail.DocumentProvider.from_table(pa.table({"id": [1], "body": ["a"]}), "id"))
     started = s.docs("reviews").alias("r")
     s.register("aspects", quail.DocumentProvider.from_table(pa.table({"id": [1], "aspect": ["x"]}), "id"))

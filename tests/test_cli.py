@@ -11,6 +11,7 @@ import pytest
 from quail.cli import main
 
 
+@pytest.mark.plugins
 def test_backends_lists_the_first_party_backends_with_their_status(capsys):
     assert main(["backends"]) == 0
     out = capsys.readouterr().out
@@ -20,6 +21,7 @@ def test_backends_lists_the_first_party_backends_with_their_status(capsys):
     assert "not supported" in lines["sglang"]
 
 
+@pytest.mark.plugins
 def test_backends_names_the_missing_engine_build_and_its_install_command(capsys):
     main(["backends", "--device", "h100-sxm"])
     out = capsys.readouterr().out

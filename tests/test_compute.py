@@ -22,10 +22,10 @@ from pathlib import Path
 import psutil
 import pyarrow as pa
 import pytest
-from compute_setup import MARGINS_FILE, register_fakes, register_slow, save_margins
-from e2e_data import TABLES, arrow_table
-from request_helpers import TOKENIZER, classifies, teach
-from test_end_to_end import CASE_BY_ID, CASES, KEPT_ENGINES, assert_matches_oracle, keyword_session, result_rows
+from support.cases import CASE_BY_ID, CASES, KEPT_ENGINES, assert_matches_oracle, keyword_session, result_rows
+from support.compute_setup import MARGINS_FILE, register_fakes, register_slow, save_margins
+from support.e2e_data import TABLES, arrow_table
+from support.request_helpers import TOKENIZER, classifies, teach
 from test_signals import ctrl_c_as_in_a_terminal
 
 import quail
@@ -113,7 +113,7 @@ def hooked_session(backend: str, compute: str) -> quail.Session:
     registry = quail.ExtensionRegistry.with_built_ins()
     register_fakes(registry)
     config = quail.EngineConfig(model=BASE_MODEL, backend=backend, compute=compute,
-                                worker_setup="compute_setup:register_fakes",
+                                worker_setup="support.compute_setup:register_fakes",
                                 engines_per_device=KEPT_ENGINES, calibration="off")
     return registered_tables(quail.Session(config, registry=registry, tokenizer=TOKENIZER))
 
@@ -131,6 +131,7 @@ def _keyword_registry() -> quail.ExtensionRegistry:
     return registry
 
 
+@pytest.mark.plugins
 @pytest.mark.parametrize("compute", PROVIDERS)
 @pytest.mark.parametrize("backend", ["keyword", "fake_vllm", "fake_sglang"])
 def test_backends_registered_in_code_answer_the_query_set_through_each_provider(taught, keyword_reference,
@@ -255,7 +256,8 @@ def test_a_process_worker_computes_in_the_precision_its_callers_answer_store_nam
 
 
 def slow_session(registry: quail.ExtensionRegistry | None = None) -> quail.Session:
-    config = quail.EngineConfig(backend="slow-keyword", compute="process", worker_setup="compute_setup:register_slow")
+    config = quail.EngineConfig(backend="slow-keyword", compute="process",
+                                worker_setup="support.compute_setup:register_slow")
     registry = registry or quail.ExtensionRegistry.with_built_ins()
     register_slow(registry)
     return registered_tables(quail.Session(config, registry=registry, tokenizer=ByteTokenizer()))

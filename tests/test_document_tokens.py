@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from prompt_nodes import filter_node, join_node
+from support.prompt_nodes import filter_node, join_node
 
 from quail.data.providers import DocumentProvider
 from quail.data.tokenizer import HuggingFaceTokenizer

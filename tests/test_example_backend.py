@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.plugins  # it needs the first-party plugins (or ray) installed
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "quail-transformers"
 CHILD = Path(__file__).resolve().parent / "support" / "example_backend_run.py"

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from relational_oracle import TABLES, oracle_rows, same_rows
+from support.relational_oracle import TABLES, oracle_rows, same_rows
 
 import quail
 from quail.runtime.lookups import LookupQuery

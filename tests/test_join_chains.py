@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from relational_oracle import oracle_rows, same_rows
+from support.relational_oracle import oracle_rows, same_rows
 
 import quail
 from quail.testing import ByteTokenizer, KeywordBackend

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("vllm", reason="the fake speaks vLLM's own output types: install quail-vllm[cpu]")
 
 import pyarrow as pa
-from request_helpers import TOKENIZER
+from support.request_helpers import TOKENIZER
 from test_request_backends import Fake
 
 import quail

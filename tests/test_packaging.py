@@ -66,6 +66,7 @@ def run_python(code: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
 
 
+@pytest.mark.plugins
 def test_importing_quail_and_loading_every_plugin_imports_no_torch():
     result = run_python(
         "import sys, quail\n"

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_end_to_end import CASE_BY_ID, CASES, keyword_session
+from support.cases import CASE_BY_ID, CASES, keyword_session
 
 import quail
 from quail import datasets

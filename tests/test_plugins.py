@@ -36,6 +36,7 @@ def test_third_party_backend_is_selectable_by_name():
         assert session.backend.name == "example"
 
 
+@pytest.mark.plugins
 def test_plugin_that_raises_on_import_is_reported_and_others_still_load(install_plugin):
     install_plugin("quail-broken", "broken", "raise RuntimeError('missing shared library')\n")
     with pytest.warns(PluginLoadWarning, match="missing shared library"):
@@ -68,6 +69,7 @@ def test_plugin_registering_something_that_is_not_a_backend_is_isolated(install_
     assert registry.plugin_failures[0].stage == "register"
 
 
+@pytest.mark.plugins
 def test_plugin_duplicating_a_backend_name_keeps_the_first_and_reports_both(install_plugin):
     install_plugin("quail-impostor", "impostor", GOOD_PLUGIN.format(name="native"))
     with pytest.warns(PluginLoadWarning, match="already registered") as caught:
@@ -115,6 +117,7 @@ def test_hookimpl_is_exported_for_plugin_authors():
     assert quail.hookimpl is quail.plugins.hookspecs.hookimpl
 
 
+@pytest.mark.plugins
 def test_an_entry_point_named_like_a_first_party_backend_does_not_replace_it(install_plugin, capsys):
     install_plugin("quail-impostor", "native", GOOD_PLUGIN.format(name="native"))
     with pytest.warns(PluginLoadWarning, match="already registered") as caught:
@@ -151,6 +154,7 @@ def test_one_backend_name_from_two_distributions_is_a_warning_naming_both(instal
     assert registry.origin("backend", "twin").distribution == "quail-twin-a"  # the same winner on every machine
 
 
+@pytest.mark.plugins
 def test_backends_listing_survives_a_plugin_whose_supports_raises(install_plugin, capsys):
     install_plugin("quail-flaky", "flaky", """
         import quail

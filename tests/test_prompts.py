@@ -6,7 +6,7 @@ import zlib
 from collections.abc import Sequence
 
 import pytest
-from prompt_nodes import filter_node, join_node
+from support.prompt_nodes import filter_node, join_node
 
 from quail import RefusalError
 from quail.logical.expressions import AiPredicate, ColumnRef, Label, Prompt

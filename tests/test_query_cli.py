@@ -105,6 +105,7 @@ def test_progress_bar_is_drawn_on_stderr(files, capsys):
     ([FILTER, "--compute", "nope"], "unknown compute provider 'nope'"),
     ([FILTER, "--compute", "ray", "--workers", "0"], "--workers must be None or at least 1, got 0"),
 ])
+@pytest.mark.plugins
 def test_user_errors_exit_2_with_a_message_and_no_traceback(files, capsys, argv, message):
     code, _, err = run(capsys, *argv, "--no-progress")
     assert code == 2
@@ -139,6 +140,7 @@ def test_reads_a_table_of_a_duckdb_database(files, capsys):
     assert "13" in rows and "11" not in rows.replace("r.id", "")
 
 
+@pytest.mark.plugins
 def test_a_duckdb_database_without_a_table_name_is_a_user_error(files, capsys):
     import duckdb
 

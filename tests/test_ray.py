@@ -21,8 +21,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import ray
-from e2e_data import TABLES, arrow_table
-from test_end_to_end import CASE_BY_ID, CASES, assert_matches_oracle
+from support.cases import CASE_BY_ID, CASES, assert_matches_oracle
+from support.e2e_data import TABLES, arrow_table
 
 import quail
 from quail import datasets
@@ -32,6 +32,8 @@ from quail.physical import editing
 from quail.physical import nodes as ph
 from quail.testing import ByteTokenizer
 from quail_ray.provider import POOL
+
+pytestmark = pytest.mark.plugins  # it needs the first-party plugins (or ray) installed
 
 TESTS = Path(__file__).resolve().parent
 WORKERS = 2
@@ -71,7 +73,7 @@ def session_on(compute: str, backend: str = "example-keyword", **options: object
 
 def registry_with_test_backends() -> quail.ExtensionRegistry:
     """The caller's registry: the installed plugins plus what the workers get from `ray_setup`."""
-    from ray_setup import register_unhurried
+    from support.ray_setup import register_unhurried
 
     registry = quail.ExtensionRegistry.with_built_ins()
     register_unhurried(registry)
@@ -79,7 +81,7 @@ def registry_with_test_backends() -> quail.ExtensionRegistry:
 
 
 def ray_session(backend: str = "example-keyword", **options: object) -> quail.Session:
-    hook = {} if backend == "example-keyword" else {"worker_setup": "ray_setup:register_unhurried"}
+    hook = {} if backend == "example-keyword" else {"worker_setup": "support.ray_setup:register_unhurried"}
     return session_on("ray", backend, **{"workers": WORKERS, **hook, **options})
 
 

@@ -64,6 +64,7 @@ def test_views_are_read_only():
         registry.backends["x"] = ExampleBackend()  # type: ignore[index]
 
 
+@pytest.mark.plugins
 def test_built_ins_hold_the_catalog_and_the_first_party_backends():
     registry = ExtensionRegistry.with_built_ins()
     assert {"gemma-3-270m", "qwen3-8b"} <= set(registry.models)

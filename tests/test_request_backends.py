@@ -15,11 +15,11 @@ import pytest
 pytest.importorskip("vllm", reason="the fake speaks vLLM's own output types: install quail-vllm[cpu]")
 
 import pyarrow as pa
-from fake_vllm import FakeLLM
-from request_helpers import LABELS, TOKENIZER, assert_keyword_rows, classifies, join_case
-from request_helpers import request_session as session_on
-from request_helpers import teach as teach_margins
-from test_end_to_end import CASES, assert_matches_oracle, keyword_session, result_rows
+from support.cases import CASES, assert_matches_oracle, keyword_session, result_rows
+from support.fake_vllm import FakeLLM
+from support.request_helpers import LABELS, TOKENIZER, assert_keyword_rows, classifies, join_case
+from support.request_helpers import request_session as session_on
+from support.request_helpers import teach as teach_margins
 
 import quail
 from quail.backends.base import BackendExecutionContext

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="owner locks are
 QUERY_THEN = """
 import os, signal, sys
 sys.path[:0] = {paths!r}
-from test_end_to_end import keyword_session
+from support.cases import keyword_session
 
 with keyword_session() as session:
     session.sql("SELECT r.id FROM reviews r WHERE r.stars >= 3 AND AI_FILTER(PROMPT('Good? {{0}}', r.body))").collect()

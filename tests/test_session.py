@@ -49,6 +49,7 @@ def test_placement_is_not_an_engine_setting():
     assert placed.engine_settings() == EngineConfig().engine_settings()
 
 
+@pytest.mark.plugins
 def test_default_session_opens_on_this_machine():
     with Session() as session:
         assert session.backend.name == "native"
@@ -66,6 +67,7 @@ def test_unknown_device_lists_the_known_ones():
         Session(EngineConfig(device="tpu"))
 
 
+@pytest.mark.plugins
 def test_unknown_backend_lists_the_installed_ones():
     with pytest.raises(RefusalError, match=r"unknown backend 'nope'.*installed backends: .*native"):
         Session(EngineConfig(backend="nope"))
@@ -90,6 +92,7 @@ def test_support_rejection_is_raised_with_its_reason():
         Session(EngineConfig(backend="picky"), registry=registry)
 
 
+@pytest.mark.plugins
 def test_gpu_device_on_a_machine_without_one_is_refused_by_native():
     if ExtensionRegistry.with_built_ins().backend("native").supports(
             BUILT_IN_MODELS[0], BUILT_IN_DEVICES[1], 1).accepted:

@@ -13,15 +13,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fake_sglang import FakeSGLang
-from request_helpers import LABELS, VOCAB, assert_keyword_rows, classifies, join_case, request_session, teach
-from test_end_to_end import CASES, assert_matches_oracle, keyword_session, result_rows
+from support.cases import CASES, assert_matches_oracle, keyword_session, result_rows
+from support.fake_sglang import FakeSGLang
+from support.request_helpers import LABELS, VOCAB, assert_keyword_rows, classifies, join_case, request_session, teach
 
 import quail
 from quail.errors import RefusalError
 from quail.requests import EngineRequest, RequestStrategy
 from quail_sglang.backend import PIPELINED, SGLangBackend
 from quail_sglang.engine import EngineSettings, SGLangEngine
+
+pytestmark = pytest.mark.plugins  # it needs the first-party plugins (or ray) installed
 
 STRATEGIES = {
     "sglang": PIPELINED,

@@ -13,8 +13,8 @@ from dataclasses import replace
 
 import pyarrow as pa
 import pytest
-from e2e_data import TABLES, arrow_table
-from test_end_to_end import CASE_BY_ID, CASES, assert_matches_oracle, keyword_session
+from support.cases import CASE_BY_ID, CASES, assert_matches_oracle, keyword_session
+from support.e2e_data import TABLES, arrow_table
 
 import quail
 from quail.backends.base import BackendExecutionContext

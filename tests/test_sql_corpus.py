@@ -14,8 +14,9 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from support.cases import empty_keyword_session
 
-from quail import CompileError, DocumentProvider, Session
+from quail import CompileError, DocumentProvider
 from quail.logical.nodes import (
     Classify,
     Join,
@@ -46,7 +47,7 @@ REVIEW_COLUMNS = ("r.id", "r.body", "r.title", "r.stars")
 
 @pytest.fixture(scope="module")
 def session():
-    with Session() as s:
+    with empty_keyword_session() as s:
         for name, columns in TABLES.items():
             s.register(name, DocumentProvider.from_table(pa.table(columns), "id"))
         yield s

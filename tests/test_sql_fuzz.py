@@ -16,6 +16,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from support.cases import empty_keyword_session
 from test_sql_corpus import TABLES, VALID
 
 from quail import CompileError, DocumentProvider, Query, Session
@@ -31,7 +32,7 @@ FUZZ = settings(max_examples=300, deadline=None, derandomize=DERANDOMIZE,
 
 @pytest.fixture(scope="module")
 def session():
-    with Session() as s:
+    with empty_keyword_session() as s:
         for name, columns in TABLES.items():
             s.register(name, DocumentProvider.from_table(pa.table(columns), "id"))
         yield s

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
-from relational_oracle import TABLES, oracle_rows, same_rows
+from support.relational_oracle import TABLES, oracle_rows, same_rows
 from test_sql_corpus import TABLES as CORPUS_TABLES
 from test_sql_corpus import VALID
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from relational_oracle import oracle_rows, same_rows
+from support.relational_oracle import oracle_rows, same_rows
 from test_general_rule import keyword_session
 
 import quail

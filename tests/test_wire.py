@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pyarrow as pa
 import pytest
-from test_end_to_end import CASE_BY_ID, keyword_session
+from support.cases import CASE_BY_ID, keyword_session
 
 from quail.backends import shapes
 from quail.compute.request import ExecutionMetrics, PhysicalResponse, ShardMetrics

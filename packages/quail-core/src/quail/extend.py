@@ -101,7 +101,17 @@ from quail.data.tokenizer import HuggingFaceTokenizer, TokenIds, Tokenizer
 from quail.data.tokens import TOKENS_SCHEMA, TokenColumn
 from quail.errors import ComputeError, ModelFileError, QuailError, Refusal, RefusalError, WorkerLostError
 from quail.physical.graph import PhysicalGraph
-from quail.physical.nodes import AiClassify, AiFilter, AiJoin, AiScore, FilterStage, PhysicalNode, Scan
+from quail.physical.nodes import (
+    AiClassify,
+    AiFilter,
+    AiJoin,
+    AiScore,
+    DocumentNode,
+    FilterStage,
+    ModelNode,
+    PhysicalNode,
+    Scan,
+)
 from quail.planner.calibration import calibrates
 from quail.planner.partition import Partition, Phase, Shard
 from quail.planner.physical import plan_query
@@ -127,22 +137,23 @@ from quail.serving.engines import execute_request, release_all, serve
 from quail.testing import BASE_MODEL, ByteTokenizer, KeywordBackend
 
 __all__ = [
-    "BASE_MODEL", "CHECKPOINT_FILES", "DEFAULT_MODEL", "TOKENS_SCHEMA", "AiClassify", "AiFilter", "AiJoin", "AiScore",
-    "AnswerTokens", "Answers", "Backend", "BackendExecutionContext", "BackendLookup", "BootKind", "ByteTokenizer",
-    "Caller", "ComputeError", "ComputeProvider", "DescribesEngine", "DeviceSpec", "EngineAnswer", "EngineConfig",
-    "EngineFactory", "EngineRequest", "ExecutionMetrics", "FilterStage", "ForgetsKV", "Frames", "GpuContext",
-    "HuggingFaceTokenizer", "KeywordBackend", "Message", "ModelBackend", "ModelExecution", "ModelFileError",
-    "ModelIdentity", "ModelIdentitySource", "ModelRegion", "ModelSpec", "NodeInputs", "NodeMetrics", "NodeOutput",
-    "OrderRule", "Partition", "Phase", "PhysicalCandidate", "PhysicalGraph", "PhysicalNode", "PhysicalRequest",
-    "PhysicalResponse", "PlanningContext", "PortRef", "Precision", "ProgressListener", "PromptStyle", "QuailError",
-    "QueryResult", "ReadsContinuations", "Refusal", "RefusalError", "Registrar", "ReportValue", "RequestBackend",
+    "BASE_MODEL", "CHECKPOINT_FILES", "DEFAULT_MODEL", "TOKENS_SCHEMA", "AiClassify", "AiFilter", "AiJoin",
+    "AiScore", "AnswerTokens", "Answers", "Backend", "BackendExecutionContext", "BackendLookup", "BootKind",
+    "ByteTokenizer", "Caller", "ComputeError", "ComputeProvider", "DescribesEngine", "DeviceSpec", "DocumentNode",
+    "EngineAnswer", "EngineConfig", "EngineFactory", "EngineRequest", "ExecutionMetrics", "FilterStage",
+    "ForgetsKV", "Frames", "GpuContext", "HuggingFaceTokenizer", "KeywordBackend", "Message", "ModelBackend",
+    "ModelExecution", "ModelFileError", "ModelIdentity", "ModelIdentitySource", "ModelNode", "ModelRegion",
+    "ModelSpec", "NodeInputs", "NodeMetrics", "NodeOutput", "OrderRule", "Partition", "Phase",
+    "PhysicalCandidate", "PhysicalGraph", "PhysicalNode", "PhysicalRequest", "PhysicalResponse",
+    "PlanningContext", "PortRef", "Precision", "ProgressListener", "PromptStyle", "QuailError", "QueryResult",
+    "ReadsContinuations", "Refusal", "RefusalError", "Registrar", "ReportValue", "RequestBackend",
     "RequestEngine", "RequestStrategy", "RuntimeState", "Scan", "Shard", "ShardMetrics", "ShardProgress",
     "ShardingProvider", "StoredAnswers", "SupportResult", "TableInput", "TokenColumn", "TokenIds", "Tokenizer",
-    "TokenizerSource", "WorkerLostError", "answer_tokens", "calibrates", "candidate_tuples", "checkpoint_tokenizer",
-    "choose_label", "decode_error", "decode_request", "decode_response", "document_columns", "empty_answers",
-    "encode_error", "encode_request", "encode_response", "execute_request", "filter_answers", "finish",
-    "forget_kv_caches", "hookimpl", "installed", "join_answers", "label_answers", "limit_reached",
-    "local_model_directory", "margin_of", "merge_answers", "merge_metrics", "on_release", "plan_borrows",
-    "plan_query", "predicate_holds", "progress_of", "quail_cache_home", "receive", "release_all", "request_partition",
-    "scan_port", "score_answers", "serve", "shard_request", "sigmoid", "style_for",
+    "TokenizerSource", "WorkerLostError", "answer_tokens", "calibrates", "candidate_tuples",
+    "checkpoint_tokenizer", "choose_label", "decode_error", "decode_request", "decode_response",
+    "document_columns", "empty_answers", "encode_error", "encode_request", "encode_response", "execute_request",
+    "filter_answers", "finish", "forget_kv_caches", "hookimpl", "installed", "join_answers", "label_answers",
+    "limit_reached", "local_model_directory", "margin_of", "merge_answers", "merge_metrics", "on_release",
+    "plan_borrows", "plan_query", "predicate_holds", "progress_of", "quail_cache_home", "receive", "release_all",
+    "request_partition", "scan_port", "score_answers", "serve", "shard_request", "sigmoid", "style_for",
 ]

@@ -95,6 +95,31 @@ class Scan(PhysicalNode):
         return f"Scan {self.table} AS {self.alias}{where}"
 
 
+@dataclass(frozen=True, kw_only=True)
+class ModelNode(PhysicalNode):
+    """A node a backend answers with the model: it lays out its own prompts from `preamble` on."""
+
+    preamble: TokenIds
+
+    @property
+    def is_model_node(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True, kw_only=True)
+class DocumentNode(ModelNode):
+    """A model node over one alias's documents: it reads the rows of `alias` and their `column`."""
+
+    alias: str
+    column: ColumnRef
+
+    INPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
+
+    @property
+    def document_aliases(self) -> tuple[str, ...]:
+        return (self.alias,)
+
+
 @dataclass(frozen=True)
 class FilterStage:
     """One predicate of an AiFilter: its question tail after the shared frame."""
@@ -106,12 +131,9 @@ class FilterStage:
 
 
 @dataclass(frozen=True, kw_only=True)
-class AiFilter(PhysicalNode):
+class AiFilter(DocumentNode):
     """Stages over one alias's documents, in order: [preamble][doc][frame][question_k]."""
 
-    alias: str
-    column: ColumnRef
-    preamble: TokenIds
     frame: TokenIds
     stages: tuple[FilterStage, ...]
     retain_kv: bool = False
@@ -121,16 +143,7 @@ class AiFilter(PhysicalNode):
     answers: AnswerTokens | None = None
     """The TRUE-like and FALSE-like first tokens the margin is read from (for engines that take ids)."""
 
-    INPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
     OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(answers=PortType.FILTER_ANSWERS)
-
-    @property
-    def is_model_node(self) -> bool:
-        return True
-
-    @property
-    def document_aliases(self) -> tuple[str, ...]:
-        return (self.alias,)
 
     def prefix(self, document: TokenIds) -> TokenIds:
         """[preamble][document][frame]: what every stage of a document shares."""
@@ -156,7 +169,7 @@ def _calibrated(documents: tuple[TokenIds, ...]) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
-class AiJoin(PhysicalNode):
+class AiJoin(ModelNode):
     """Anchored evaluation of candidate tuples: anchor prefix once, one suffix per tuple.
 
     The prompt of a tuple is preamble + anchor doc + frame + Σ(labels[j] + partner doc j) + cue.
@@ -168,7 +181,6 @@ class AiJoin(PhysicalNode):
     anchor: ColumnRef
     partners: tuple[ColumnRef, ...]
     semantics: Semantics = "full"
-    preamble: TokenIds
     frame: TokenIds
     labels: tuple[TokenIds, ...]
     cue: TokenIds
@@ -185,10 +197,6 @@ class AiJoin(PhysicalNode):
                                                       candidates=PortType.ROWS)
     OPTIONAL_INPUTS: ClassVar[frozenset[str]] = frozenset({"candidates"})
     OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(answers=PortType.JOIN_ANSWERS)
-
-    @property
-    def is_model_node(self) -> bool:
-        return True
 
     @property
     def document_aliases(self) -> tuple[str, ...]:
@@ -219,28 +227,16 @@ class AiJoin(PhysicalNode):
 
 
 @dataclass(frozen=True, kw_only=True)
-class AiClassify(PhysicalNode):
+class AiClassify(DocumentNode):
     """One label per row: the label whose continuation has the highest summed log-probability."""
 
-    alias: str
-    column: ColumnRef
     output: str
     position: int
     labels: tuple[Label, ...]
-    preamble: TokenIds
     tail: TokenIds
     label_tokens: tuple[TokenIds, ...]
 
-    INPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
     OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(answers=PortType.LABELS)
-
-    @property
-    def is_model_node(self) -> bool:
-        return True
-
-    @property
-    def document_aliases(self) -> tuple[str, ...]:
-        return (self.alias,)
 
     def document_prompt(self, document: TokenIds) -> TokenIds:
         """[preamble][document][tail]: the first token of every label is read after it."""
@@ -251,28 +247,16 @@ class AiClassify(PhysicalNode):
 
 
 @dataclass(frozen=True, kw_only=True)
-class AiScore(PhysicalNode):
+class AiScore(DocumentNode):
     """Sigmoid of the TRUE−FALSE margin per row; one alias's document in the filter layout."""
 
-    alias: str
-    column: ColumnRef
     output: str
     position: int
     prompt: Prompt
-    preamble: TokenIds
     question: TokenIds
     answers: AnswerTokens | None = None
 
-    INPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
     OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(answers=PortType.SCORES)
-
-    @property
-    def is_model_node(self) -> bool:
-        return True
-
-    @property
-    def document_aliases(self) -> tuple[str, ...]:
-        return (self.alias,)
 
     def document_prompt(self, document: TokenIds) -> TokenIds:
         """[preamble][document][question]: the score is read at its last token."""

@@ -11,8 +11,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from e2e_data import TABLES, arrow_table
-from test_end_to_end import CASES, KEPT_ENGINES, Case, assert_matches_oracle, result_rows
+from support.cases import CASES, KEPT_ENGINES, Case, assert_matches_oracle, result_rows
+from support.e2e_data import TABLES, arrow_table
 
 import quail
 from quail.backends.base import ModelBackend

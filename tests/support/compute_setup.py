@@ -1,4 +1,4 @@
-"""Worker setup hooks for the compute-provider tests (`EngineConfig(worker_setup="compute_setup:...")`).
+"""Worker setup hooks for the compute-provider tests (`EngineConfig(worker_setup="support.compute_setup:...")`).
 
 A `process` worker builds its own registry from the installed plugins; backends that tests register
 in code reach it through these hooks, as a user's would through theirs. The fake engines answer
@@ -12,8 +12,8 @@ import os
 import time
 from pathlib import Path
 
-from fake_sglang import FakeSGLang
-from request_helpers import LABELS, TOKENIZER, VOCAB
+from support.fake_sglang import FakeSGLang
+from support.request_helpers import LABELS, TOKENIZER, VOCAB
 
 import quail
 from quail.backends.base import NodeInputs, NodeOutput
@@ -34,7 +34,7 @@ def load_margins() -> dict[tuple[int, ...], float]:
 
 def register_fakes(registry: quail.ExtensionRegistry) -> None:
     """The keyword backend and the fake vLLM / SGLang engines, answering from the taught margin table."""
-    from fake_vllm import FakeLLM
+    from support.fake_vllm import FakeLLM
 
     from quail_sglang.backend import SGLangBackend
     from quail_sglang.engine import EngineSettings, SGLangEngine

@@ -1,4 +1,4 @@
-"""Worker setup hooks for the `ray` provider tests (`EngineConfig(worker_setup="ray_setup:...")`).
+"""Worker setup hooks for the `ray` provider tests (`EngineConfig(worker_setup="support.ray_setup:...")`).
 
 A Ray worker builds its registry from the installed plugins; backends a test registers in code
 reach it through these hooks, the module reaching the workers through the test cluster's
@@ -8,7 +8,7 @@ killed, or a shard cancelled, while it is still at work.
 
 from __future__ import annotations
 
-from compute_setup import SlowExecution, SlowKeywordBackend
+from support.compute_setup import SlowExecution, SlowKeywordBackend
 
 import quail
 from quail.testing import ByteTokenizer, KeywordBackend
