@@ -120,3 +120,17 @@ def test_quality_reports_each_model_with_and_without_examples_and_its_peak_memor
     assert join["documents"] == 12 * 12 and join["examples"] == 0
     assert all(0.0 <= s["auc"] <= 1.0 and 0.0 <= s["raw_accuracy"] <= 1.0 for s in run["scores"])
     assert (tmp_path / "quality.md").read_text().startswith("Answer quality on the first 12")
+
+
+def test_limits_runs_each_limit_query_early_and_whole_with_the_same_rows_and_fewer_tokens(tmp_path, capsys):
+    from quail_native.benchmark.limits import many_reviews, run_limits
+
+    assert len(set(many_reviews(1000).column("body").to_pylist())) == 1000, "every document a text of its own"
+    assert run_limits("gemma-3-270m", "fp32", tmp_path, documents=160, join_reviews=24) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == ["LIMIT 5 filter over 160 reviews",
+                                                      "LIMIT 10 join, 24 reviews × 12 aspects"]
+    for line in lines:
+        early, whole = (int(n.replace(",", "")) for n in line.split("fresh tokens ")[1].split(" (")[0].split(" vs "))
+        assert early < whole and "stopped after" in line and "same" in line
+    assert (tmp_path / "limits.md").read_text().count("* LIMIT") == 2

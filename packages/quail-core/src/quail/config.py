@@ -41,6 +41,9 @@ class EngineConfig:
     kv_page_tokens: int = 16
     prefix_sharing: Switch = "auto"
     calibration: Switch = "auto"
+    early_limit: Switch = "auto"
+    """A LIMIT the first documents can meet is met early: the model reads documents in rounds and stops once
+    the rows are there ("auto" and "on"); "off" reads every document, as a plan without the LIMIT would."""
     oversized_documents: OversizedPolicy = "refuse"
     """A document too long for one forward pass with its prompt: "refuse" the query (the default),
     "skip" that document (it leaves the query), or "truncate" it to the tokens that fit. Skipped and
@@ -80,7 +83,7 @@ class EngineConfig:
         if self.kv_budget_bytes is not None:
             _require_positive_number("kv_budget_bytes", self.kv_budget_bytes)
         _require_choice("precision", self.precision, PRECISIONS)
-        for name in ("prefix_sharing", "calibration"):
+        for name in ("prefix_sharing", "calibration", "early_limit"):
             _require_choice(name, getattr(self, name), SWITCHES)
         _require_choice("oversized_documents", self.oversized_documents, OVERSIZED_POLICIES)
         _require_name("compute", self.compute)
@@ -126,10 +129,10 @@ class EngineConfig:
 
         Two configs with equal engine settings can share one booted engine.
         """
-        return replace(self, prefix_sharing="auto", calibration="auto", oversized_documents="refuse",
-                       compute=DEFAULT_COMPUTE, worker_setup=None, engines_per_device=1, cache=DEFAULT_CACHE,
-                       cache_limit=DEFAULT_CACHE_LIMIT, address=None, workers=None, worker_cpus=1.0,
-                       worker_gpus=None, external_access=False)
+        return replace(self, prefix_sharing="auto", calibration="auto", early_limit="auto",
+                       oversized_documents="refuse", compute=DEFAULT_COMPUTE, worker_setup=None, engines_per_device=1,
+                       cache=DEFAULT_CACHE, cache_limit=DEFAULT_CACHE_LIMIT, address=None, workers=None,
+                       worker_cpus=1.0, worker_gpus=None, external_access=False)
 
 
 def _require_name(field: str, value: object) -> None:

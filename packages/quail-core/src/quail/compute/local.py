@@ -10,6 +10,7 @@ from quail.backends.base import BackendExecutionContext, RuntimeState
 from quail.compute.base import Caller
 from quail.compute.lifetime import on_release
 from quail.compute.request import PhysicalRequest, PhysicalResponse
+from quail.compute.rounds import execute_in_rounds, rounds_of
 from quail.serving.engines import forget_kv_all, release_all, serve
 
 RUNTIME_STATE: RuntimeState = {}
@@ -20,7 +21,11 @@ class LocalProvider:
     name = "local"
 
     def execute(self, request: PhysicalRequest, caller: Caller) -> PhysicalResponse:
-        return serve(BackendExecutionContext(request, caller.registry, RUNTIME_STATE, caller.progress))
+        def run(part: PhysicalRequest) -> PhysicalResponse:
+            return serve(BackendExecutionContext(part, caller.registry, RUNTIME_STATE, caller.progress))
+
+        rounds = rounds_of(request)
+        return run(request) if rounds is None else execute_in_rounds(request, rounds, run)
 
     def close(self) -> None:
         release_all(RUNTIME_STATE)

@@ -19,6 +19,7 @@ from multiprocessing.connection import Connection
 from quail.compute.base import Caller
 from quail.compute.lifetime import on_release
 from quail.compute.request import PhysicalRequest, PhysicalResponse
+from quail.compute.rounds import execute_in_rounds, rounds_of
 from quail.compute.wire import decode_error, decode_response, encode_request, receive
 from quail.errors import WorkerLostError
 from quail.physical.graph import PhysicalGraph
@@ -149,8 +150,11 @@ class ProcessProvider:
     def execute(self, request: PhysicalRequest, caller: Caller) -> PhysicalResponse:
         key: WorkerKey = (request.device.name, request.config.worker_setup)
         worker = POOL.worker(key)
+        rounds = rounds_of(request)
         try:
-            return worker.call(request, caller.progress)
+            if rounds is None:
+                return worker.call(request, caller.progress)
+            return execute_in_rounds(request, rounds, lambda part: worker.call(part, caller.progress), "process")
         except BaseException as failure:
             if isinstance(failure, WorkerLostError) or not isinstance(failure, Exception):
                 POOL.forget(key, worker)

@@ -78,10 +78,10 @@ def merge_answers(graph: PhysicalGraph, phase: Phase, answered: Sequence[tuple[S
     merged: Answers = {}
     ordered = sorted(answered, key=lambda item: item[0].index)
     for port in answer_ports(graph, phase):
-        alias = key_alias(graph.node(port[0]))
         tables = []
         for shard, response in ordered:
             table = response.tables[port]
+            alias = phase.alias if phase.alias in table.column_names else key_alias(graph.node(port[0]))
             if phase.alias is not None and alias is not None:
                 _check_within(table, alias, shard, port)
             tables.append(table)

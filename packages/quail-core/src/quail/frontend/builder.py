@@ -114,14 +114,17 @@ def _labels(labels: Sequence[str | tuple[str, str]]) -> tuple[Label, ...]:
     return tuple(parsed)
 
 
-def prompt(template: str, *columns: Col) -> PromptExpr:
-    """`prompt('Does {0} praise the acting?', col("r.body"))`."""
+def prompt(template: str, *columns: Col, symmetric: bool = False) -> PromptExpr:
+    """`prompt('Does {0} praise the acting?', col("r.body"))`; `symmetric=True` for a question over two documents
+    whose answer does not depend on their order (each pair asked in both orders is asked once)."""
+    if not isinstance(symmetric, bool):
+        raise TypeError(f"prompt(symmetric=...) takes True or False, got {symmetric!r}")
     if not isinstance(template, str):
         raise TypeError(f"prompt() takes its template as a str, got {type(template).__name__} {template!r}")
     for column in columns:
         if not isinstance(column, Col):
             raise CompileError(f"prompt(...) takes col(...) arguments after the template, got {column!r}")
-    return PromptExpr(PromptSpec(template, tuple(c.name for c in columns)))
+    return PromptExpr(PromptSpec(template, tuple(c.name for c in columns), symmetric=symmetric))
 
 
 def score(of: PromptExpr) -> ScoreExpr:

@@ -31,9 +31,11 @@ def prompt_and_options(call: AiCall, keys: set[str]) -> tuple[PromptSpec, Option
         raise unsupported(f"{call.spelling} with {len(call.arguments)} arguments", call.node,
                           "pass PROMPT(...) and an optional options object")
     prompt = read_prompt(call.arguments[0], call.spelling)
-    options = read_options(call.arguments[1], keys | {"examples"}) if len(call.arguments) == 2 else {}
+    options = read_options(call.arguments[1], keys | {"examples", "symmetric"}) if len(call.arguments) == 2 else {}
     if "examples" in options:
         prompt = replace(prompt, examples=read_examples(options.pop("examples"), None))
+    if "symmetric" in options:
+        prompt = replace(prompt, symmetric=boolean_option(options.pop("symmetric"), "symmetric"))
     return prompt, options
 
 
@@ -165,6 +167,12 @@ def selectivity(options: Options) -> float | None:
         raise CompileError(f"selectivity must be a number in [0, 1], got {safe_sql(value)}", line=where.line,
                            column=where.column)
     return found
+
+
+def boolean_option(value: exp.Expression, key: str) -> bool:
+    if isinstance(value, exp.Boolean):
+        return bool(value.this)
+    raise unsupported(f"{key} {safe_sql(value)}", value, f"{key} is TRUE or FALSE")
 
 
 def string_option(options: Options, key: str) -> str | None:

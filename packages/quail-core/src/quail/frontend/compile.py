@@ -174,8 +174,11 @@ class _Compiler:
 
     def _prompt(self, spec: PromptSpec, scope: Sequence[str]) -> Prompt:
         columns = tuple(self.resolve(a, scope) for a in spec.arguments)
-        prompt = Prompt(spec.template, columns, spec.examples)
+        prompt = Prompt(spec.template, columns, spec.examples, spec.symmetric)
         _check_placeholders(prompt, spec.where)
+        if prompt.symmetric and len(set(prompt.aliases)) != 2:
+            raise fail("'symmetric' is for a prompt over two documents of two tables, {0} and {1}; this one reads "
+                       f"{len(prompt.columns)} column(s) of {', '.join(sorted(set(prompt.aliases)))}", spec.where)
         if prompt.examples and len(set(prompt.aliases)) > 1:
             raise fail("examples are given for a prompt over one document; this one reads "
                        f"{', '.join(sorted(set(prompt.aliases)))}", spec.where)

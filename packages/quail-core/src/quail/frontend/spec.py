@@ -45,6 +45,7 @@ class PromptSpec:
     arguments: tuple[ColumnName, ...]
     where: Where = NOWHERE
     examples: tuple[Example, ...] = ()
+    symmetric: bool = False
 
 
 @dataclass(frozen=True)

@@ -492,7 +492,8 @@ class _Reader:
     def _prompt_key(self, prompt: PromptSpec) -> tuple[object, ...]:
         """What makes two calls the same question: template, arguments and examples (the same words with other
         examples are another prompt, answered apart)."""
-        return (prompt.template, tuple((a.qualifier, a.name) for a in prompt.arguments), prompt.examples)
+        return (prompt.template, tuple((a.qualifier, a.name) for a in prompt.arguments), prompt.examples,
+                prompt.symmetric)
 
     def _fresh_name(self, kind: str) -> str:
         taken = {o.name for o in self.outputs.values()} | set(self.scope.columns) | self.scope.outputs

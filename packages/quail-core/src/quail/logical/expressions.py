@@ -39,6 +39,8 @@ class Prompt:
     template: str
     columns: tuple[ColumnRef, ...]
     examples: tuple[Example, ...] = ()
+    symmetric: bool = False
+    """The answer for documents (a, b) is the answer for (b, a): a pair asked in both orders is asked once."""
 
     @property
     def aliases(self) -> tuple[str, ...]:
@@ -50,7 +52,8 @@ class Prompt:
     def __str__(self) -> str:
         args = "".join(f", {c}" for c in self.columns)
         shots = f" with {len(self.examples)} example{'s' if len(self.examples) != 1 else ''}" if self.examples else ""
-        return f"PROMPT({self.template!r}{args}){shots}"
+        both = " (symmetric)" if self.symmetric else ""
+        return f"PROMPT({self.template!r}{args}){shots}{both}"
 
 
 @dataclass(frozen=True)

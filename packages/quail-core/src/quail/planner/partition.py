@@ -25,6 +25,7 @@ the coordinator merges them and runs the relational part over whole tables.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -97,6 +98,9 @@ class Partition:
     """Why the plan runs whole on one worker; None when it is split."""
     limit: int | None = None
     """Rows the result keeps when the plan ends in a LIMIT (the coordinator may stop early)."""
+    rounds: int = 0
+    """Trailing phases that run round by round (`plan_rounds`): each round's shard of every one of them in
+    turn, so a LIMIT met after a round leaves the later rounds unread."""
 
     def describe(self) -> list[str]:
         lines = [f"{self.workers} worker(s); {len(self.phases)} phase(s)"]
@@ -144,6 +148,83 @@ def plan_partition(graph: PhysicalGraph, tokens: Mapping[str, TokenColumn], work
             shards[alias] = split_documents(tokens[alias], workers, per_worker, together)
         phases.append(Phase(index, alias, nodes, shards[alias]))
     return Partition(workers, tuple(phases), limit=limit)
+
+
+ROUND_GROWTH = 2
+"""Each round of a LIMIT's documents is this many times the one before."""
+ROUND_MARGIN = 1.5
+"""The first round reads this many times the documents the estimated selectivity says the LIMIT needs."""
+FIRST_ROUND_MINIMUM = 8
+"""Documents the first round reads at least: fewer make a round's fixed costs dominate."""
+
+
+def plan_rounds(graph: PhysicalGraph, tokens: Mapping[str, TokenColumn]) -> Partition | None:
+    """The model work of a plan that ends in a LIMIT, in rounds of documents on one worker, or None.
+
+    The rounds cut the documents of one alias in document order — among the aliases the last phase's model
+    nodes read, the one with the most documents (a join's partner when its anchor side is small): the
+    first round sized from the estimated rows reaching the LIMIT (`ROUND_MARGIN` times what the estimate says
+    is enough), each next one `ROUND_GROWTH` times larger, so the model reads about as many documents as the
+    LIMIT needs and at most twice that much. The trailing phases whose nodes read that alias run round by
+    round (`Partition.rounds`); the phases before them run whole, and every round reads their answers.
+    None when there is no LIMIT to stop at, or the work cannot be divided by documents.
+    """
+    limit = _result_limit(graph)
+    model = [node for node in graph.topological_order() if node.is_model_node]
+    if limit is None or not model or unsplittable(graph, tokens) is not None:
+        return None
+    groups = _phase_groups(graph, model)
+    split = max((a for n in groups[-1][1] for a in graph.node(n).document_aliases if a in tokens),
+                key=lambda a: len(tokens[a]), default=None)
+    if split is None:
+        return None
+    in_rounds = 0
+    while in_rounds < len(groups) and all(split in graph.node(n).document_aliases for n in groups[-1 - in_rounds][1]):
+        in_rounds += 1
+    documents = len(tokens[split])
+    rounds = round_shards(tokens[split].lengths().to_pylist(),
+                          first_round(limit, _estimated_share(graph, documents), documents))
+    phases = []
+    for index, (alias, nodes) in enumerate(groups):
+        if index >= len(groups) - in_rounds:
+            phases.append(Phase(index, split, nodes, rounds))
+            continue
+        everything = ((0, len(tokens[alias])),) if len(tokens[alias]) else ()
+        phases.append(Phase(index, alias, nodes, (Shard(0, 0, everything, len(tokens[alias]),
+                                                          tokens[alias].summary().total),)))
+    return Partition(1, tuple(phases), limit=limit, rounds=in_rounds)
+
+
+def first_round(limit: int, share: float, documents: int) -> int:
+    """Documents the first round reads: enough for `limit` rows at the estimated `share` of documents giving a
+    row, with a margin; never fewer than `FIRST_ROUND_MINIMUM`, never more than there are."""
+    wanted = math.ceil(ROUND_MARGIN * max(limit, 1) / max(share, 1e-3))
+    return max(1, min(documents, max(wanted, FIRST_ROUND_MINIMUM)))
+
+
+def round_shards(lengths: Sequence[int], first: int) -> tuple[Shard, ...]:
+    """Contiguous rounds of documents in order, `first` documents then `ROUND_GROWTH` times more each time."""
+    shards: list[Shard] = []
+    start, size = 0, max(1, first)
+    while start < len(lengths):
+        stop = min(len(lengths), start + size)
+        shards.append(Shard(len(shards), 0, ((start, stop),), stop - start, sum(lengths[start:stop])))
+        start, size = stop, size * ROUND_GROWTH
+    return tuple(shards) or (Shard(0, 0, (), 0, 0),)
+
+
+def _estimated_share(graph: PhysicalGraph, documents: int) -> float:
+    """Rows the planner expects to reach the LIMIT per document of the split alias (1.0 when it has no estimate):
+    the estimate of the nearest node above the LIMIT that has one (recombining nodes carry none)."""
+    node = next(node for node in graph.nodes if isinstance(node, ph.Limit))
+    while True:
+        inputs = graph.inputs_of(node.id)
+        if not inputs:
+            return 1.0
+        node = graph.node((inputs.get("answers") or inputs.get("rows") or next(iter(inputs.values()))).source)
+        rows = node.estimate.rows
+        if rows is not None:
+            return min(1.0, rows / documents) if documents else 1.0
 
 
 def unsplittable(graph: PhysicalGraph, tokens: Mapping[str, TokenColumn]) -> str | None:

@@ -35,7 +35,7 @@ from quail.logical.rules import run_rules
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
 from quail.planner.oversize import OversizedDocuments, find_oversized
-from quail.planner.partition import plan_partition
+from quail.planner.partition import plan_partition, plan_rounds
 from quail.planner.statistics import document_columns, planning_context
 from quail.plugins.registry import ExtensionRegistry
 from quail.progress import ProgressListener
@@ -224,13 +224,25 @@ def planned_shards(session: QuerySession, graph: PhysicalGraph, prepared: Prepar
     """What explain says of the split over workers, for a provider that splits (nothing otherwise)."""
     compute, config = session.compute, session.config
     if not isinstance(compute, ShardingProvider):
-        return []
+        return planned_rounds(config, graph, prepared)
     workers = compute.planned_workers(config)
     if workers is None:
         return [f"compute {config.compute!r}: the workers are counted when the cluster is reached; set "
                 "EngineConfig.workers to see the shards before a run"]
     partition = plan_partition(graph, prepared.tokens, workers, page_tokens=config.kv_page_tokens)
     return [f"compute {config.compute!r}: " + line if i == 0 else line for i, line in enumerate(partition.describe())]
+
+
+def planned_rounds(config: EngineConfig, graph: PhysicalGraph, prepared: PreparedQuery) -> list[str]:
+    """What explain says of a LIMIT met early on one worker (`quail.compute.rounds`): nothing when there is none."""
+    partition = plan_rounds(graph, prepared.tokens) if config.early_limit != "off" else None
+    if partition is None or partition.rounds == 0 or len(partition.phases[-1].shards) < 2:
+        return []
+    last = partition.phases[-1]
+    sizes = ", ".join(f"{shard.documents:,}" for shard in last.shards[:4]) + (", …" if len(last.shards) > 4 else "")
+    return [f"LIMIT {partition.limit} met early: the model reads the {sum(s.documents for s in last.shards):,} "
+            f"documents of {last.alias} in rounds of {sizes} and stops once the LIMIT has its rows "
+            "(EngineConfig.early_limit='off' reads them all)"]
 
 
 def _fan_out(listeners: tuple[ProgressListener, ...]) -> ProgressListener | None:

@@ -72,8 +72,16 @@ def render_physical(graph: PhysicalGraph, measured: Mapping[str, NodeMetrics] | 
 
 
 def render_shards(shards: Sequence[ShardMetrics]) -> list[str]:
-    """One line per shard a provider ran: its documents, its worker, what it took."""
+    """One line per shard a provider ran: its documents, its worker, what it took; first, when a LIMIT stopped
+    the model early, how many of the documents it read."""
     lines = []
+    stopped = [shard for shard in shards if shard.cancelled]
+    if stopped:
+        phase = max(shard.phase for shard in stopped)
+        last = [shard for shard in shards if shard.phase == phase]
+        read = sum(shard.documents for shard in last if not shard.cancelled)
+        lines.append(f"stopped after {read:,} of {sum(shard.documents for shard in last):,} documents of "
+                     f"{last[0].alias}: the LIMIT had its rows")
     for shard in shards:
         split = f"split on {shard.alias}" if shard.alias is not None else "unsplit"
         took = "cancelled: the LIMIT had its rows" if shard.cancelled else f"wall {_number(shard.wall_s, 's')}"

@@ -41,6 +41,22 @@ class _JoinItems:
             prefix = run.keys.prompt("margin", node.anchor_prefix(self.anchor_text(anchor)))  # hashed once per anchor
             for item in items:
                 self.keys[item] = prefix.then(self.suffix(item)).key()
+        self.owner: dict[Tuple, Tuple] = {item: item for item in self.keys}
+        """The tuple whose own prompt is asked for an item: itself, or for a symmetric pair asked in both orders,
+        the order whose prompt key is the smaller."""
+        if node.predicate.prompt.symmetric and len(self.aliases) == 2:
+            self._share_reversed_pairs(run)
+
+    def _share_reversed_pairs(self, run: NodeRun) -> None:
+        """A pair whose reversed prompt is another candidate's prompt is answered once, by the smaller key's
+        tuple; a pair asked in one order only keeps its own prompt (its answer is never stored as another's)."""
+        own = {key: item for item, key in reversed(self.keys.items())}  # the first tuple asking each prompt
+        partner_at = self.partner_at[0]
+        for item, key in list(self.keys.items()):
+            swapped = run.keys.prompt("margin", self.node.anchor_prefix(self.texts[self.aliases[partner_at]][
+                item[partner_at]])).then(self.node.suffix([self.anchor_text(item[self.anchor_at])])).key()
+            if swapped in own and swapped < key:
+                self.keys[item], self.owner[item] = swapped, own[swapped]
 
     def anchor_text(self, row: int) -> tuple[int, ...]:
         return self.texts[self.aliases[self.anchor_at]][row]
@@ -94,14 +110,15 @@ def _unanswered(items: _JoinItems, answered: dict[Key, Found], early: bool) -> d
     """Per undecided anchor, one tuple per distinct prompt not yet answered (first asker of a prompt asks it)."""
     asked: dict[int, list[Tuple]] = {}
     seen: set[Key] = set()
-    for anchor, group in items.by_anchor.items():
+    for group in items.by_anchor.values():
         if early and any(answered[k].answer for k in (items.keys[i] for i in group) if k in answered):
             continue
         for item in group:
             key = items.keys[item]
             if key not in answered and key not in seen:
                 seen.add(key)
-                asked.setdefault(anchor, []).append(item)
+                owner = items.owner[item]  # a symmetric pair's other order may belong to another anchor
+                asked.setdefault(owner[items.anchor_at], []).append(owner)
     return asked
 
 

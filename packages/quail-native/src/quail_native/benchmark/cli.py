@@ -52,10 +52,19 @@ def add_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
                         help="comma-separated models for --quality (default: every embedded model installed here)")
     parser.add_argument("--reviews", type=int, default=120,
                         help="labeled reviews --quality asks about (default: %(default)s; at most 240)")
+    parser.add_argument("--limits", action="store_true",
+                        help="measure LIMIT queries instead: a LIMIT 5 filter over 1,000 reviews and a LIMIT 10 join, "
+                             "each with the LIMIT met early and with every document read (early_limit='off'), on "
+                             "--model; same rows, fresh tokens and wall side by side, written to limits.md in --out")
     parser.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.limits:
+        from quail_native.benchmark.limits import run_limits
+
+        ExtensionRegistry.with_built_ins().model(args.model)  # an unknown name is refused before any run
+        return run_limits(args.model, args.precision, args.out)
     if args.quality:
         from quail_native.benchmark.quality import run_quality
         from quail_native.models.embedded import installed_embedded_models
