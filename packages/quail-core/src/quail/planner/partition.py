@@ -214,17 +214,19 @@ def round_shards(lengths: Sequence[int], first: int) -> tuple[Shard, ...]:
 
 
 def _estimated_share(graph: PhysicalGraph, documents: int) -> float:
-    """Rows the planner expects to reach the LIMIT per document of the split alias (1.0 when it has no estimate):
-    the estimate of the nearest node above the LIMIT that has one (recombining nodes carry none)."""
-    node = next(node for node in graph.nodes if isinstance(node, ph.Limit))
-    while True:
-        inputs = graph.inputs_of(node.id)
-        if not inputs:
-            return 1.0
+    """Rows the planner expects to reach the LIMIT per document of the split alias, walking up from it: a join's
+    estimated tuples, or the product of the filter stages' selectivities down to the scan (1.0 without any)."""
+    share = 1.0
+    node: ph.PhysicalNode = next(node for node in graph.nodes if isinstance(node, ph.Limit))
+    while inputs := graph.inputs_of(node.id):
         node = graph.node((inputs.get("answers") or inputs.get("rows") or next(iter(inputs.values()))).source)
-        rows = node.estimate.rows
-        if rows is not None:
-            return min(1.0, rows / documents) if documents else 1.0
+        if isinstance(node, ph.AiFilter):
+            share *= math.prod(stage.selectivity for stage in node.stages)
+        elif isinstance(node, ph.Scan):
+            break
+        elif node.estimate.rows is not None and documents:
+            return min(1.0, share * node.estimate.rows / documents)
+    return min(1.0, share)
 
 
 def unsplittable(graph: PhysicalGraph, tokens: Mapping[str, TokenColumn]) -> str | None:
