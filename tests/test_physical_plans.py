@@ -12,7 +12,16 @@ from hypothesis import strategies as st
 
 import quail
 from quail import PlanEditError
-from quail.logical.expressions import AiPredicate, ColumnRef, Equality, Label, OutputColumn, Prompt, ScoreThreshold
+from quail.logical.expressions import (
+    AiPredicate,
+    ColumnRef,
+    Equality,
+    Label,
+    OutputColumn,
+    PairCondition,
+    Prompt,
+    ScoreThreshold,
+)
 from quail.physical import nodes as ph
 from quail.physical.codecs import decode_graph, encode_graph, from_json, register_codec_type, to_json
 from quail.physical.editing import insert, move, remove
@@ -44,6 +53,9 @@ def tuples_of(strategy: st.SearchStrategy) -> st.SearchStrategy:
     return st.lists(strategy, max_size=2).map(tuple)
 
 
+pair_conditions = st.builds(PairCondition, st.text(max_size=20), tuples_of(column_refs))
+
+
 FIELDS: dict[type, dict[str, st.SearchStrategy]] = {
     ph.Scan: {"table": texts, "alias": texts, "where": texts},
     ph.AiFilter: {"alias": texts, "column": column_refs, "preamble": token_ids, "frame": token_ids,
@@ -59,7 +71,7 @@ FIELDS: dict[type, dict[str, st.SearchStrategy]] = {
                     "label_tokens": tuples_of(token_ids)},
     ph.AiScore: {"alias": texts, "column": column_refs, "output": texts, "position": st.integers(0, 99),
                  "prompt": prompts, "preamble": token_ids, "question": token_ids, "answers": answer_tokens},
-    ph.HashJoin: {"equalities": tuples_of(equalities)},
+    ph.HashJoin: {"equalities": tuples_of(equalities), "conditions": tuples_of(pair_conditions)},
     ph.RecombineFilter: {"alias": texts},
     ph.RecombineJoin: {"semantics": semantics},
     ph.RecombineLabels: {"alias": texts, "output": texts, "allowed": st.none() | tuples_of(texts)},

@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 
 from quail.data.providers import Columns, Rows
 from quail.data.tokens import TokenColumn
-from quail.logical.expressions import Equality, Semantics
+from quail.logical.expressions import Equality, PairCondition, Semantics
 
 ROW = pa.int32()
 
@@ -53,9 +53,12 @@ def survivors(rows: pa.Table, answers: pa.Table, alias: str) -> pa.Table:
 
 
 def equality_pairs(left: pa.Table, right: pa.Table, equalities: Sequence[Equality],
-                   providers: Mapping[str, RowSource]) -> pa.Table:
-    """Left ⋈ right on column values (fetched by position); a cross product without equalities."""
+                   providers: Mapping[str, RowSource], conditions: Sequence[PairCondition] = ()) -> pa.Table:
+    """Left ⋈ right on column values (fetched by position); a cross product without equalities. With
+    `conditions`, DuckDB enumerates the pairs (its range joins, not a cross product filtered in Python)."""
     order = [*left.column_names, *right.column_names]
+    if conditions:
+        return _ordered(_condition_pairs(left, right, equalities, conditions, providers), order)
     if not equalities:
         return _ordered(_cross(left, right), order)
     left_keys, right_keys = [], []
@@ -71,6 +74,36 @@ def equality_pairs(left: pa.Table, right: pa.Table, equalities: Sequence[Equalit
         right_keys.append(key_right)
     joined = left_values.join(right_values, left_keys, right_keys, join_type="inner")
     return _ordered(joined.select(order), order)
+
+
+def _condition_pairs(left: pa.Table, right: pa.Table, equalities: Sequence[Equality],
+                     conditions: Sequence[PairCondition], providers: Mapping[str, RowSource]) -> pa.Table:
+    """The pairs satisfying every equality and condition, by one DuckDB join over the two sides' row positions and
+    the column values the conditions read (named `"alias.column"`, as the conditions' SQL names them). DuckDB
+    runs in memory with external access off: a condition reads only these two tables."""
+    import duckdb
+
+    wanted = {*(c for condition in conditions for c in condition.columns),
+              *(ref for equality in equalities for ref in (equality.left, equality.right))}
+    sides = {"__l": left, "__r": right}
+    for name, rows in sides.items():
+        for ref in sorted(wanted, key=str):
+            if ref.alias in rows.column_names:
+                rows = rows.append_column(f"{ref.alias}.{ref.column}", _values(rows, ref.alias, ref.column, providers))
+        sides[name] = rows
+    on = [f'"{e.left.alias}.{e.left.column}" = "{e.right.alias}.{e.right.column}"' for e in equalities]
+    on += [f"({condition.sql})" for condition in conditions]
+    picked = ", ".join(f'__l."{c}"' for c in left.column_names) + ", " + ", ".join(
+        f'__r."{c}"' for c in right.column_names)
+    connection = duckdb.connect(config={"enable_external_access": False})
+    try:
+        connection.register("__l", sides["__l"])
+        connection.register("__r", sides["__r"])
+        table = connection.sql(f"SELECT {picked} FROM __l JOIN __r ON {' AND '.join(on)}").to_arrow_table()
+    finally:
+        connection.close()
+    return pa.table({name: table.column(i).cast(pa.int32()) for i, name in enumerate([*left.column_names,
+                                                                                      *right.column_names])})
 
 
 def _values(rows: pa.Table, alias: str, column: str, providers: Mapping[str, RowSource]) -> pa.Array:

@@ -105,12 +105,13 @@ class _Compiler:
                      for c in columns]
             statement = projection_statement(named, self.output_aliases, any(c.source is None for c in columns),
                                              self._limit())
-            return Project(tree, columns, self._limit(), statement, tuple(self.output_aliases), self.spec.remarks)
+            return Project(tree, columns, self._limit(), statement, tuple(self.output_aliases), self.spec.remarks,
+                           self.spec.pair_conditions)
         reads = [self.resolve(name, self.output_aliases) for name in relational.reads]
         columns = tuple(self._column_output(r.alias, r.column) for r in reads) + tuple(
             OutputColumn(name) for name in relational.outputs)
         return Project(tree, columns, self._limit(), relational.statement, relational.relations,
-                       (*relational.remarks, *self.spec.remarks))
+                       (*relational.remarks, *self.spec.remarks), self.spec.pair_conditions)
 
     # -- tables and names ---------------------------------------------------------------------
 

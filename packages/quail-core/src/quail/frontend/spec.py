@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from quail.data.providers import TableSchema
-from quail.logical.expressions import Example, Label, ScoreThreshold
+from quail.logical.expressions import Example, Label, PairCondition, ScoreThreshold
 
 TableRole = Literal["from", "exists", "anti", "left"]
 """`from`: FROM / inner JOIN; `exists` / `anti`: an [NOT] EXISTS subquery's table; `left`: LEFT JOIN ON AI_FILTER."""
@@ -175,6 +175,8 @@ class QuerySpec:
     select: tuple[SelectItem, ...]
     predicates: tuple[PredicateSpec, ...] = ()
     equalities: tuple[EqualitySpec, ...] = ()
+    pair_conditions: tuple[PairCondition, ...] = ()
+    """Conditions over two tables' columns in WHERE or an inner ON: they also restrict the pairs a join asks."""
     classifies: tuple[ClassifySpec, ...] = ()
     label_filters: tuple[LabelFilterSpec, ...] = ()
     scores: tuple[ScoreSpec, ...] = ()

@@ -41,6 +41,7 @@ from quail.frontend.forms import canonical_calls, unused_options
 from quail.frontend.relational import (
     INTERNAL_PREFIX,
     OUTPUTS_RELATION,
+    References,
     Scope,
     ai_block,
     early_limit,
@@ -83,7 +84,7 @@ from quail.frontend.syntax import (
     where_of,
 )
 from quail.frontend.tail import TailWriter
-from quail.logical.expressions import Comparison, ScoreThreshold
+from quail.logical.expressions import ColumnRef, Comparison, PairCondition, ScoreThreshold
 
 __all__ = ["DIALECTS", "Dialect", "ParsedStatement", "RelationalCatalog", "ai_call", "parse_sql", "parse_statement",
            "read_statement"]
@@ -200,6 +201,10 @@ Register = Callable[[str], None]
 """Records an AI output's spec under the name it gets."""
 
 
+class _NotPushable(Exception):
+    """A column of a condition that cannot be named for the pairs' DuckDB join (kept in the tail only)."""
+
+
 @dataclass(frozen=True)
 class _Context:
     """Where a condition stands: WHERE, the ON of an inner join of `alias`, or the ON of its LEFT JOIN."""
@@ -235,6 +240,7 @@ class _Reader:
     verdicts: list[VerdictSpec] = field(default_factory=list)
     scan: list[tuple[ScanCondition, exp.Expression]] = field(default_factory=list)
     residual: list[exp.Expression] = field(default_factory=list)
+    pair_conditions: list[PairCondition] = field(default_factory=list)
     links: list[tuple[str, ...]] = field(default_factory=list)
     outputs: dict[tuple[object, ...], _Output] = field(default_factory=dict)
     satisfied: set[tuple[object, ...]] = field(default_factory=set)
@@ -314,6 +320,7 @@ class _Reader:
             label_filters=tuple(self.label_filters), scores=tuple(self.scores), limit=limit,
             verdicts=tuple(self.verdicts), scan=tuple(condition for condition, _ in self.scan),
             links=tuple(self.links), ctes=self.ctes_sql, relational=relational,
+            pair_conditions=tuple(self.pair_conditions),
         )
 
     def order_of(self, node: exp.Expression) -> int:
@@ -630,8 +637,41 @@ class _Reader:
         alias = self._scan_alias(references.aliases, context) if not references.outputs else None
         if alias is not None:
             self.scan.append((ScanCondition(alias, node.sql(dialect="duckdb"), where_of(node)), node))
-        else:
-            self._residual(node, context)
+            return
+        self._residual(node, context)
+        pair = self._pair_condition(node, references, context)
+        if pair is not None:
+            self.pair_conditions.append(pair)
+
+    def _pair_condition(self, node: exp.Expression, references: References,
+                        context: _Context) -> PairCondition | None:
+        """A plain condition over exactly two tables of the model, neither NULL-extended, with no subquery,
+        aggregate or window: it can also restrict the pairs a join between them asks (it stays in the tail)."""
+        if context.clause not in ("where", "on") or references.outputs or len(references.aliases) != 2:
+            return None
+        if not set(references.aliases) <= set(self.model_aliases) or any(map(self._nullable, references.aliases)):
+            return None
+        if node.find(exp.Subquery, exp.Select, exp.AggFunc, exp.Window, exp.Placeholder) is not None:
+            return None
+        columns: list[ColumnRef] = []
+
+        def named(column: exp.Expression) -> exp.Expression:
+            if not isinstance(column, exp.Column):
+                return column
+            alias = self.scope.alias_of(column)
+            actual = next((c for c in self.scope.columns.get(alias or "", ()) if c.lower() == column.name.lower()),
+                          None)
+            if alias is None or actual is None:
+                raise _NotPushable
+            if ColumnRef(alias, actual) not in columns:
+                columns.append(ColumnRef(alias, actual))
+            return exp.column(f"{alias}.{actual}", quoted=True)
+
+        try:
+            written = node.copy().transform(named)
+        except _NotPushable:
+            return None
+        return PairCondition(written.sql(dialect="duckdb"), tuple(columns))
 
     def _scan_alias(self, aliases: frozenset[str], context: _Context) -> str | None:
         if context.clause == "left_on":

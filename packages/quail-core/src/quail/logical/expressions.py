@@ -124,6 +124,23 @@ class Equality:
 
 
 @dataclass(frozen=True)
+class PairCondition:
+    """A condition over columns of two tables (`r1.id < r2.id`, a range, any DuckDB expression): the pairs a join
+    asks the model about are only those that satisfy it. `sql` is DuckDB SQL whose column `"alias.column"` is
+    `columns`' value; the condition is also applied where the query wrote it, so it only ever saves work."""
+
+    sql: str
+    columns: tuple[ColumnRef, ...]
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        return tuple(sorted({c.alias for c in self.columns}))
+
+    def __str__(self) -> str:
+        return self.sql
+
+
+@dataclass(frozen=True)
 class OutputColumn:
     """One result column: a table column (`alias.column`) or a derived AI output by name."""
 

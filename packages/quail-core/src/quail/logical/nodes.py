@@ -10,6 +10,7 @@ from quail.logical.expressions import (
     Equality,
     Label,
     OutputColumn,
+    PairCondition,
     Prompt,
     Semantics,
 )
@@ -204,6 +205,8 @@ class Project(LogicalNode):
     statement: str = ""
     relations: tuple[str, ...] = ()
     remarks: tuple[str, ...] = ()
+    pair_conditions: tuple[PairCondition, ...] = ()
+    """Conditions over two tables the statement applies: a join between them asks only the pairs that pass."""
 
     @property
     def children(self) -> tuple[LogicalNode, ...]:

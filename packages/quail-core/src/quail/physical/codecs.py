@@ -18,6 +18,7 @@ from quail.logical.expressions import (
     Example,
     Label,
     OutputColumn,
+    PairCondition,
     Prompt,
     ScoreThreshold,
 )
@@ -42,8 +43,8 @@ def register_codec_type(cls: type) -> type:
     return cls
 
 
-for _cls in (*CORE_NODE_TYPES, AnswerTokens, AiPredicate, ColumnRef, Equality, Example, Label, OutputColumn, Prompt,
-             ScoreThreshold, FilterStage, NodeEstimate, Edge, PhysicalGraph):
+for _cls in (*CORE_NODE_TYPES, AnswerTokens, AiPredicate, ColumnRef, Equality, Example, Label, OutputColumn,
+             PairCondition, Prompt, ScoreThreshold, FilterStage, NodeEstimate, Edge, PhysicalGraph):
     register_codec_type(_cls)
 
 

@@ -20,7 +20,16 @@ from types import MappingProxyType
 from typing import ClassVar
 
 from quail.data.tokenizer import TokenIds
-from quail.logical.expressions import AiPredicate, ColumnRef, Equality, Label, OutputColumn, Prompt, Semantics
+from quail.logical.expressions import (
+    AiPredicate,
+    ColumnRef,
+    Equality,
+    Label,
+    OutputColumn,
+    PairCondition,
+    Prompt,
+    Semantics,
+)
 from quail.prompts import AnswerTokens, filter_prompt, join_prompt
 
 
@@ -271,12 +280,14 @@ class HashJoin(PhysicalNode):
     """Rows of left and right whose columns are equal (Acero hash join on the equalities)."""
 
     equalities: tuple[Equality, ...]
+    conditions: tuple[PairCondition, ...] = ()
+    """Conditions over the two sides' columns the pairs must also satisfy (DuckDB enumerates them)."""
 
     INPUTS: ClassVar[Mapping[str, PortType]] = _ports(left=PortType.ROWS, right=PortType.ROWS)
     OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
 
     def describe(self) -> str:
-        on = " AND ".join(str(e) for e in self.equalities) or "cross product"
+        on = " AND ".join([*(str(e) for e in self.equalities), *(str(c) for c in self.conditions)]) or "cross product"
         return f"HashJoin {on}"
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from quail.backends.base import ModelRegion, PhysicalCandidate, PlanningContext
 from quail.data.tokenizer import Tokenizer
-from quail.logical.expressions import AiPredicate
+from quail.logical.expressions import AiPredicate, PairCondition
 from quail.logical.nodes import (
     Classify,
     Join,
@@ -75,6 +75,8 @@ class _GraphBuilder:
     join_order: list[int] = field(default_factory=list)
     nullable: set[str] = field(default_factory=set)
     """Aliases whose row is NULL where a LEFT JOIN found no partner."""
+    pair_conditions: tuple[PairCondition, ...] = ()
+    """The query's conditions over two tables' columns: a join between them asks only the pairs that pass."""
 
     def anchored_again(self, position: int, anchor: str) -> bool:
         """Whether a join that runs after this one anchors on the same alias (its KV is then kept)."""
@@ -88,6 +90,7 @@ class _GraphBuilder:
         return node.id
 
     def build(self, plan: Project) -> PhysicalGraph:
+        self.pair_conditions = plan.pair_conditions
         self.join_order = [n.predicate.position for n in reversed(walk(plan)) if isinstance(n, SemanticJoin)]
         rows = self.rows(plan.child)
         if plan.limit is not None:
@@ -154,9 +157,10 @@ class _GraphBuilder:
         inputs: dict[str, Port] = {"left": self.documents(left, _within(read, node.left.aliases)),
                                    "right": self.documents(right, _within(read, node.right.aliases))}
         recombined: dict[str, Port] = {}
-        if node.equalities:
-            pairs = self.add(ph.HashJoin(f"candidates_{predicate.position}", equalities=node.equalities),
-                             left=inputs["left"], right=inputs["right"])
+        conditions = tuple(c for c in self.pair_conditions if node.semantics == "full" and _across(c, node))
+        if node.equalities or conditions:
+            pairs = self.add(ph.HashJoin(f"candidates_{predicate.position}", equalities=node.equalities,
+                                         conditions=conditions), left=inputs["left"], right=inputs["right"])
             inputs["candidates"] = recombined["candidates"] = (pairs, "rows")
         selectivity, assumed = selectivity_of(predicate.selectivity)
         # A LEFT join evaluates every candidate, as a full one does; only its recombination differs. So does
@@ -225,3 +229,10 @@ class _GraphBuilder:
 
 def _within(read: tuple[str, ...], side: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(a for a in read if a in side)
+
+
+def _across(condition: PairCondition, join: SemanticJoin) -> bool:
+    """Whether a join meets the condition's two tables, one on each side."""
+    first, second = condition.aliases
+    left, right = set(join.left.aliases), set(join.right.aliases)
+    return (first in left and second in right) or (first in right and second in left)

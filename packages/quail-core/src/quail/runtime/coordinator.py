@@ -199,14 +199,18 @@ def model_outputs(graph: PhysicalGraph) -> tuple[PortRef, ...]:
 
 
 def key_columns(graph: PhysicalGraph) -> dict[str, list[str]]:
-    """alias → the columns hash joins compare: the only table columns the far side reads."""
+    """alias → the columns hash joins compare or their pair conditions read: the only table columns the far side
+    reads."""
     keys: dict[str, list[str]] = {}
     for node in graph.nodes:
-        for equality in node.equalities if isinstance(node, ph.HashJoin) else ():
-            for ref in (equality.left, equality.right):
-                columns = keys.setdefault(ref.alias, [])
-                if ref.column not in columns:
-                    columns.append(ref.column)
+        if not isinstance(node, ph.HashJoin):
+            continue
+        read = [ref for e in node.equalities for ref in (e.left, e.right)]
+        read += [ref for condition in node.conditions for ref in condition.columns]
+        for ref in read:
+            columns = keys.setdefault(ref.alias, [])
+            if ref.column not in columns:
+                columns.append(ref.column)
     return keys
 
 

@@ -173,7 +173,7 @@ class Runner:
         if isinstance(node, ph.Scan):
             return relational.scan_rows(node.alias, tables[node.alias].num_rows, self.inputs.skipped.get(node.alias))
         if isinstance(node, ph.HashJoin):
-            return relational.equality_pairs(inputs["left"], inputs["right"], node.equalities, tables)
+            return relational.equality_pairs(inputs["left"], inputs["right"], node.equalities, tables, node.conditions)
         if isinstance(node, ph.RecombineFilter):
             return relational.survivors(inputs["rows"], inputs["answers"], node.alias)
         if isinstance(node, ph.RecombineJoin):

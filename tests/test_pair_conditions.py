@@ -1,0 +1,78 @@
+"""Conditions between two joined tables run below the model: the pairs a join asks are exactly the pairs that satisfy
+them — equalities, inequalities, ranges, any DuckDB expression — enumerated by DuckDB. The condition stays where the
+query wrote it too, so rows never change; only the pairs asked do. Keyword backend: every answer is checkable."""
+
+from __future__ import annotations
+
+import itertools
+
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import quail
+from quail.testing import BASE_MODEL, ByteTokenizer, KeywordBackend
+from quail.testing.rules import predicate_margin
+
+SHARE = "PROMPT('Do {0} and {1} share a word?', r1.body, r2.body)"
+WORDS = ["acting", "plot", "music", "score", "cast", "pace"]
+CONDITIONS = {
+    "r1.id < r2.id": lambda a, b: a["id"] < b["id"],
+    "r1.stars + 1 < r2.stars": lambda a, b: a["stars"] + 1 < b["stars"],
+    "abs(r1.stars - r2.stars) BETWEEN 1 AND 2": lambda a, b: 1 <= abs(a["stars"] - b["stars"]) <= 2,
+    "r1.movie = r2.movie AND r1.id <> r2.id": lambda a, b: a["movie"] == b["movie"] and a["id"] != b["id"],
+    "r1.body < r2.body": lambda a, b: a["body"] < b["body"],
+}
+
+
+def run(rows: list[dict[str, object]], sql: str) -> quail.QueryResult:
+    tokenizer = ByteTokenizer()
+    registry = quail.ExtensionRegistry.with_built_ins()
+    registry.register_backend(KeywordBackend(tokenizer))
+    with quail.Session(quail.EngineConfig(model=BASE_MODEL, backend="keyword", cache="off"), registry=registry,
+                       tokenizer=tokenizer) as session:
+        session.register("reviews", pa.Table.from_pylist(rows))
+        return session.sql(sql).run()
+
+
+reviews = st.lists(st.tuples(st.lists(st.sampled_from(WORDS), min_size=1, max_size=3).map(" ".join),
+                             st.integers(1, 5), st.integers(1, 2)), min_size=1, max_size=8)
+
+
+@settings(max_examples=30, deadline=None)
+@given(reviews, st.sampled_from(sorted(CONDITIONS)), st.booleans())
+def test_the_model_is_asked_exactly_the_pairs_that_satisfy_the_condition(written, condition, in_on):
+    rows = [{"id": i, "body": body, "stars": stars, "movie": movie} for i, (body, stars, movie) in enumerate(written)]
+    where = (f"FROM reviews r1 JOIN reviews r2 ON {condition} WHERE AI_FILTER({SHARE})" if in_on else
+             f"FROM reviews r1 JOIN reviews r2 ON AI_FILTER({SHARE}) WHERE {condition}")
+    result = run(rows, f"SELECT r1.id AS a, r2.id AS b {where} ORDER BY a, b")
+    holds = CONDITIONS[condition]
+    satisfying = [(a, b) for a, b in itertools.product(rows, rows) if holds(a, b)]
+    distinct_prompts = {(a["body"], b["body"]) for a, b in satisfying}
+    assert (result.report["answers"]["computed"] or 0) == len(distinct_prompts)  # None: nothing to ask
+    expected = sorted((a["id"], b["id"]) for a, b in satisfying
+                      if predicate_margin("Do {0} and {1} share a word?", [a["body"], b["body"]]) > 0)
+    assert [(r["a"], r["b"]) for r in result.to_rows()] == expected
+
+
+def test_explain_shows_the_condition_on_the_candidate_pairs():
+    rows = [{"id": i, "body": "acting plot", "stars": i, "movie": 1} for i in range(4)]
+    tokenizer = ByteTokenizer()
+    registry = quail.ExtensionRegistry.with_built_ins()
+    registry.register_backend(KeywordBackend(tokenizer))
+    with quail.Session(quail.EngineConfig(model=BASE_MODEL, backend="keyword", cache="off"), registry=registry,
+                       tokenizer=tokenizer) as session:
+        session.register("reviews", pa.Table.from_pylist(rows))
+        text = session.sql(f"SELECT r1.id FROM reviews r1 JOIN reviews r2 ON r1.id < r2.id "
+                           f"WHERE AI_FILTER({SHARE})").explain()
+    assert 'HashJoin "r1.id" < "r2.id"' in text
+
+
+def test_a_condition_on_a_left_joins_partner_or_with_a_subquery_stays_above_the_model():
+    rows = [{"id": i, "body": "acting plot", "stars": i, "movie": 1} for i in range(4)]
+    sql = (f"SELECT r1.id AS a, r2.id AS b FROM reviews r1 JOIN reviews r2 ON AI_FILTER({SHARE}) "
+           "WHERE r1.id < r2.id AND r2.stars > (SELECT MIN(stars) FROM reviews) ORDER BY a, b")
+    result = run(rows, sql)
+    assert result.report["answers"]["computed"] == 1  # every pair shares a prompt: one computed, the rest copied
+    assert [(r["a"], r["b"]) for r in result.to_rows()] == [(a, b) for a in range(4) for b in range(4)
+                                                             if a < b and b > 0]
