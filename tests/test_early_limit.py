@@ -74,12 +74,30 @@ def test_explain_says_the_rounds_before_any_model_work(thousand):
         assert "met early" not in opened.sql(f"SELECT t.id FROM t WHERE {ACTING} LIMIT 5").explain()
 
 
-def test_a_limit_after_ordering_or_grouping_reads_every_document(thousand):
-    for sql in (f"SELECT t.id FROM t WHERE {ACTING} ORDER BY t.id DESC LIMIT 5",
-                f"SELECT COUNT(*) AS n FROM t WHERE {ACTING} LIMIT 1"):
+def test_a_limit_after_grouping_or_ordering_by_a_score_reads_every_document(thousand):
+    score = "AI.SCORE(PROMPT('How much does {0} praise the \"acting\"?', t.body))"
+    for sql in (f"SELECT COUNT(*) AS n FROM t WHERE {ACTING} LIMIT 1",
+                f"SELECT t.id, {score} AS s FROM t ORDER BY s DESC LIMIT 3"):
         early, whole = run(thousand[:200], sql), run(thousand[:200], sql, early_limit="off")
         assert early.to_rows() == whole.to_rows()
         assert early.report["fresh_tokens"] == whole.report["fresh_tokens"]
+        assert "stopped after" not in early.explain()
+
+
+@settings(max_examples=20, deadline=None)
+@given(limit=st.integers(1, 12), descending=st.booleans(), seed=st.integers(0, 5), offset=st.integers(0, 3))
+def test_order_by_a_column_then_limit_reads_in_that_order_and_stops(limit, descending, seed, offset):
+    texts = bodies(400, 0.3, seed)
+    keys = random.Random(seed).sample(range(10_000), len(texts))  # unique: the first rows in order are one set
+    direction = "DESC" if descending else "ASC"
+    with session(texts) as opened:
+        opened.register("u", pa.table({"id": list(range(len(texts))), "body": texts, "k": keys}))
+        result = opened.sql(f"SELECT u.id FROM u WHERE {ACTING.replace('t.body', 'u.body')} ORDER BY u.k "
+                            f"{direction} LIMIT {limit} OFFSET {offset}").run()
+    ranked = sorted((i for i, text in enumerate(texts) if "acting" in text), key=lambda i: keys[i],
+                    reverse=descending)
+    assert [row["id"] for row in result.to_rows()] == ranked[offset:offset + limit]
+    assert "stopped after" in result.explain()
 
 
 def test_the_process_provider_stops_early_too(thousand):

@@ -125,9 +125,12 @@ def _positions(rows: Rows) -> pa.Array:
     return array
 
 
-def view_sql(source: str, alias: str, columns: Sequence[str], where: str | None, ctes: str | None) -> str:
-    """SELECT the columns FROM a relation AS the alias WHERE the pushed-down conditions (DuckDB SQL)."""
+def view_sql(source: str, alias: str, columns: Sequence[str], where: str | None, ctes: str | None,
+             order: str | None = None) -> str:
+    """SELECT the columns FROM a relation AS the alias WHERE the pushed-down conditions (DuckDB SQL), numbered in
+    `order` when the query's ORDER BY reads only this table."""
     listed = ", ".join(f"{quoted(alias)}.{quoted(c)}" for c in columns) or f'NULL AS {quoted("__quail_row")}'
     head = f"{ctes} " if ctes else ""
     condition = f" WHERE {where}" if where else ""
-    return f"{head}SELECT {listed} FROM {source} AS {quoted(alias)}{condition}"
+    ordered = f" ORDER BY {order}" if order else ""
+    return f"{head}SELECT {listed} FROM {source} AS {quoted(alias)}{condition}{ordered}"

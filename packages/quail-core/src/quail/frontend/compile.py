@@ -282,8 +282,9 @@ class _Compiler:
         schema, table = self.schema(alias), self.tables[alias]
         conditions = self.scan_conditions.get(alias, [])
         where = " AND ".join(f"({c})" for c in conditions) if len(conditions) > 1 else (conditions or [None])[0]
+        order = self.spec.scan_order[1] if self.spec.scan_order and self.spec.scan_order[0] == alias else None
         return Scan(table.table, alias, schema.id_column, schema.columns, where, table.source,
-                    self.spec.ctes if (where or table.source) else None)
+                    self.spec.ctes if (where or table.source) else None, order)
 
     def _join_tree(self, predicates: list[_Resolved],
                    equalities: list[tuple[Equality, EqualitySpec]]) -> LogicalNode:

@@ -220,17 +220,17 @@ ROW_SHAPING = {"group": "GROUP BY", "having": "HAVING", "order": "ORDER BY", "di
                "qualify": "QUALIFY", "windows": "WINDOW"}
 
 
-def early_limit(statement: exp.Expression, block: exp.Select, residual: bool, tail_joins: bool) -> tuple[
-        int | None, str | None]:
+def early_limit(statement: exp.Expression, block: exp.Select, residual: bool, tail_joins: bool,
+                scan_ordered: bool = False) -> tuple[int | None, str | None]:
     """(rows the model's result may stop at, why not when it may not): sound only when the tail keeps
-    every row it gets, in order, and the LIMIT is a number."""
+    every row it gets, in order, and the LIMIT is a number — an ORDER BY too when the scan is numbered in it."""
     limit = block.args.get("limit")
     if limit is None:
         return None, None
     count = _integer(limit.args.get("expression")) if isinstance(limit, exp.Limit) else None
     offset = block.args.get("offset")
     skip = _integer(offset.args.get("expression")) if offset is not None else 0
-    reason = _not_early(statement, block, residual, tail_joins)
+    reason = _not_early(statement, block, residual, tail_joins, scan_ordered)
     if reason is None and (count is None or skip is None):
         reason = "its count is not a number literal"
     if reason is not None:
@@ -239,11 +239,12 @@ def early_limit(statement: exp.Expression, block: exp.Select, residual: bool, ta
     return count + skip, None
 
 
-def _not_early(statement: exp.Expression, block: exp.Select, residual: bool, tail_joins: bool) -> str | None:
+def _not_early(statement: exp.Expression, block: exp.Select, residual: bool, tail_joins: bool,
+               scan_ordered: bool) -> str | None:
     if statement is not block:
         return "the AI functions sit inside a larger statement"
     for key, name in ROW_SHAPING.items():
-        if block.args.get(key):
+        if block.args.get(key) and not (key == "order" and scan_ordered):
             return f"{name} needs every row"
     if residual:
         return "conditions of the relational part remove rows after the model"

@@ -307,11 +307,16 @@ class _Reader:
         select: list[SelectItem] = []
         relational = None
         limit = None
+        scan_order = None
         if simple:
             select = [self._select_item(item) for item in self.block.expressions]
             limit = _literal_limit(self.block)
         else:
-            limit, note = early_limit(self.statement, self.block, bool(self.residual), bool(self.tail_joins))
+            scan_order = self._scan_order()
+            limit, note = early_limit(self.statement, self.block, bool(self.residual), bool(self.tail_joins),
+                                      scan_order is not None)
+            if limit is None:
+                scan_order = None
             relational = self._write_tail(note)
         self._check_scan_conditions()
         return QuerySpec(
@@ -320,7 +325,7 @@ class _Reader:
             label_filters=tuple(self.label_filters), scores=tuple(self.scores), limit=limit,
             verdicts=tuple(self.verdicts), scan=tuple(condition for condition, _ in self.scan),
             links=tuple(self.links), ctes=self.ctes_sql, relational=relational,
-            pair_conditions=tuple(self.pair_conditions),
+            pair_conditions=tuple(self.pair_conditions), scan_order=scan_order,
         )
 
     def order_of(self, node: exp.Expression) -> int:
@@ -642,6 +647,24 @@ class _Reader:
         pair = self._pair_condition(node, references, context)
         if pair is not None:
             self.pair_conditions.append(pair)
+
+    def _scan_order(self) -> tuple[str, str] | None:
+        """(alias, keys) when ORDER BY reads plain columns of the one table the model reads, and nothing else."""
+        order = self.block.args.get("order")
+        if order is None or len(self.model_aliases) != 1 or self.tail_joins:
+            return None
+        (alias,) = self.model_aliases
+        keys = []
+        for ordered in order.expressions:
+            key = ordered.this
+            if not is_plain_column(key) or self.scope.alias_of(key) != alias:
+                return None
+            actual = next((c for c in self.scope.columns.get(alias, ()) if c.lower() == key.name.lower()), None)
+            if actual is None or self._nullable(alias):
+                return None
+            keys.append(exp.Ordered(this=exp.column(actual, table=alias, quoted=True), desc=ordered.args.get("desc"),
+                                    nulls_first=ordered.args.get("nulls_first")))
+        return alias, ", ".join(key.sql(dialect="duckdb") for key in keys)
 
     def _pair_condition(self, node: exp.Expression, references: References,
                         context: _Context) -> PairCondition | None:

@@ -52,6 +52,9 @@ class Scan(LogicalNode):
     where: str | None = None
     source: str | None = None
     ctes: str | None = None
+    order: str | None = None
+    """DuckDB ORDER BY keys the rows are numbered in: a LIMIT after ORDER BY over this table's columns then meets
+    its rows in document order, so the model may stop early (`quail.compute.rounds`)."""
 
     @property
     def aliases(self) -> tuple[str, ...]:
@@ -59,7 +62,8 @@ class Scan(LogicalNode):
 
     def label(self) -> str:
         where = f" WHERE {self.where}" if self.where else ""
-        return f"Scan {self.table} AS {self.alias} columns=[{', '.join(self.columns)}]{where}"
+        order = f" ORDER BY {self.order}" if self.order else ""
+        return f"Scan {self.table} AS {self.alias} columns=[{', '.join(self.columns)}]{where}{order}"
 
 
 @dataclass(frozen=True)

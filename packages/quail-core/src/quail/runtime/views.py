@@ -22,7 +22,8 @@ def scan_views(plan: LogicalNode, database: Database) -> dict[str, ScanView]:
     for node in walk(plan):
         if isinstance(node, Scan):
             source = node.source or quoted(node.table)
-            views[node.alias] = database.view(view_sql(source, node.alias, node.columns, node.where, node.ctes))
+            views[node.alias] = database.view(view_sql(source, node.alias, node.columns, node.where, node.ctes,
+                                                       node.order))
             _warn_when_large(node, views[node.alias].num_rows)
     return views
 
