@@ -647,6 +647,24 @@ def test_score_in_select_is_sigmoid_of_naive_margin(kind, chunk, open_run):
     assert run.rows() == sorted(scores.items())
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_question_first_score_and_filter_answer_as_naive(kind, open_run):
+    """The question stated once before the documents (question_first="on"): every answer equals a plain forward of
+    that full prompt — the preamble holding the question, then the document, then the short cue."""
+    sql = (f"SELECT r.id, AI.SCORE({sql_prompt(POSITIVE, 'r.body')}) AS positivity FROM reviews r "
+           f"WHERE AI_FILTER({sql_prompt(ACTING, 'r.body')})")
+    run = open_run(kind, 160, sql, dialect=BQ, engine={"question_first": "on"})
+    score, filter_ = run.node(ph.AiScore), run.node(ph.AiFilter)
+    assert b"QUESTION" in bytes(run.naive.decode(score.preamble), "utf-8")
+    for answer in run.answers(score.id):
+        margin = run.naive.margin(score.preamble + run.doc("r", answer["r"]) + score.question)
+        run.log.append(abs(answer["margin"] - margin))
+        assert answer["margin"] == pytest.approx(margin, abs=TOL)
+    for answer in run.answers(filter_.id):
+        margin = run.naive.margin(filter_.prompt(run.doc("r", answer["r"]), 0))
+        assert answer["margin"] == pytest.approx(margin, abs=TOL)
+
+
 SHOTS = "{'examples': [('the acting is superb', TRUE), ('awful music and a boring plot', FALSE)]}"
 OTHER_SHOTS = "{'examples': [('a funny film', TRUE)]}"
 

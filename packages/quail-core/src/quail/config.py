@@ -42,6 +42,9 @@ class EngineConfig:
     prefix_sharing: Switch = "auto"
     calibration: Switch = "auto"
     early_limit: Switch = "auto"
+    question_first: Switch = "auto"
+    """A node asking each document one long question (a rubric over short documents) states it once, before the
+    documents ("auto": when that is clearly cheaper in tokens; "on": for every such node; "off": never)."""
     """A LIMIT the first documents can meet is met early: the model reads documents in rounds and stops once
     the rows are there ("auto" and "on"); "off" reads every document, as a plan without the LIMIT would."""
     oversized_documents: OversizedPolicy = "refuse"
@@ -83,7 +86,7 @@ class EngineConfig:
         if self.kv_budget_bytes is not None:
             _require_positive_number("kv_budget_bytes", self.kv_budget_bytes)
         _require_choice("precision", self.precision, PRECISIONS)
-        for name in ("prefix_sharing", "calibration", "early_limit"):
+        for name in ("prefix_sharing", "calibration", "early_limit", "question_first"):
             _require_choice(name, getattr(self, name), SWITCHES)
         _require_choice("oversized_documents", self.oversized_documents, OVERSIZED_POLICIES)
         _require_name("compute", self.compute)
@@ -129,7 +132,7 @@ class EngineConfig:
 
         Two configs with equal engine settings can share one booted engine.
         """
-        return replace(self, prefix_sharing="auto", calibration="auto", early_limit="auto",
+        return replace(self, prefix_sharing="auto", calibration="auto", early_limit="auto", question_first="auto",
                        oversized_documents="refuse", compute=DEFAULT_COMPUTE, worker_setup=None, engines_per_device=1,
                        cache=DEFAULT_CACHE, cache_limit=DEFAULT_CACHE_LIMIT, address=None, workers=None,
                        worker_cpus=1.0, worker_gpus=None, external_access=False)

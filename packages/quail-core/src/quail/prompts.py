@@ -27,9 +27,14 @@ FALSE_SPELLINGS = ("FALSE", " FALSE", "False", " False")
 DOCUMENT_PLACEHOLDER = "the document"
 DOCUMENT_LABEL = "DOCUMENT:\n"
 
-ExamplesLayout = Literal["examples_first", "document_first"]
-"""Where a call's few-shot examples go: before the document, in the preamble every document of the call shares
-(computed once per query), or after it, in the question tail (the document's KV then serves every question)."""
+ExamplesLayout = Literal["examples_first", "document_first", "instruction_first"]
+"""Where a call's shared text goes. `document_first`: the question (and any few-shot examples) after the document,
+in its tail — the document's KV then serves every question. `examples_first`: the examples before the document, in
+the preamble every document of the call shares (computed once per query). `instruction_first`: a node that asks
+each document one question puts the question too (and its examples) in that preamble, and only a short answer cue
+after the document — what a long instruction over short documents wants."""
+INSTRUCTION_HEADER = "QUESTION: "
+"""The instruction-first layout says the same words as the document-first one, in another order: no prompt is longer."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,8 @@ def _examples_after(prompt: Prompt, layout: ExamplesLayout) -> str:
 
 
 def filter_tail(prompt: Prompt, style: PromptStyle = BASE_STYLE, layout: ExamplesLayout = "document_first") -> str:
+    if layout == "instruction_first":
+        return f"\n\nAnswer with TRUE or FALSE.{style.cue}"
     question = question_text(prompt, {0: DOCUMENT_PLACEHOLDER})
     shots = _examples_after(prompt, layout)
     if shots:
@@ -113,16 +120,20 @@ def filter_tail(prompt: Prompt, style: PromptStyle = BASE_STYLE, layout: Example
     return f"\n\nQUESTION: {question}\nAnswer with TRUE or FALSE.{style.cue}"
 
 
+def classify_question(prompt: Prompt, instructions: str | None) -> str:
+    if prompt.template.strip() == "{0}":
+        return instructions or "Which category fits the document best?"
+    question = question_text(prompt, {0: DOCUMENT_PLACEHOLDER})
+    return f"{instructions} {question}" if instructions else question
+
+
 def classify_tail(prompt: Prompt, labels: Sequence[Label], instructions: str | None,
                   style: PromptStyle = BASE_STYLE, layout: ExamplesLayout = "document_first") -> str:
-    if prompt.template.strip() == "{0}":
-        question = instructions or "Which category fits the document best?"
-    else:
-        question = question_text(prompt, {0: DOCUMENT_PLACEHOLDER})
-        if instructions:
-            question = f"{instructions} {question}"
     options = "; ".join(f"{label.name} ({label.description})" if label.description else label.name
                         for label in labels)
+    if layout == "instruction_first":
+        return f"\n\nAnswer with one of: {options}.{style.cue}"
+    question = classify_question(prompt, instructions)
     shots = _examples_after(prompt, layout)
     about = " about the DOCUMENT" if shots else ""
     return f"\n\nQUESTION: {question}\n{shots}Answer with one of{about}: {options}.{style.cue}"
@@ -230,14 +241,22 @@ def content_free_documents(tokenizer: Tokenizer) -> tuple[TokenIds, ...]:
     return tuple(tuple(tokenizer.encode(text)) for text in CONTENT_FREE)
 
 
-def preamble_ids(tokenizer: Tokenizer, style: PromptStyle, examples: Sequence[Example] = ()) -> TokenIds:
-    """[BOS][the style's turn start]DOCUMENT: — with `examples` (the examples-first layout) between the turn start
-    and the document's label, as plain text whatever the examples spell."""
+def preamble_ids(tokenizer: Tokenizer, style: PromptStyle, examples: Sequence[Example] = (),
+                 question: str | None = None) -> TokenIds:
+    """[BOS][the style's turn start]DOCUMENT: — with the `question` (the instruction-first layout) and `examples`
+    (instruction- or examples-first) between the turn start and the document's label, as plain text whatever
+    they spell."""
     bos = () if tokenizer.bos_id is None else (tokenizer.bos_id,)
-    if not examples:
+    if not examples and question is None:
         return bos + style_ids(tokenizer, style.preamble, style)
     turn = style_ids(tokenizer, style.turn_start, style) if style.turn_start else ()
-    return bos + turn + tuple(tokenizer.encode(EXAMPLES_FIRST_HEADER + examples_text(examples) + DOCUMENT_LABEL))
+    return bos + turn + tuple(tokenizer.encode(instruction_text(question) + (
+        EXAMPLES_FIRST_HEADER + examples_text(examples) if examples else "") + DOCUMENT_LABEL))
+
+
+def instruction_text(question: str | None) -> str:
+    """The question as the instruction-first layout states it before the document ("" for none)."""
+    return f"{INSTRUCTION_HEADER}{question}\n" if question is not None else ""
 
 
 def shared_examples(prompts: Sequence[Prompt]) -> tuple[Example, ...] | None:
@@ -296,18 +315,23 @@ def bind_filters(predicates: Sequence[AiPredicate], tokenizer: Tokenizer,
     columns = {p.prompt.columns[0] for p in predicates}
     if len(columns) != 1 or any(len(p.prompt.columns) != 1 for p in predicates):
         raise ValueError(f"filter stages must read one document column, got {sorted(map(str, columns))}")
+    if layout == "instruction_first" and len(predicates) != 1:
+        raise ValueError("the instruction-first layout is for a node that asks one question")
     tails = [tail_ids(tokenizer, filter_tail(p.prompt, style, layout), style) for p in predicates]
     frame = shared_frame(tails)
     column = next(iter(columns))
+    question = question_text(predicates[0].prompt, {0: DOCUMENT_PLACEHOLDER})
     return FilterPrompts(column.alias, column, _layout_preamble([p.prompt for p in predicates], tokenizer, style,
-                                                                 layout),
+                                                                 layout, question),
                          frame, tuple(t[len(frame):] for t in tails))
 
 
 def _layout_preamble(prompts: Sequence[Prompt], tokenizer: Tokenizer, style: PromptStyle,
-                     layout: ExamplesLayout) -> TokenIds:
+                     layout: ExamplesLayout, question: str) -> TokenIds:
     if layout == "document_first":
         return preamble_ids(tokenizer, style)
+    if layout == "instruction_first":
+        return preamble_ids(tokenizer, style, prompts[0].examples, question)
     examples = shared_examples(prompts)
     if examples is None:
         raise ValueError("the examples-first layout needs the same examples on every prompt of the node")
@@ -356,7 +380,8 @@ def bind_classify(prompt: Prompt, labels: Sequence[Label], instructions: str | N
     if empty:
         raise ValueError(f"labels {empty} tokenize to nothing")
     tail = classify_tail(prompt, labels, instructions, style, layout)
-    return ClassifyPrompt(prompt.columns[0], _layout_preamble([prompt], tokenizer, style, layout),
+    return ClassifyPrompt(prompt.columns[0], _layout_preamble([prompt], tokenizer, style, layout,
+                                                              classify_question(prompt, instructions)),
                           tail_ids(tokenizer, tail, style), label_ids)
 
 

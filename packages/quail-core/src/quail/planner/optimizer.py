@@ -36,7 +36,6 @@ from quail.prompts import (
     bind_filters,
     bind_join,
     filter_tail,
-    preamble_ids,
     tail_ids,
 )
 
@@ -114,7 +113,7 @@ class _Optimizer:
         for key, alias, prompts, what in nodes:
             documents = self.documents(alias)
             choice = choose_layout(prompts, documents.count, documents.total, alias in joined and key[0] == "filter",
-                                   self.tokenizer, what)
+                                   self.tokenizer, what, self.context.question_first)
             self.layouts[key] = choice.layout
             if choice.remark:
                 self.remarks.append(choice.remark)
@@ -247,7 +246,7 @@ class _Optimizer:
         """Filtered aliases keep their survivors' document KV for a join (evicted by priority if pages run short) —
         unless the filters' examples went first: their documents' KV then holds the examples, which a join's
         prompt does not."""
-        kept = frozenset(a for a in orders if self.layouts.get(("filter", a)) != "examples_first")
+        kept = frozenset(a for a in orders if self.layouts.get(("filter", a), "document_first") == "document_first")
         for alias in kept:
             stats[alias] = replace(stats[alias], kv_retained=True)
         return kept
@@ -373,10 +372,13 @@ class _Optimizer:
             tail = len(tail_ids(self.tokenizer, filter_tail(output.prompt, self.style, layout), self.style))
             labels = []
         alias = output.prompt.aliases[0]
-        first = output.prompt.examples if layout == "examples_first" else ()
-        preamble = len(preamble_ids(self.tokenizer, self.style, first))
+        if isinstance(output, Classify):
+            preamble = len(bound.preamble)
+        else:
+            preamble = len(bind_filters([AiPredicate(output.prompt, output.position)], self.tokenizer, self.style,
+                                        layout).preamble)
         self.check_examples_fit(alias, preamble + tail + max(labels, default=0), [output.prompt])
-        if first:  # the examples, once in the node's preamble: spread over its documents
+        if layout != "document_first":  # examples / the question, once in the node's preamble: spread over documents
             tail += preamble // max(int(self.documents(alias).count), 1)
         documents = stats[alias].documents.plus(1 + tail)
         self.check_fits(alias, documents.maximum + max(labels, default=0))

@@ -175,8 +175,11 @@ LAYOUTS: tuple[ExamplesLayout, ...] = ("document_first", "examples_first")
 
 
 def _filter_text(predicates: tuple[AiPredicate, ...], tokenizer: Tokenizer, style: PromptStyle) -> int:
-    """The wordier of the two examples layouts (the same text without examples): the plan has not chosen yet."""
+    """The wordiest of the layouts the node may get (examples first or after, the question first for one question):
+    the plan has not chosen yet."""
     layouts = LAYOUTS if shared_examples([p.prompt for p in predicates]) else LAYOUTS[:1]
+    if len(predicates) == 1:
+        layouts = (*layouts, "instruction_first")
     return max(_filter_layout_text(predicates, tokenizer, style, layout) for layout in layouts)
 
 
@@ -197,7 +200,7 @@ def _join_text(predicate: AiPredicate, tokenizer: Tokenizer, style: PromptStyle)
 
 
 def _classify_text(node: Classify, tokenizer: Tokenizer, style: PromptStyle) -> int:
-    layouts = LAYOUTS if node.prompt.examples else LAYOUTS[:1]
+    layouts = (*(LAYOUTS if node.prompt.examples else LAYOUTS[:1]), "instruction_first")
     return max(_classify_layout_text(node, tokenizer, style, layout) for layout in layouts)
 
 
