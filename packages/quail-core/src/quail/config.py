@@ -42,6 +42,9 @@ class EngineConfig:
     prefix_sharing: Switch = "auto"
     calibration: Switch = "auto"
     early_limit: Switch = "auto"
+    join_conditions: Switch = "auto"
+    """Conditions between joined tables (`r1.id < r2.id`) restrict the pairs an AI join asks ("auto", "on"); "off"
+    applies them after the model only, as before they were pushed down (the rows are the same)."""
     question_first: Switch = "auto"
     """A node asking each document one long question (a rubric over short documents) states it once, before the
     documents ("auto": when that is clearly cheaper in tokens; "on": for every such node; "off": never)."""
@@ -86,7 +89,7 @@ class EngineConfig:
         if self.kv_budget_bytes is not None:
             _require_positive_number("kv_budget_bytes", self.kv_budget_bytes)
         _require_choice("precision", self.precision, PRECISIONS)
-        for name in ("prefix_sharing", "calibration", "early_limit", "question_first"):
+        for name in ("prefix_sharing", "calibration", "early_limit", "question_first", "join_conditions"):
             _require_choice(name, getattr(self, name), SWITCHES)
         _require_choice("oversized_documents", self.oversized_documents, OVERSIZED_POLICIES)
         _require_name("compute", self.compute)
@@ -133,6 +136,7 @@ class EngineConfig:
         Two configs with equal engine settings can share one booted engine.
         """
         return replace(self, prefix_sharing="auto", calibration="auto", early_limit="auto", question_first="auto",
+                       join_conditions="auto",
                        oversized_documents="refuse", compute=DEFAULT_COMPUTE, worker_setup=None, engines_per_device=1,
                        cache=DEFAULT_CACHE, cache_limit=DEFAULT_CACHE_LIMIT, address=None, workers=None,
                        worker_cpus=1.0, worker_gpus=None, external_access=False)

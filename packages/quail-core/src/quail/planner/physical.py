@@ -51,7 +51,7 @@ def plan_query(backend: str, region: ModelRegion, context: PlanningContext, styl
             for alias, lengths in context.document_token_lengths.items()}
     builder = _GraphBuilder(context.tokenizer, style, optimized.decisions, calibration, answers,
                             frozenset(a for a, n in context.null_documents.items() if n), rows)
-    graph = builder.build(optimized.logical)
+    graph = builder.build(optimized.logical, context.join_conditions != "off")
     graph.validate()
     decisions = optimized.decisions
     remarks = decisions.remarks + ((CALIBRATION_REMARK,) if calibrate else ()) + optimized.logical.remarks
@@ -89,8 +89,8 @@ class _GraphBuilder:
             self.edges.append(Edge(source, source_port, node.id, port))
         return node.id
 
-    def build(self, plan: Project) -> PhysicalGraph:
-        self.pair_conditions = plan.pair_conditions
+    def build(self, plan: Project, join_conditions: bool = True) -> PhysicalGraph:
+        self.pair_conditions = plan.pair_conditions if join_conditions else ()
         self.join_order = [n.predicate.position for n in reversed(walk(plan)) if isinstance(n, SemanticJoin)]
         rows = self.rows(plan.child)
         if plan.limit is not None:

@@ -97,7 +97,7 @@ def planning_context(plan: LogicalNode, providers: Mapping[str, TableRows], toke
         tokenizer=tokenizer, equality_pair_fractions=equality_fractions(plan, providers),
         chunk_tokens=config.chunk_tokens, kv_budget_bytes=config.kv_budget_bytes,
         kv_page_tokens=config.kv_page_tokens, prefix_sharing=config.prefix_sharing,
-        question_first=config.question_first,
+        question_first=config.question_first, join_conditions=config.join_conditions,
         document_shared_prefix_tokens=shared_prefixes(tokens, config.kv_page_tokens, config.prefix_sharing),
         calibration=config.calibration, stored_answers=stored,
         null_documents={a: c.null_count for a, c in tokens.items()},
