@@ -28,6 +28,7 @@ from quail.extend import (
     decode_response,
     limit_reached,
     merge_answers,
+    shard_metrics,
     shard_request,
 )
 from quail_ray.pool import Worker, WorkerPool
@@ -175,12 +176,4 @@ class PhaseRun:
                             tuple(sorted(metrics, key=lambda m: m.shard)), covered)
 
     def _metrics(self, running: _Running, response: PhysicalResponse | None) -> ShardMetrics:
-        shard = running.shard
-        measured = response.metrics if response is not None else None
-        return ShardMetrics(
-            phase=self.phase.index, shard=shard.index, alias=self.phase.alias, worker=running.worker.name,
-            documents=shard.documents, tokens=shard.tokens, wall_s=None if measured is None else measured.wall_s,
-            boot_s=None if measured is None else measured.boot_s,
-            boot_kind=None if measured is None else measured.boot_kind, retries=running.retries,
-            cancelled=response is None,
-        )
+        return shard_metrics(self.phase, running.shard, running.worker.name, response, running.retries)

@@ -22,6 +22,7 @@ from quail.compute.sharding import (
     merge_answers,
     merge_metrics,
     scan_port,
+    shard_metrics,
     shard_request,
 )
 from quail.planner.partition import Partition, Phase, Shard, plan_rounds
@@ -55,7 +56,7 @@ def execute_in_rounds(request: PhysicalRequest, partition: Partition, run: RunRe
         answered = [(shard, run(shard_request(request, phase, shard, answers))) for shard in phase.shards]
         answers.update(merge_answers(request.graph, phase, answered))
         responses.extend(response for _, response in answered)
-        shards.extend(_shard_metrics(phase, shard, worker, response) for shard, response in answered)
+        shards.extend(shard_metrics(phase, shard, worker, response) for shard, response in answered)
     last = in_rounds[-1]
     done: dict[int, list[tuple[Shard, PhysicalResponse]]] = {phase.index: [] for phase in in_rounds}
     covered = None
@@ -67,12 +68,12 @@ def execute_in_rounds(request: PhysicalRequest, partition: Partition, run: RunRe
             done[phase.index].append((shard, response))
             this_round.update(merge_answers(request.graph, phase, [(shard, response)]))
             responses.append(response)
-            shards.append(_shard_metrics(phase, shard, worker, response))
+            shards.append(shard_metrics(phase, shard, worker, response))
         if number + 1 < len(last.shards):
             so_far = {**answers, **_merged(request, in_rounds, done)}
             covered = limit_reached(request, partition, last, so_far, range(number + 1))
             if covered is not None:
-                shards.extend(_shard_metrics(phase, rest, worker, None) for phase in in_rounds
+                shards.extend(shard_metrics(phase, rest, worker, None) for phase in in_rounds
                               for rest in phase.shards[number + 1:])
                 break
     answers.update(_merged(request, in_rounds, done))
@@ -88,13 +89,3 @@ def _merged(request: PhysicalRequest, phases: tuple[Phase, ...],
     for phase in phases:
         merged.update(merge_answers(request.graph, phase, done[phase.index]))
     return merged
-
-
-def _shard_metrics(phase: Phase, shard: Shard, worker: str, response: PhysicalResponse | None) -> ShardMetrics:
-    measured = response.metrics if response is not None else None
-    return ShardMetrics(phase=phase.index, shard=shard.index, alias=phase.alias, worker=worker,
-                        documents=shard.documents, tokens=shard.tokens,
-                        wall_s=None if measured is None else measured.wall_s,
-                        boot_s=None if measured is None else measured.boot_s,
-                        boot_kind=None if measured is None else measured.boot_kind,
-                        cancelled=response is None)

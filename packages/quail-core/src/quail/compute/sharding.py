@@ -147,6 +147,18 @@ def _limit_input(graph: PhysicalGraph) -> PortRef:
 # -- metrics ----------------------------------------------------------------------------------------
 
 
+def shard_metrics(phase: Phase, shard: Shard, worker: str, response: PhysicalResponse | None,
+                  retries: int = 0) -> ShardMetrics:
+    """What one shard of a phase cost where it ran; a shard with no response was cancelled (a LIMIT had its rows)."""
+    measured = response.metrics if response is not None else None
+    return ShardMetrics(phase=phase.index, shard=shard.index, alias=phase.alias, worker=worker,
+                        documents=shard.documents, tokens=shard.tokens,
+                        wall_s=None if measured is None else measured.wall_s,
+                        boot_s=None if measured is None else measured.boot_s,
+                        boot_kind=None if measured is None else measured.boot_kind, retries=retries,
+                        cancelled=response is None)
+
+
 def merge_node_metrics(metrics: Sequence[NodeMetrics]) -> NodeMetrics:
     """One node's metrics over its shards: the longest wall (they ran side by side), counts summed
     (unknown if any shard did not count), calibration offsets from the first shard (all compute the same)."""

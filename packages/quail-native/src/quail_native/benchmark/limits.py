@@ -11,11 +11,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 import pyarrow as pa
 
 import quail
-from quail import datasets
+from quail.extend import datasets
 
 POSITIVE = "PROMPT('Is this movie review positive? {0}', r.body)"
 ASPECT = "PROMPT('Does the review {0} speak well of the {1}?', r.body, a.aspect)"
@@ -31,11 +32,15 @@ RUBRIC = ("Rate the review {0} against this rubric. A strong review names the di
           "opinion rather than a bare verdict. Does the review meet the rubric well?")
 
 
+Switch = Literal["early_limit", "join_conditions", "question_first"]
+"""The EngineConfig fields that turn one saving off."""
+
+
 @dataclass(frozen=True)
 class LimitWorkload:
     name: str
     sql: str
-    switch: str = "early_limit"
+    switch: Switch = "early_limit"
     """The EngineConfig switch that turns the saving off for the side-by-side run."""
     same_answers: bool = True
     """False where the saving changes the prompt's words (a question stated first): the same rows, other scores."""

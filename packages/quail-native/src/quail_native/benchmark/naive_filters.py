@@ -15,8 +15,7 @@ from dataclasses import dataclass
 import torch
 
 import quail
-from quail import datasets
-from quail.extend import AiFilter, answer_tokens
+from quail.extend import AiFilter, answer_tokens, datasets
 
 FILTER_SQL = """SELECT r.id FROM reviews r
 WHERE AI_FILTER(PROMPT('Is this movie review positive? {0}', r.body), {'selectivity': 0.45})

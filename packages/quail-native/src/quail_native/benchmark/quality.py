@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import quail
-from quail import datasets
+from quail.extend import datasets
 
 Review = dict[str, object]
 

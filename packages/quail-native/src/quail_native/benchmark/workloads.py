@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from quail import datasets
+from quail.extend import datasets
 
 POSITIVE = "PROMPT('Is this movie review positive? {0}', r.body)"
 RECOMMEND = "PROMPT('Would the reviewer recommend this movie to a friend? {0}', r.body)"
