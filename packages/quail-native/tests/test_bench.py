@@ -123,17 +123,21 @@ def test_quality_reports_each_model_with_and_without_examples_and_its_peak_memor
 
 
 def test_limits_runs_each_limit_query_early_and_whole_with_the_same_rows_and_fewer_tokens(tmp_path, capsys):
-    from quail_native.benchmark.limits import many_reviews, run_limits
+    from quail_native.benchmark.limits import many_reviews, review_sentences, run_limits
 
     assert len(set(many_reviews(1000).column("body").to_pylist())) == 1000, "every document a text of its own"
+    assert len(set(review_sentences(1000).column("body").to_pylist())) == 1000
     assert run_limits("gemma-3-270m", "fp32", tmp_path, documents=160, join_reviews=24) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert [line.split(":")[0] for line in lines] == [
         "LIMIT 5 filter over 160 reviews", "LIMIT 10 join, 24 reviews × 12 aspects",
-        "self-join with an inequality, 12 reviews of 6 movies", "a 97-word rubric AI.SCORE over 160 short reviews"]
+        "self-join with an inequality, 12 reviews of 6 movies",
+        "a 97-word rubric AI.SCORE over 160 one-sentence reviews"]
     for line in lines:
         counts = line.split("fresh tokens ")[1].split(" with ")[0]
         early, whole = (int(n.replace(",", "")) for n in counts.split(" vs "))
         assert early < whole and "same" in line
+        ratio = float(line.split("fresh / minimum tokens ")[1].split()[0])
+        assert ratio <= 1.05 if "rubric" in line else 0.95 <= ratio <= 1.5, line
     assert sum("stopped after" in line for line in lines) == 2
     assert (tmp_path / "limits.md").read_text().count("\n* ") == 4
