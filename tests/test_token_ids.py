@@ -65,9 +65,9 @@ def test_a_second_tokenizer_reads_every_id_the_first_computed(tmp_path):
 def test_vocabulary_entries_present_and_absent_are_remembered(tmp_path):
     store = tmp_path / "answers.sqlite"
     first, second = CountingTokenizer(shift=7), CountingTokenizer(shift=7)
-    entries = ["a", "é", "TRUE", "<eos>"]
+    entries = ["a", "é", "TRUE", "<eos>", "<im_end>"]
     answers = [RememberedTokenizer(first, store, 100).token_id(e) for e in entries]
-    assert answers == [ord("a") + 3 + 7, None, None, None]
+    assert answers == [ord("a") + 3 + 7, None, None, 2 + 7, None]
     assert [RememberedTokenizer(second, store, 100).token_id(e) for e in entries] == answers
     assert second.entries == []
 

@@ -175,3 +175,21 @@ class NaiveModel:
         rows = torch.log_softmax(self.logits(tuple(prompt) + tuple(label)), dim=-1)
         start = len(prompt) - 1
         return float(sum(rows[start + j, token] for j, token in enumerate(label)))
+
+    def greedy(self, prompt: Sequence[int], max_tokens: int, stop: Sequence[int]) -> tuple[list[int], str]:
+        """transformers' greedy `generate` from the prompt's ids: the tokens before the first stop token (and how
+        it ended: `stop` or `length`)."""
+        with torch.no_grad():
+            output = self.model.generate(torch.tensor([list(prompt)]), attention_mask=torch.ones(1, len(prompt),
+                                         dtype=torch.long), max_new_tokens=max_tokens, do_sample=False,
+                                         eos_token_id=list(stop), pad_token_id=stop[0])
+        written = output[0, len(prompt):].tolist()
+        for index, token in enumerate(written):
+            if token in stop:
+                return written[:index], "stop"
+        return written, "length"
+
+    def gap(self, ids: Sequence[int]) -> float:
+        """The logit gap between the best and the second-best next token after `ids`: a near tie under 1e-3."""
+        top = self.logits(ids)[-1].topk(2).values
+        return float(top[0] - top[1])

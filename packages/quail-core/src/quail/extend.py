@@ -6,15 +6,17 @@ are held to that by a test). docs/backends.md walks through writing a backend wi
 * **The contract** — `ModelBackend` (what a registry holds), `Backend` (its shared defaults: subclass it and
   override `start`), `ModelExecution` (a booted engine answering one model node at a time), the values they
   exchange, and the optional roles (`TokenizerSource`, `ModelIdentitySource`, `ForgetsKV`, `DescribesEngine`).
-* **Node kinds** — the model nodes an engine answers (`AiFilter`, `AiJoin`, `AiScore`, `AiClassify`), each
-  laying out its own prompts (`prefix`, `question`, `document_prompt`, `anchor_prefix`, `suffix`, ...).
+* **Node kinds** — the model nodes an engine answers (`AiFilter`, `AiJoin`, `AiScore`, `AiClassify`,
+  `AiGenerate`), each laying out its own prompts (`prefix`, `question`, `document_prompt`, `anchor_prefix`, ...).
 * **Answer shapes** — the Arrow tables a model node returns (`filter_answers`, `join_answers`, `score_answers`,
-  `label_answers`), and the rules that read margins (`predicate_holds`, `choose_label`, `sigmoid`).
+  `label_answers`, `generation_answers`), and the rules that read margins (`predicate_holds`, `choose_label`,
+  `sigmoid`).
 * **Prompt layout and answers** — `PromptStyle`/`style_for`, `AnswerTokens`/`answer_tokens`; a TRUE/FALSE
   margin is max over the TRUE-like ids minus max over the FALSE-like ids of the next-token log-probabilities
   (`margin_of`); an AI.CLASSIFY label scores the summed log-probability of its whole continuation.
 * **Request engines** — `RequestBackend` runs every node kind as prompt requests to an engine playing
-  `RequestEngine` (vLLM's and SGLang's adapters); one that `ReadsContinuations` answers AI.CLASSIFY too.
+  `RequestEngine` (vLLM's and SGLang's adapters); one that `ReadsContinuations` answers AI.CLASSIFY too, one that
+  `GeneratesText` AI.GENERATE / AI_COMPLETE.
 * **Model files** — `local_model_directory` (a catalog model's Hugging Face checkpoint on this machine, found,
   never downloaded), `checkpoint_tokenizer`, `quail_cache_home`, `Tokenizer`, `TokenIds`.
 * **The boundary and compute providers** — `PhysicalRequest`/`PhysicalResponse` (data only), `ComputeProvider`,
@@ -52,6 +54,7 @@ from quail.backends.shapes import (
     choose_label,
     empty_answers,
     filter_answers,
+    generation_answers,
     join_answers,
     label_answers,
     predicate_holds,
@@ -107,6 +110,7 @@ from quail.physical.graph import PhysicalGraph
 from quail.physical.nodes import (
     AiClassify,
     AiFilter,
+    AiGenerate,
     AiJoin,
     AiScore,
     DocumentNode,
@@ -126,7 +130,9 @@ from quail.progress import ProgressListener
 from quail.prompts import AnswerTokens, PromptStyle, answer_tokens, style_for
 from quail.requests import (
     EngineAnswer,
+    EngineGeneration,
     EngineRequest,
+    GeneratesText,
     ReadsContinuations,
     RequestBackend,
     RequestEngine,
@@ -146,6 +152,7 @@ __all__ = [
     "TOKENS_SCHEMA",
     "AiClassify",
     "AiFilter",
+    "AiGenerate",
     "AiJoin",
     "AiScore",
     "AnswerTokens",
@@ -164,11 +171,13 @@ __all__ = [
     "EngineAnswer",
     "EngineConfig",
     "EngineFactory",
+    "EngineGeneration",
     "EngineRequest",
     "ExecutionMetrics",
     "FilterStage",
     "ForgetsKV",
     "Frames",
+    "GeneratesText",
     "GpuContext",
     "HuggingFaceTokenizer",
     "KeywordBackend",
@@ -239,6 +248,7 @@ __all__ = [
     "filter_answers",
     "finish",
     "forget_kv_caches",
+    "generation_answers",
     "hookimpl",
     "installed",
     "join_answers",

@@ -385,6 +385,39 @@ def bind_classify(prompt: Prompt, labels: Sequence[Label], instructions: str | N
                           tail_ids(tokenizer, tail, style), label_ids)
 
 
+END_SPELLINGS = ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<eos>", "</s>", "<|end|>", "<|eot_id|>")
+"""End-of-text and end-of-turn tokens: a generation stops at the first one the model writes (those that are one
+vocabulary entry of the tokenizer)."""
+INSTRUCTION_LABEL = "INSTRUCTION: "
+
+
+def generate_tail(prompt: Prompt, style: PromptStyle = BASE_STYLE) -> str:
+    """After the document: the user's instruction, then the answer cue the model continues from."""
+    return f"\n\n{INSTRUCTION_LABEL}{question_text(prompt, {0: DOCUMENT_PLACEHOLDER})}{style.cue}"
+
+
+@dataclass(frozen=True)
+class GeneratePrompt:
+    """The parts of a generation prompt (the AiGenerate node lays them out): [preamble][document][tail], then
+    the model's own tokens until one of `stop` or the token bound."""
+
+    column: ColumnRef
+    preamble: TokenIds
+    tail: TokenIds
+    stop: TokenIds
+
+
+def bind_generate(prompt: Prompt, tokenizer: Tokenizer, style: PromptStyle = BASE_STYLE) -> GeneratePrompt:
+    stop = tuple(dict.fromkeys(i for i in (tokenizer.token_id(s) for s in END_SPELLINGS) if i is not None))
+    if not stop:
+        raise RefusalError(Refusal(
+            "the tokenizer has no end-of-text token, so a generation could not tell where it ends",
+            (f"tokenizer {tokenizer.identity!r} lists none of {', '.join(END_SPELLINGS)}",),
+            hints=("use the tokenizer.json that ships with the checkpoint",)))
+    return GeneratePrompt(prompt.columns[0], preamble_ids(tokenizer, style),
+                          tail_ids(tokenizer, generate_tail(prompt, style), style), stop)
+
+
 def style_for(chat_template: bool, architecture: str) -> PromptStyle:
     """The layout style of a model: its chat turn when it has a chat template, else the base one."""
     if not chat_template:

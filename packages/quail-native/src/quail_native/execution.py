@@ -12,6 +12,7 @@ from quail import Refusal, RefusalError
 from quail.extend import (
     AiClassify,
     AiFilter,
+    AiGenerate,
     AiJoin,
     AiScore,
     NodeInputs,
@@ -21,6 +22,7 @@ from quail.extend import (
     candidate_tuples,
     choose_label,
     filter_answers,
+    generation_answers,
     join_answers,
     label_answers,
     predicate_holds,
@@ -29,11 +31,12 @@ from quail.extend import (
 from quail_native.executor.arena import KVArena
 from quail_native.executor.calibration import Calibration
 from quail_native.executor.filters import FilterLayout, run_filter
+from quail_native.executor.generation import GenerationLayout, run_generation
 from quail_native.executor.joins import Anchor, JoinLayout, run_join
 from quail_native.executor.labels import LabelLayout, run_labels
 from quail_native.executor.memory import Memory, RecomputeCost
 from quail_native.executor.packing import ItemResult, Packer
-from quail_native.executor.readout import AnswerColumns, log_probabilities, margins
+from quail_native.executor.readout import AnswerColumns, greedy_tokens, log_probabilities, margins
 from quail_native.executor.state import Budget, SharedState
 from quail_native.models.loading import LoadedModel
 
@@ -73,6 +76,8 @@ class NativeExecution:
             table = self.classify(node, inputs)
         elif isinstance(node, AiScore):
             table = self.score(node, inputs)
+        elif isinstance(node, AiGenerate):
+            table = self.generate(node, inputs)
         else:
             raise RefusalError(Refusal(f"the native backend has no runtime for {node.kind}"))
         passes, fresh, cached, flops = (a - b for a, b in zip(self.state.packer.counters.snapshot(), before,
@@ -146,3 +151,14 @@ class NativeExecution:
         found = run_filter(self.state, node.alias, rows, texts, FilterLayout(node.preamble, (), (node.question,)),
                            lambda _k, _m: True, self.margin, retain=False)
         return score_answers(node.alias, node.output, [f.row for f in found], [f.margin for f in found])
+
+    # -- generation ---------------------------------------------------------------------------
+
+    def generate(self, node: AiGenerate, inputs: NodeInputs) -> pa.Table:
+        model = self.loaded.model
+        layout = GenerationLayout(node.preamble, node.tail, node.max_tokens, frozenset(node.stop))
+        found = {g.row: g for g in run_generation(self.state, inputs.rows(node.alias), inputs.tokens(node.alias),
+                                                   layout, lambda hidden: greedy_tokens(model, hidden))}
+        rows = sorted(found)
+        return generation_answers(node.alias, rows, [found[r].tokens for r in rows],
+                                  [found[r].finish for r in rows])

@@ -64,6 +64,8 @@ def settings_for(context: GpuContext) -> EngineSettings:
 class VLLMBackend(RequestBackend):
     """A request backend on vLLM; `boot` makes the engine (a fake one in tests)."""
 
+    generates = True
+
 
     def __init__(self, name: str = "vllm", strategy: RequestStrategy = PIPELINED,
                  boot: EngineFactory = boot_vllm) -> None:

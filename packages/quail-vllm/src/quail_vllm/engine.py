@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from quail.extend import AnswerTokens, EngineAnswer, EngineRequest, margin_of
+from quail.extend import AnswerTokens, EngineAnswer, EngineGeneration, EngineRequest, TokenIds, margin_of
 
 if TYPE_CHECKING:
     from vllm import LLM, RequestOutput, SamplingParams
@@ -113,6 +113,23 @@ class VLLMEngine:
     def forget_cached_prefixes(self) -> None:
         self.llm.reset_prefix_cache()
 
+    # -- the GeneratesText role -----------------------------------------------------------------
+
+    def greedy_generations(self, prompts: Sequence[TokenIds], max_tokens: int,
+                           stop: TokenIds) -> list[EngineGeneration]:
+        """Temperature 0, at most `max_tokens`, ending at the first stop token (which vLLM leaves out of
+        `token_ids` unless asked to include it; it is dropped here either way)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if not prompts:
+            return []
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, stop_token_ids=list(stop),
+                                skip_special_tokens=False, detokenize=False)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
+                                    use_tqdm=False)
+        return [_generation(output, frozenset(stop)) for output in outputs]
+
     def close(self) -> None:
         """Shut the engine core down and drop the model, so a later engine gets the memory back."""
         if self._closed:
@@ -135,3 +152,12 @@ class VLLMEngine:
         prompt = len(output.prompt_token_ids or ())
         cached = output.num_cached_tokens or 0
         return EngineAnswer(key, margin, prompt, cached)
+
+
+def _generation(output: RequestOutput, stop: frozenset[int]) -> EngineGeneration:
+    completion = output.outputs[0]
+    tokens = list(completion.token_ids)
+    ended = next((i for i, token in enumerate(tokens) if token in stop), None)
+    finish = "stop" if ended is not None or completion.finish_reason == "stop" else "length"
+    kept = tuple(tokens if ended is None else tokens[:ended])
+    return EngineGeneration(kept, finish, len(output.prompt_token_ids or ()), output.num_cached_tokens or 0)

@@ -5,6 +5,8 @@
   anchor, partners, semantics and the predicate's written position
 * labels: `<alias>`, `<output>` string, `margins` list<float64> (each label's summed log-probability)
 * scores: `<alias>`, `<output>` float64, `margin` float64
+* generations: `<alias>`, `tokens` list<int32> (the generated ids, without the stop token), `finish` string
+  (`stop`: the model ended it; `length`: the token bound did)
 The `kind` metadata key names the shape.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 import pyarrow as pa
 
@@ -101,6 +104,20 @@ def score_answers(alias: str, output: str, rows: Sequence[int], margins: Sequenc
     return _with_kind(table, "scores", {"alias": alias, "output": output})
 
 
+Finish = Literal["stop", "length"]
+FINISHES: tuple[Finish, ...] = ("stop", "length")
+
+
+def generation_answers(alias: str, rows: Sequence[int], tokens: Sequence[Sequence[int]],
+                       finish: Sequence[Finish]) -> pa.Table:
+    table = pa.table({
+        alias: pa.array(rows, pa.int32()),
+        "tokens": pa.array([list(t) for t in tokens], pa.list_(pa.int32())),
+        "finish": pa.array(list(finish), pa.string()),
+    })
+    return _with_kind(table, "generations", {"alias": alias})
+
+
 def empty_answers(node: ph.PhysicalNode) -> pa.Table | None:
     """The answers of a standard model node that has no row to read (None for any other node)."""
     if isinstance(node, ph.AiFilter):
@@ -114,6 +131,8 @@ def empty_answers(node: ph.PhysicalNode) -> pa.Table | None:
         return label_answers(node.alias, node.output, [], [], [])
     if isinstance(node, ph.AiScore):
         return score_answers(node.alias, node.output, [], [])
+    if isinstance(node, ph.AiGenerate):
+        return generation_answers(node.alias, [], [], [])
     return None
 
 
@@ -153,4 +172,6 @@ def _expected_columns(node: ph.PhysicalNode) -> tuple[str, dict[str, pa.DataType
         return "labels", {node.alias: row, node.output: pa.string(), "margins": pa.list_(pa.float64())}
     if isinstance(node, ph.AiScore):
         return "scores", {node.alias: row, node.output: pa.float64(), "margin": pa.float64()}
+    if isinstance(node, ph.AiGenerate):
+        return "generations", {node.alias: row, "tokens": pa.list_(pa.int32()), "finish": pa.string()}
     return None

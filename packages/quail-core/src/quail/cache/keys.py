@@ -10,7 +10,9 @@ Kinds:
 * `labels` — each label's summed log-probability after a prompt (one float per label; the key
   covers the label token ids too);
 * `calibration` — one predicate's mean margin over its content-free prompts (one float; the key
-  covers every one of those prompts).
+  covers every one of those prompts);
+* `generation` — a greedy generation after a prompt: how it ended, then its token ids (whole numbers,
+  exact as floats; the key covers the token bound and the stop tokens too).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Literal
 
 from quail.data.tokenizer import TokenIds
 
-ReadoutKind = Literal["margin", "labels", "calibration"]
+ReadoutKind = Literal["margin", "labels", "calibration", "generation"]
 Key = bytes
 
 KEY_BYTES = 16
@@ -58,7 +60,7 @@ class Keys:
 
     def __init__(self, model: str) -> None:
         self.model = model
-        self._starts = {kind: _start(model, kind) for kind in ("margin", "labels", "calibration")}
+        self._starts = {kind: _start(model, kind) for kind in ("margin", "labels", "calibration", "generation")}
 
     def prompt(self, kind: ReadoutKind, tokens: Sequence[int] = ()) -> PromptHash:
         return PromptHash(self._starts[kind].copy()).then(tokens)
@@ -69,6 +71,10 @@ class Keys:
     def labels(self, prompt: Sequence[int], labels: Sequence[TokenIds]) -> Key:
         """The label token ids come first, each after its length: no two label sets hash alike."""
         return self.prompt("labels", _framed(labels)).then(prompt).key()
+
+    def generation(self, prompt: Sequence[int], max_tokens: int, stop: TokenIds) -> Key:
+        """The bound and the stop tokens come first: the same prompt with another bound is another generation."""
+        return self.prompt("generation", _framed([(max_tokens,), stop])).then(prompt).key()
 
     def calibration(self, prompts: Sequence[TokenIds]) -> Key:
         return self.prompt("calibration", _framed(prompts)).key()

@@ -3,7 +3,7 @@ needs between its model nodes (the relational tail runs on DuckDB). No backend c
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import pyarrow as pa
@@ -216,6 +216,28 @@ def _add_column(rows: pa.Table, values: pa.Table, alias: str, output: str) -> pa
     """`rows` with `values[output]` joined by the alias's row; every row kept, in the rows' order."""
     joined = rows.join(values, alias, join_type="left outer")
     return _ordered(joined.select([*rows.column_names, output]), aliases_of(rows, rows.column_names))
+
+
+def add_generations(rows: pa.Table, answers: pa.Table, alias: str, output: str) -> pa.Table:
+    """The generated token ids of each row's document as column `output` (NULL for a row the model did not
+    answer); `decode_texts` makes them text where the query was asked. Taken by position, not joined: Acero joins
+    carry no list column."""
+    at = {row: index for index, row in enumerate(answers.column(alias).to_pylist())}
+    indices = pa.array([at.get(row) for row in rows.column(alias).to_pylist()], pa.int64())
+    return rows.append_column(output, answers.column("tokens").take(indices))
+
+
+def decode_texts(rows: pa.Table, outputs: Sequence[str], decode: Callable[[Sequence[int]], str]) -> pa.Table:
+    """`rows` with each generation column's token ids decoded to text (the whitespace around it dropped: the answer
+    cue leaves a generation starting with a space or a line break), each distinct generation once."""
+    for name in outputs:
+        if name not in rows.column_names:
+            continue
+        lists = rows.column(name).to_pylist()
+        texts: dict[tuple[int, ...], str] = {}
+        values = [None if ids is None else texts.setdefault(tuple(ids), decode(ids).strip()) for ids in lists]
+        rows = rows.set_column(rows.column_names.index(name), name, pa.array(values, pa.string()))
+    return rows
 
 
 def with_documents(tokens: Mapping[str, TokenColumn], aliases: Sequence[str]) -> dict[str, pa.Array]:

@@ -75,6 +75,46 @@ def classify_arguments(call: AiCall) -> tuple[PromptSpec, tuple[Label, ...], str
     return prompt, labels, string_option(options, "task_description")
 
 
+DEFAULT_MAX_TOKENS = 128
+"""Tokens AI.GENERATE / AI_COMPLETE generate at most per row unless `max_tokens` (Snowflake) or `maxOutputTokens`
+(BigQuery) says otherwise: a paragraph — decoding costs a pass over the weights per token, so a generous default
+would make every unbounded call slow on a CPU."""
+MAX_TOKENS_LIMIT = 8192
+GREEDY_OPTIONS = {"temperature": 0.0, "top_p": 1.0, "top_k": 1.0}
+"""Sampling options a greedy decoder honours only at these values (top_k 1 is greedy; 0 or absent means unset)."""
+
+
+def generate_arguments(call: AiCall) -> tuple[PromptSpec, int]:
+    """AI.GENERATE / AI_COMPLETE in their PROMPT form (`forms.canonical_calls`): the prompt and the token bound.
+    Quail decodes greedily — the answer store's promise that a prompt is never paid twice rests on it — so a
+    temperature above 0 is refused rather than ignored."""
+    if not call.arguments or len(call.arguments) > 2:
+        raise unsupported(f"{call.spelling} with {len(call.arguments)} arguments", call.node,
+                          "pass the prompt and an optional {'max_tokens': n}")
+    prompt = read_prompt(call.arguments[0], call.spelling)
+    options = read_options(call.arguments[1], {"max_tokens", "temperature", "top_p", "top_k", "guardrails"}) \
+        if len(call.arguments) == 2 else {}
+    for key, greedy in GREEDY_OPTIONS.items():
+        if key in options:
+            value = number(options[key])
+            if value is None or (value != greedy and not (key == "top_k" and value == 0)):
+                raise fail_at(f"{key} {safe_sql(options[key])}: Quail decodes greedily (temperature 0), so the same "
+                              "prompt always gets the same text; drop the option or set it to "
+                              f"{greedy:g}", options[key])
+    if "guardrails" in options and boolean_option(options["guardrails"], "guardrails"):
+        raise unsupported("guardrails => TRUE", options["guardrails"], "Quail runs no content filter")
+    return prompt, _max_tokens(options.get("max_tokens"))
+
+
+def _max_tokens(node: exp.Expression | None) -> int:
+    if node is None:
+        return DEFAULT_MAX_TOKENS
+    value = number(node)
+    if value is None or value != int(value) or not 1 <= value <= MAX_TOKENS_LIMIT:
+        raise fail_at(f"max_tokens must be a whole number from 1 to {MAX_TOKENS_LIMIT}, got {safe_sql(node)}", node)
+    return int(value)
+
+
 MAX_EXAMPLES = 32
 """Demonstrations one call may carry: each is a document in every prompt of the call (or once, first)."""
 

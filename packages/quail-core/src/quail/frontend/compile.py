@@ -13,6 +13,7 @@ from quail.frontend.spec import (
     ClassifySpec,
     ColumnName,
     EqualitySpec,
+    GenerateSpec,
     PredicateSpec,
     PromptSpec,
     QuerySpec,
@@ -25,6 +26,7 @@ from quail.frontend.spec import (
 from quail.logical.expressions import AiPredicate, ColumnRef, Equality, Label, OutputColumn, Prompt, Semantics
 from quail.logical.nodes import (
     Classify,
+    Generate,
     Join,
     LogicalNode,
     Project,
@@ -35,7 +37,7 @@ from quail.logical.nodes import (
     Verdict,
 )
 
-RESERVED_NAMES = frozenset({"predicate", "answer", "margin", "margins", "tokens"})
+RESERVED_NAMES = frozenset({"predicate", "answer", "margin", "margins", "tokens", "finish"})
 """Column names of the standard answer shapes: no alias or AI output may take them."""
 
 
@@ -87,7 +89,7 @@ class _Compiler:
             raise GeneralRuleError("the query has no AI predicate: use AI_FILTER / AI.IF, AI.CLASSIFY or AI.SCORE")
         predicates = [self._predicate(p) for p in self.spec.predicates]
         outputs = [self._classify(c) for c in self.spec.classifies] + [self._score(s) for s in self.spec.scores]
-        outputs += [self._verdict(v) for v in self.spec.verdicts]
+        outputs += [self._verdict(v) for v in self.spec.verdicts] + [self._generate(g) for g in self.spec.generates]
         self._check_document_columns([p.predicate.prompt for p in predicates] + [o.prompt for o in outputs])
         equalities = [(self._equality(e), e) for e in self.spec.equalities]
         tree = self._join_tree(predicates, equalities)
@@ -245,6 +247,14 @@ class _Compiler:
         position = self.positions[("score", spec.order)]
         return _Output(position, spec.output, prompt,
                        partial(_score_node, prompt=prompt, output=spec.output, position=position))
+
+    def _generate(self, spec: GenerateSpec) -> _Output:
+        prompt = self._prompt(spec.prompt, self.output_aliases)
+        if len(prompt.aliases) != 1:
+            raise fail("AI.GENERATE / AI_COMPLETE reads the documents of exactly one table", spec.where)
+        position = self.positions[("generate", spec.order)]
+        return _Output(position, spec.output, prompt, partial(_generate_node, prompt=prompt, output=spec.output,
+                                                              position=position, max_tokens=spec.max_tokens))
 
     def _verdict(self, spec: VerdictSpec) -> _Output:
         prompt = self._prompt(spec.prompt, self.output_aliases)
@@ -436,6 +446,10 @@ def _score_node(child: LogicalNode, *, prompt: Prompt, output: str, position: in
     return Score(child, prompt, output, position)
 
 
+def _generate_node(child: LogicalNode, *, prompt: Prompt, output: str, position: int, max_tokens: int) -> Generate:
+    return Generate(child, prompt, output, position, max_tokens)
+
+
 def _verdict_node(child: LogicalNode, *, prompt: Prompt, output: str, position: int,
                   selectivity: float | None) -> Verdict:
     return Verdict(child, prompt, output, position, selectivity)
@@ -447,6 +461,7 @@ def _positions(spec: QuerySpec) -> dict[tuple[str, int], int]:
     keyed += [("classify", c.order) for c in spec.classifies]
     keyed += [("score", s.order) for s in spec.scores]
     keyed += [("verdict", v.order) for v in spec.verdicts]
+    keyed += [("generate", g.order) for g in spec.generates]
     return {key: index for index, key in enumerate(sorted(keyed, key=lambda k: k[1]))}
 
 

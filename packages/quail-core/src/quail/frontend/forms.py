@@ -10,6 +10,8 @@ Options Quail has no use for are accepted and dropped; those it cannot honour ar
 
 from __future__ import annotations
 
+import json
+
 from sqlglot import exp
 
 from quail.frontend.syntax import AiCall, ai_call, fail_at, refuse_other_ai_functions, unsupported
@@ -33,6 +35,10 @@ def unused_options(statement: exp.Expression) -> tuple[str, ...]:
     """A remark per named argument that Quail accepts and has no use for (`connection_id => …`), for explain()."""
     remarks = []
     for call in [c for c in (ai_call(n) for n in statement.walk()) if c is not None]:
+        model = _named_model(call) if call.kind == "generate" else None
+        if model is not None:
+            remarks.append(f"{call.spelling}: model {model} is answered by the session's model (EngineConfig.model "
+                           "/ --model); a model per call is not supported yet")
         for argument in call.arguments:
             if isinstance(argument, exp.Kwarg) and argument.this.name.lower() in IGNORED:
                 remarks.append(f"{call.spelling}: {argument.this.name} => {argument.expression.sql()} accepted and "
@@ -46,7 +52,7 @@ def canonical_calls(statement: exp.Expression) -> exp.Expression:
     for call in [c for c in (ai_call(n) for n in list(statement.walk())) if c is not None]:
         if not _within(call.node, statement):
             continue  # inside a call already respelled
-        arguments = _positional(call)
+        arguments = _generate_arguments(call) if call.kind == "generate" else _positional(call)
         if arguments is None:
             continue
         first = arguments[0] if arguments else None
@@ -86,6 +92,93 @@ def _positional(call: AiCall) -> list[exp.Expression] | None:
     if call.kind == "filter" and len(positional) == 2 and isinstance(positional[1], exp.Boolean):
         positional.pop()  # Snowflake's error-details flag: Quail's errors are raised, not returned per row
     return positional
+
+
+GENERATE_NAMES = {"prompt": 1, "model": 0, "endpoint": 0, "model_parameters": 2, "model_params": 2,
+                  "response_format": 3, "output_schema": 3}
+"""AI_COMPLETE(model, prompt, model_parameters, response_format)'s places for the named arguments of both warehouses
+(BigQuery's AI.GENERATE has no positional model: its prompt comes first)."""
+STRUCTURED = ("structured output (response_format / output_schema) is not supported yet: AI.GENERATE and AI_COMPLETE "
+              "return text")
+
+
+def _generate_arguments(call: AiCall) -> list[exp.Expression] | None:
+    """AI.GENERATE / AI_COMPLETE as (PROMPT(...)[, options]): BigQuery's `model_params` JSON and Snowflake's
+    `model_parameters` object both become the options object `calls.generate_arguments` reads; the model is
+    named in explain (`unused_options`), never used. None when the call is in that form already."""
+    first = call.arguments[0] if call.arguments else None
+    if (isinstance(first, exp.Anonymous) and str(first.name).upper() == "PROMPT"
+            and not any(isinstance(a, exp.Kwarg) for a in call.arguments)):
+        return None
+    slots: dict[int, exp.Expression] = {}
+    offset = 0 if call.spelling.startswith("AI_") else 1
+    for index, argument in enumerate(call.arguments):
+        if isinstance(argument, exp.Kwarg):
+            name = argument.this.name.lower()
+            if name in IGNORED or name == "request_type":
+                continue
+            if name not in GENERATE_NAMES:
+                raise fail_at(f"{call.spelling} has no argument {name!r}", argument)
+            slot, value = GENERATE_NAMES[name], argument.expression
+        else:
+            slot, value = index + offset, argument
+        if slot in slots:
+            raise fail_at(f"{call.spelling} names its {_SLOT_NAMES[slot]} twice", value)
+        slots[slot] = value
+    if 3 in slots:
+        raise unsupported(f"{call.spelling}(..., response_format)", slots[3], STRUCTURED)
+    if 1 not in slots:
+        raise fail_at(f"{call.spelling} has no prompt", call.node)
+    arguments = [_as_prompt(slots[1], call)]
+    if 2 in slots:
+        arguments.append(_model_parameters(slots[2], call))
+    return arguments
+
+
+_SLOT_NAMES = {0: "model", 1: "prompt", 2: "model parameters", 3: "response format"}
+
+
+def _named_model(call: AiCall) -> str | None:
+    """The model a generation call names (`'llama3.1-8b'`, `model => …`, `endpoint => …`), as written."""
+    offset = 0 if call.spelling.startswith("AI_") else 1
+    for index, argument in enumerate(call.arguments):
+        if isinstance(argument, exp.Kwarg) and argument.this.name.lower() in ("model", "endpoint"):
+            return argument.expression.sql()
+        if not isinstance(argument, exp.Kwarg) and index + offset == 0 and _is_text(argument):
+            return argument.sql()
+    return None
+
+
+def _model_parameters(node: exp.Expression, call: AiCall) -> exp.Expression:
+    """Snowflake's `{'max_tokens': 100, 'temperature': 0}` as it is; BigQuery's `JSON '{"generationConfig":
+    {"maxOutputTokens": 100}}'` as the same object."""
+    if isinstance(node, exp.Struct):
+        return node
+    text = node.this if isinstance(node, exp.ParseJSON | exp.JSON) else node
+    if not (isinstance(text, exp.Literal) and text.is_string):
+        raise unsupported(f"{call.spelling} model parameters {node.sql()}", node,
+                          "write {'max_tokens': 100} or JSON '{\"generationConfig\": {\"maxOutputTokens\": 100}}'")
+    try:
+        parsed = json.loads(str(text.this))
+    except ValueError as error:
+        raise fail_at(f"{call.spelling} model parameters are not JSON: {error}", node) from None
+    config = parsed.get("generationConfig", parsed) if isinstance(parsed, dict) else None
+    if not isinstance(config, dict):
+        raise fail_at(f"{call.spelling} model parameters must be a JSON object, got {text.this}", node)
+    renamed = {"maxOutputTokens": "max_tokens", "topP": "top_p", "topK": "top_k"}
+    entries = [exp.PropertyEQ(this=exp.to_identifier(renamed.get(key, key)), expression=_json_value(value, node))
+               for key, value in config.items()]
+    return exp.Struct(expressions=entries)
+
+
+def _json_value(value: object, node: exp.Expression) -> exp.Expression:
+    if isinstance(value, bool):
+        return exp.Boolean(this=value)
+    if isinstance(value, int | float):
+        return exp.Literal.number(value)
+    if isinstance(value, str):
+        return exp.Literal.string(value)
+    raise fail_at(f"model parameter value {json.dumps(value)} is not a number, string or boolean", node)
 
 
 def _within(node: exp.Expression, root: exp.Expression) -> bool:

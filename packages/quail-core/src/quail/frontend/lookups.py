@@ -22,12 +22,12 @@ import pyarrow as pa
 from sqlglot import exp
 
 from quail.errors import CompileError
-from quail.frontend.syntax import AiCall, AiKind, ai_call, ai_calls, conjuncts, fail_at, safe_sql
+from quail.frontend.syntax import AiCall, AiKind, ai_call, ai_calls, call_value, conjuncts, fail_at, safe_sql
 
 LOOKUP_ALIAS = "d"
 """The alias of the distinct inputs inside a lookup's AI query."""
 VALUE = "v"
-SQL_TYPES = {"filter": "BOOLEAN", "score": "DOUBLE", "classify": "VARCHAR"}
+SQL_TYPES = {"filter": "BOOLEAN", "score": "DOUBLE", "classify": "VARCHAR", "generate": "VARCHAR"}
 """OUTPUT_TYPES as DuckDB spells them: a block's stand-in writes each AI call as a NULL of its type."""
 
 
@@ -112,7 +112,7 @@ def next_stage(statement: exp.Expression, relations: Describer, prefix: str, cou
         if lookup is None:
             continue
         lookups.append(lookup)
-        replacements.append((call.node, _reading(lookup, _keys(call))))
+        replacements.append((call.node, call_value(call, _reading(lookup, _keys(call)))))
     for node, replacement in replacements:
         node.replace(replacement)
     return Stage(tuple(lookups), statement)
@@ -165,7 +165,7 @@ def _planned_block(block: exp.Select, ctes: Mapping[str, exp.CTE], name: str) ->
     inner = _with_ctes(block.copy(), block, ctes)
     stand_in = inner.copy()
     for call in ai_calls(stand_in):
-        call.node.replace(exp.cast(exp.null(), SQL_TYPES[call.kind]))
+        call.node.replace(call_value(call, exp.cast(exp.null(), SQL_TYPES[call.kind])))
     return Block(name, inner, safe_sql(block), stand_in.sql("duckdb"))
 
 

@@ -129,6 +129,17 @@ class ScoreSpec:
 
 
 @dataclass(frozen=True)
+class GenerateSpec:
+    """AI.GENERATE / AI_COMPLETE: text generated per row, at most `max_tokens` tokens."""
+
+    prompt: PromptSpec
+    output: str
+    order: int
+    max_tokens: int
+    where: Where = NOWHERE
+
+
+@dataclass(frozen=True)
 class VerdictSpec:
     """AI_FILTER / AI.IF as a value (inside OR, NOT, CASE, SELECT, ...): a BOOLEAN column per row."""
 
@@ -185,6 +196,7 @@ class QuerySpec:
     scores: tuple[ScoreSpec, ...] = ()
     limit: int | None = None
     verdicts: tuple[VerdictSpec, ...] = ()
+    generates: tuple[GenerateSpec, ...] = ()
     scan: tuple[ScanCondition, ...] = ()
     links: tuple[tuple[str, ...], ...] = ()
     """Aliases that conditions of the relational tail connect (so they are not a bare cross product)."""

@@ -31,6 +31,7 @@ from quail.errors import CompileError, GeneralRuleError
 from quail.frontend.calls import (
     classify_arguments,
     column_name,
+    generate_arguments,
     is_plain_column,
     number,
     prompt_and_options,
@@ -55,6 +56,7 @@ from quail.frontend.spec import (
     ClassifySpec,
     ColumnName,
     EqualitySpec,
+    GenerateSpec,
     LabelFilterSpec,
     PredicateSpec,
     PromptSpec,
@@ -74,6 +76,7 @@ from quail.frontend.syntax import (
     ai_call,
     ai_calls,
     beyond_one_block,
+    call_value,
     conjuncts,
     fail_at,
     first_word,
@@ -237,6 +240,7 @@ class _Reader:
     classifies: list[ClassifySpec] = field(default_factory=list)
     label_filters: list[LabelFilterSpec] = field(default_factory=list)
     scores: list[ScoreSpec] = field(default_factory=list)
+    generates: list[GenerateSpec] = field(default_factory=list)
     verdicts: list[VerdictSpec] = field(default_factory=list)
     scan: list[tuple[ScanCondition, exp.Expression]] = field(default_factory=list)
     residual: list[exp.Expression] = field(default_factory=list)
@@ -323,6 +327,7 @@ class _Reader:
             tables=tuple(self.tables), select=tuple(select), predicates=tuple(self.predicates),
             equalities=tuple(self.equalities), classifies=tuple(self.classifies),
             label_filters=tuple(self.label_filters), scores=tuple(self.scores), limit=limit,
+            generates=tuple(self.generates),
             verdicts=tuple(self.verdicts), scan=tuple(condition for condition, _ in self.scan),
             links=tuple(self.links), ctes=self.ctes_sql, relational=relational,
             pair_conditions=tuple(self.pair_conditions), scan_order=scan_order,
@@ -492,6 +497,10 @@ class _Reader:
             key: tuple[object, ...] = ("classify", self._prompt_key(prompt), labels, instructions)
             return key, lambda name: self.classifies.append(
                 ClassifySpec(prompt, labels, name, order, instructions, where))
+        if call.kind == "generate":
+            prompt, max_tokens = generate_arguments(call)
+            return ("generate", self._prompt_key(prompt), max_tokens), lambda name: self.generates.append(
+                GenerateSpec(prompt, name, order, max_tokens, where))
         if call.kind == "score":
             prompt, _ = prompt_and_options(call, set())
             return ("score", self._prompt_key(prompt)), lambda name: self.scores.append(
@@ -806,7 +815,7 @@ class _Reader:
         if len(aliases) != 1:
             raise unsupported(f"{call.spelling} over {len(aliases)} tables outside the top-level AND of WHERE "
                               "and ON", call.node, "an AI value (in OR, NOT, CASE, SELECT, ...) reads one table")
-        return output_column(self._output(call).name)
+        return call_value(call, output_column(self._output(call).name))
 
     def _check_tail(self, statement: str) -> None:
         relations: dict[str, pa.Schema] = {}

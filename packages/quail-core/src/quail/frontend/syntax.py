@@ -22,9 +22,11 @@ from quail.errors import CompileError, GeneralRuleError
 from quail.frontend.spec import Where
 
 Dialect = Literal["snowflake", "bigquery"]
-AiKind = Literal["filter", "classify", "score"]
-OUTPUT_TYPES: dict[str, pa.DataType] = {"filter": pa.bool_(), "score": pa.float64(), "classify": pa.string()}
-"""The column type of each AI call's value: AI_FILTER a BOOLEAN, AI.SCORE a DOUBLE, AI.CLASSIFY a VARCHAR."""
+AiKind = Literal["filter", "classify", "score", "generate"]
+OUTPUT_TYPES: dict[str, pa.DataType] = {"filter": pa.bool_(), "score": pa.float64(), "classify": pa.string(),
+                                        "generate": pa.string()}
+"""The column type of each AI call's output: AI_FILTER a BOOLEAN, AI.SCORE a DOUBLE, AI.CLASSIFY and AI.GENERATE /
+AI_COMPLETE a VARCHAR (BigQuery's AI.GENERATE reads it as the `result` of a STRUCT, `call_value`)."""
 
 
 class QuailBigQuery(BigQuery):
@@ -38,8 +40,9 @@ class QuailBigQuery(BigQuery):
 
 
 DIALECTS: dict[str, type[sqlglot.Dialect]] = {"snowflake": Snowflake, "bigquery": QuailBigQuery}
-SNOWFLAKE_NAMES: dict[str, AiKind] = {"AI_FILTER": "filter", "AI_CLASSIFY": "classify", "AI_SCORE": "score"}
-BIGQUERY_NAMES: dict[str, AiKind] = {"IF": "filter", "CLASSIFY": "classify", "SCORE": "score"}
+SNOWFLAKE_NAMES: dict[str, AiKind] = {"AI_FILTER": "filter", "AI_CLASSIFY": "classify", "AI_SCORE": "score",
+                                      "AI_COMPLETE": "generate"}
+BIGQUERY_NAMES: dict[str, AiKind] = {"IF": "filter", "CLASSIFY": "classify", "SCORE": "score", "GENERATE": "generate"}
 CLAUSE_NAMES = {
     "with_": "WITH (common table expressions)", "with": "WITH (common table expressions)",
     "group": "GROUP BY", "having": "HAVING", "order": "ORDER BY", "distinct": "DISTINCT",
@@ -180,10 +183,20 @@ def ai_call(node: exp.Expression) -> AiCall | None:
         name = _function_name(inner)
         if name not in BIGQUERY_NAMES:
             raise unsupported(f"AI.{name or safe_sql(inner)}", node, _not_offered(f"AI.{name}"))
-        arguments = tuple(inner.expressions) if isinstance(inner, exp.Anonymous) else tuple(
-            v for v in inner.args.values() if isinstance(v, exp.Expression))
+        arguments = tuple(inner.expressions) if isinstance(inner, exp.Anonymous) else _arguments(inner)
         return AiCall(BIGQUERY_NAMES[name], f"AI.{name}", arguments, node)
     return None
+
+
+def _arguments(node: exp.Expression) -> tuple[exp.Expression, ...]:
+    """The arguments of sqlglot's own node for a warehouse function, in order (some hold them as one list)."""
+    found: list[exp.Expression] = []
+    for value in node.args.values():
+        if isinstance(value, exp.Expression):
+            found.append(value)
+        elif isinstance(value, list):
+            found.extend(v for v in value if isinstance(v, exp.Expression))
+    return tuple(found)
 
 
 def _function_name(node: exp.Expression) -> str:
@@ -197,8 +210,8 @@ def _function_name(node: exp.Expression) -> str:
 
 
 NOT_YET = {
-    "generation": ("AI.GENERATE", "AI.GENERATE_BOOL", "AI.GENERATE_INT", "AI.GENERATE_DOUBLE", "AI.GENERATE_TABLE",
-                   "AI_COMPLETE", "AI_EXTRACT", "AI.EXTRACT", "AI_AGG", "AI_SUMMARIZE_AGG", "AI_SENTIMENT",
+    "generation": ("AI.GENERATE_BOOL", "AI.GENERATE_INT", "AI.GENERATE_DOUBLE", "AI.GENERATE_TABLE",
+                   "AI_EXTRACT", "AI.EXTRACT", "AI_AGG", "AI_SUMMARIZE_AGG", "AI_SENTIMENT",
                    "AI_TRANSLATE", "AI_REDACT", "SNOWFLAKE.CORTEX.COMPLETE"),
     "embeddings": ("AI.EMBED", "AI_EMBED", "AI.SIMILARITY", "AI_SIMILARITY", "VECTOR_SEARCH"),
 }
@@ -208,9 +221,11 @@ WAREHOUSE_FUNCTIONS = {name: kind for kind, names in NOT_YET.items() for name in
 
 def _not_offered(name: str) -> str:
     kind = WAREHOUSE_FUNCTIONS.get(name)
-    need = {"generation": "it generates text, which Quail does not yet", "embeddings": "it needs embeddings, "
-            "which Quail does not offer yet"}.get(kind or "", "")
-    offered = "Quail offers AI.IF / AI_FILTER, AI.CLASSIFY / AI_CLASSIFY and AI.SCORE / AI_SCORE"
+    need = {"generation": "it is a form of generation Quail does not offer yet (typed, structured, aggregated or "
+            "translated output)", "embeddings":
+            "it needs embeddings, which Quail does not offer yet"}.get(kind or "", "")
+    offered = ("Quail offers AI.IF / AI_FILTER, AI.CLASSIFY / AI_CLASSIFY, AI.SCORE / AI_SCORE and text from "
+               "AI.GENERATE / AI_COMPLETE")
     return f"{need}; {offered}" if need else offered
 
 
@@ -223,6 +238,19 @@ def refuse_other_ai_functions(statement: exp.Expression) -> None:
         name = str(node.name).upper() if isinstance(node, exp.Anonymous) else node.sql_name().upper()
         if name in WAREHOUSE_FUNCTIONS:
             raise unsupported(name, node, _not_offered(name))
+
+
+def call_value(call: AiCall, output: exp.Expression) -> exp.Expression:
+    """What the call reads as in the statement, given its output column: BigQuery's AI.GENERATE is a STRUCT whose
+    `result` is the text (`status` is '' for a row answered, as BigQuery writes it; `full_response` is NULL: there
+    is no service response); every other call is its output itself."""
+    if call.kind != "generate" or not call.spelling.startswith("AI."):
+        return output
+    return exp.Struct(expressions=[
+        exp.PropertyEQ(this=exp.to_identifier("result"), expression=output),
+        exp.PropertyEQ(this=exp.to_identifier("full_response"), expression=exp.cast(exp.null(), "VARCHAR")),
+        exp.PropertyEQ(this=exp.to_identifier("status"), expression=exp.Literal.string("")),
+    ])
 
 
 def ai_calls(node: exp.Expression) -> list[AiCall]:

@@ -190,7 +190,26 @@ class Verdict(LogicalNode):
         return f"Verdict #{self.position} AI_FILTER({self.prompt}) AS {self.output}"
 
 
-AiOutput = Classify | Score | Verdict
+@dataclass(frozen=True)
+class Generate(LogicalNode):
+    """AI.GENERATE / AI_COMPLETE: the model's greedy continuation of the prompt per row, at most `max_tokens`
+    tokens, into `output` (NULL for a NULL document)."""
+
+    child: LogicalNode
+    prompt: Prompt
+    output: str
+    position: int
+    max_tokens: int
+
+    @property
+    def children(self) -> tuple[LogicalNode, ...]:
+        return (self.child,)
+
+    def label(self) -> str:
+        return f"Generate #{self.position} {self.prompt} AS {self.output} (at most {self.max_tokens} tokens)"
+
+
+AiOutput = Classify | Score | Verdict | Generate
 """A node that adds an AI output column to every row."""
 
 
@@ -255,7 +274,7 @@ def referenced_columns(node: LogicalNode) -> set[ColumnRef]:
         return set(node.predicate.prompt.columns) | {c for e in node.equalities for c in (e.left, e.right)}
     if isinstance(node, Join):
         return {c for e in node.equalities for c in (e.left, e.right)}
-    if isinstance(node, Classify | Score | Verdict):
+    if isinstance(node, AiOutput):
         return set(node.prompt.columns)
     if isinstance(node, Project):
         return {c.source for c in node.columns if c.source is not None}
@@ -281,7 +300,7 @@ def validate_plan(plan: LogicalNode) -> None:
         for column in referenced_columns(node):
             if column.alias not in available and not isinstance(node, Project):
                 raise CompileError(f"{node.label()} reads {column} but its input has only {sorted(available)}")
-        if isinstance(node, Classify | Score | Verdict):
+        if isinstance(node, AiOutput):
             outputs.add(node.output)
     for column in plan.columns:
         if column.source is None and column.name not in outputs:

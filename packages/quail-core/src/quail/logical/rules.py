@@ -7,15 +7,13 @@ from dataclasses import replace
 from typing import Protocol, runtime_checkable
 
 from quail.logical.nodes import (
-    Classify,
+    AiOutput,
     Join,
     LogicalNode,
     Project,
     Scan,
-    Score,
     SemanticFilter,
     SemanticJoin,
-    Verdict,
     referenced_columns,
     walk,
 )
@@ -72,7 +70,7 @@ class FilterPushdown:
             side = "left" if node.alias in child.left.aliases else "right"
             inner = getattr(child, side)
             return replace(child, **{side: self._push(replace(node, child=inner))})
-        if isinstance(child, SemanticFilter | Classify | Score | Verdict):
+        if isinstance(child, SemanticFilter | AiOutput):
             return replace(child, child=self._push(replace(node, child=child.child)))
         return node
 
@@ -101,7 +99,7 @@ def _with_children(node: LogicalNode, children: list[LogicalNode]) -> LogicalNod
         return node
     if isinstance(node, Join | SemanticJoin):
         return replace(node, left=children[0], right=children[1])
-    if isinstance(node, SemanticFilter | Classify | Score | Verdict | Project):
+    if isinstance(node, SemanticFilter | AiOutput | Project):
         return replace(node, child=children[0])
     raise TypeError(f"{type(node).__name__} has children but no rebuild rule")
 

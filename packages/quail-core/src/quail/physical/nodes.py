@@ -39,6 +39,7 @@ class PortType(Enum):
     JOIN_ANSWERS = "join_answers"
     LABELS = "labels"
     SCORES = "scores"
+    GENERATIONS = "generations"
     TABLE = "table"
 
 
@@ -276,6 +277,28 @@ class AiScore(DocumentNode):
 
 
 @dataclass(frozen=True, kw_only=True)
+class AiGenerate(DocumentNode):
+    """Greedy text per row: [preamble][document][tail], then the model's own tokens — at most `max_tokens`, ending
+    before the first of `stop` (end of text or of the turn)."""
+
+    output: str
+    position: int
+    prompt: Prompt
+    tail: TokenIds
+    max_tokens: int
+    stop: TokenIds
+
+    OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(answers=PortType.GENERATIONS)
+
+    def document_prompt(self, document: TokenIds) -> TokenIds:
+        """[preamble][document][tail]: the first generated token is read after it."""
+        return filter_prompt(self.preamble, document, (), self.tail)
+
+    def describe(self) -> str:
+        return f"AiGenerate #{self.position} {self.alias} AS {self.output} (at most {self.max_tokens} tokens)"
+
+
+@dataclass(frozen=True, kw_only=True)
 class HashJoin(PhysicalNode):
     """Rows of left and right whose columns are equal (Acero hash join on the equalities)."""
 
@@ -355,6 +378,20 @@ class RecombineScores(PhysicalNode):
 
 
 @dataclass(frozen=True, kw_only=True)
+class RecombineTexts(PhysicalNode):
+    """Adds a generated text column (NULL where unanswered)."""
+
+    alias: str
+    output: str
+
+    INPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS, answers=PortType.GENERATIONS)
+    OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
+
+    def describe(self) -> str:
+        return f"Recombine texts {self.output}"
+
+
+@dataclass(frozen=True, kw_only=True)
 class RecombineVerdicts(PhysicalNode):
     """Adds a one-stage filter's answers as a BOOLEAN column (NULL where it did not answer); drops no row."""
 
@@ -420,8 +457,8 @@ class Barrier(PhysicalNode):
     OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
 
 
-MODEL_NODE_TYPES: tuple[type[PhysicalNode], ...] = (AiFilter, AiJoin, AiClassify, AiScore)
+MODEL_NODE_TYPES: tuple[type[PhysicalNode], ...] = (AiFilter, AiJoin, AiClassify, AiScore, AiGenerate)
 CORE_NODE_TYPES: tuple[type[PhysicalNode], ...] = (
-    Scan, AiFilter, AiJoin, AiClassify, AiScore, HashJoin, RecombineFilter, RecombineJoin, RecombineLabels,
-    RecombineScores, RecombineVerdicts, DropNullDocuments, Project, Limit, Barrier,
+    Scan, AiFilter, AiJoin, AiClassify, AiScore, AiGenerate, HashJoin, RecombineFilter, RecombineJoin,
+    RecombineLabels, RecombineScores, RecombineTexts, RecombineVerdicts, DropNullDocuments, Project, Limit, Barrier,
 )

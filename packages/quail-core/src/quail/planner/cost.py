@@ -12,6 +12,7 @@ Primitives over documents summarised by (count, Σlen, Σlen²):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 from quail.catalog.devices import DeviceSpec, Precision
@@ -65,6 +66,9 @@ class Work:
     kv_written: float = 0.0
     answers: float = 0.0
     vocabulary_rows: float = 0.0
+    steps: float = 0.0
+    """Forward passes beyond those the tokens fill: decoding computes one token per sequence per pass, and every
+    pass reads the weights once, however few its tokens."""
 
     def __add__(self, other: Work) -> Work:
         return Work(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
@@ -101,6 +105,17 @@ def ask(prefixes: Lengths, questions: Lengths, answers: bool = True) -> Work:
                 kv_written=questions.total, answers=count if answers else 0.0)
 
 
+def decode(sequences: int, tokens: int, prompts: Lengths, batch: int) -> Work:
+    """Greedy decoding of `tokens` tokens after each of `sequences` prompts, `batch` sequences a pass: each token
+    attends to its prompt and the tokens before it, and is read through the whole head (the next token is the
+    vocabulary's argmax)."""
+    written = float(sequences * tokens)
+    pairs = sequences * (tokens * prompts.mean + tokens * (tokens + 1) / 2)
+    steps = math.ceil(sequences / max(batch, 1)) * tokens
+    return Work(tokens=written, pairs=pairs, kv_read=pairs, kv_written=written, vocabulary_rows=written,
+                steps=float(steps))
+
+
 def stream(prefixes: Lengths, questions: list[Lengths]) -> Work:
     """Several asks over one set of prefixes."""
     total = NOTHING
@@ -129,7 +144,7 @@ class CostModel:
 
     def seconds(self, work: Work) -> float:
         model, bandwidth = self.model, self.device.bandwidth_bytes_per_s
-        passes = work.tokens / self.chunk_tokens
+        passes = work.tokens / self.chunk_tokens + work.steps
         dense_flops = 2 * model.non_embedding_params * work.tokens + self.head_flops(work)
         dense_bytes = model.non_embedding_params * model.weight_bytes * passes
         dense = max(dense_flops / self.peak, dense_bytes / bandwidth)

@@ -13,8 +13,8 @@ from quail.backends.base import PlanningContext
 from quail.data.tokenizer import Tokenizer
 from quail.errors import Refusal, RefusalError
 from quail.logical.expressions import AiPredicate, Prompt, Semantics
-from quail.logical.nodes import AiOutput, Classify, LogicalNode, Project
-from quail.planner.cost import CostModel, Lengths, Work, ask, scan
+from quail.logical.nodes import AiOutput, Classify, Generate, LogicalNode, Project
+from quail.planner.cost import CostModel, Lengths, Work, ask, decode, scan
 from quail.planner.examples import LayoutKey, choose_layout
 from quail.planner.filters import FilterOrder, StagePrice, order_filters, selectivity_of
 from quail.planner.joins import (
@@ -34,6 +34,7 @@ from quail.prompts import (
     PromptStyle,
     bind_classify,
     bind_filters,
+    bind_generate,
     bind_join,
     filter_tail,
     tail_ids,
@@ -109,7 +110,7 @@ class _Optimizer:
             (("filter", leaf.alias), leaf.alias, [p.prompt for p in leaf.predicates], f"the filters on {leaf.alias}")
             for leaf in leaves if leaf.predicates]
         nodes += [(("output", o.position), o.prompt.aliases[0], [o.prompt], f"{o.output} ({type(o).__name__} on "
-                   f"{o.prompt.aliases[0]})") for o in self.shape.outputs]
+                   f"{o.prompt.aliases[0]})") for o in self.shape.outputs if not isinstance(o, Generate)]
         for key, alias, prompts, what in nodes:
             documents = self.documents(alias)
             choice = choose_layout(prompts, documents.count, documents.total, alias in joined and key[0] == "filter",
@@ -363,6 +364,8 @@ class _Optimizer:
 
     def output_seconds(self, output: AiOutput, stats: dict[str, AliasStats]) -> float:
         """An AI output column: every document that reaches it, once (a Verdict is a one-stage filter)."""
+        if isinstance(output, Generate):
+            return self.generate_seconds(output, stats)
         layout = self.layouts[("output", output.position)]
         if isinstance(output, Classify):
             bound = bind_classify(output.prompt, output.labels, output.instructions, self.tokenizer, self.style,
@@ -388,6 +391,22 @@ class _Optimizer:
         if isinstance(output, Classify):  # label log-probabilities need the whole vocabulary head
             work = replace(work, vocabulary_rows=work.answers, answers=0.0)
         return self.cost.seconds(work.times(self.stored.output_share(output, self.documents(alias).count, layout)))
+
+    def generate_seconds(self, output: Generate, stats: dict[str, AliasStats]) -> float:
+        """Every document that reaches it, prefilled once with the instruction after it, then decoded to the token
+        bound (the estimate is an upper one: a generation ends early at its end-of-text token), as many sequences
+        a pass as the pass holds."""
+        alias = output.prompt.aliases[0]
+        bound = bind_generate(output.prompt, self.tokenizer, self.style)
+        prompts = stats[alias].documents.plus(len(bound.preamble) + len(bound.tail))
+        self.check_fits(alias, prompts.maximum + output.max_tokens)
+        batch = min(int(prompts.count), self.context.chunk_tokens)
+        work = scan(prompts) + decode(int(prompts.count), output.max_tokens, prompts, batch)
+        seconds = self.cost.seconds(work)
+        self.remarks.append(f"{output.output} (Generate on {alias}): ≈{prompts.count:,.0f} documents prefilled, then "
+                            f"at most {output.max_tokens} tokens each decoded {batch} sequences a pass — "
+                            f"≈{seconds:.3g} s at the bound")
+        return seconds
 
     # -- the rewritten plan -------------------------------------------------------------------
 

@@ -26,13 +26,14 @@ from quail.config import OversizedPolicy
 from quail.data.tokenizer import Tokenizer
 from quail.data.tokens import TokenColumn
 from quail.logical.expressions import AiPredicate
-from quail.logical.nodes import Classify, LogicalNode, Score, SemanticFilter, SemanticJoin, Verdict, walk
+from quail.logical.nodes import Classify, Generate, LogicalNode, Score, SemanticFilter, SemanticJoin, Verdict, walk
 from quail.prompts import (
     BASE_STYLE,
     ExamplesLayout,
     PromptStyle,
     bind_classify,
     bind_filters,
+    bind_generate,
     bind_join,
     shared_examples,
     style_for,
@@ -168,7 +169,15 @@ def prompt_spaces(plan: LogicalNode, tokenizer: Tokenizer, styles: tuple[PromptS
         elif isinstance(node, Score | Verdict):
             spaces.append(PromptSpace(node.prompt.aliases, max(
                 _filter_text((AiPredicate(node.prompt, node.position),), tokenizer, s) for s in styles)))
+        elif isinstance(node, Generate):
+            spaces.append(PromptSpace(node.prompt.aliases, max(_generate_text(node, tokenizer, s) for s in styles)))
     return spaces
+
+
+def _generate_text(node: Generate, tokenizer: Tokenizer, style: PromptStyle) -> int:
+    """The prompt's own text and every token the generation may write: they all share the context."""
+    bound = bind_generate(node.prompt, tokenizer, style)
+    return len(bound.preamble) + len(bound.tail) + node.max_tokens
 
 
 LAYOUTS: tuple[ExamplesLayout, ...] = ("document_first", "examples_first")

@@ -10,6 +10,7 @@ from quail.data.tokenizer import Tokenizer
 from quail.logical.expressions import AiPredicate, PairCondition
 from quail.logical.nodes import (
     Classify,
+    Generate,
     Join,
     LogicalNode,
     Project,
@@ -30,6 +31,7 @@ from quail.prompts import (
     PromptStyle,
     bind_classify,
     bind_filters,
+    bind_generate,
     bind_join,
     content_free_documents,
 )
@@ -130,6 +132,8 @@ class _GraphBuilder:
             return self.score(node)
         if isinstance(node, Verdict):
             return self.verdict(node)
+        if isinstance(node, Generate):
+            return self.generate(node)
         raise TypeError(f"no physical operator for {type(node).__name__}")
 
     def filter(self, node: SemanticFilter) -> Port:
@@ -210,6 +214,18 @@ class _GraphBuilder:
                                     question=bound.frame + bound.questions[0], answers=self.answers),
                          rows=self.documents(rows, (alias,), len(node.child.aliases) > 1))
         return self.add(ph.RecombineScores(f"scores_{node.output}", alias=alias, output=node.output),
+                        rows=rows, answers=(model, "answers")), "rows"
+
+    def generate(self, node: Generate) -> Port:
+        rows = self.rows(node.child)
+        alias = node.prompt.aliases[0]
+        bound = bind_generate(node.prompt, self.tokenizer, self.style)
+        model = self.add(ph.AiGenerate(f"generate_{node.output}", alias=alias, column=bound.column,
+                                       output=node.output, position=node.position, prompt=node.prompt,
+                                       preamble=bound.preamble, tail=bound.tail, max_tokens=node.max_tokens,
+                                       stop=bound.stop),
+                         rows=self.documents(rows, (alias,), len(node.child.aliases) > 1))
+        return self.add(ph.RecombineTexts(f"texts_{node.output}", alias=alias, output=node.output),
                         rows=rows, answers=(model, "answers")), "rows"
 
     def verdict(self, node: Verdict) -> Port:

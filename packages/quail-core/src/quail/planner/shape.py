@@ -11,15 +11,12 @@ from dataclasses import dataclass, replace
 from quail.logical.expressions import AiPredicate, Equality, Semantics
 from quail.logical.nodes import (
     AiOutput,
-    Classify,
     Join,
     LogicalNode,
     Project,
     Scan,
-    Score,
     SemanticFilter,
     SemanticJoin,
-    Verdict,
 )
 
 
@@ -71,7 +68,7 @@ def shape_of(plan: LogicalNode) -> PlanShape:
         raise ValueError("a logical plan's root is a Project")
     node = plan.child
     outputs: list[AiOutput] = []
-    while isinstance(node, Classify | Score | Verdict):
+    while isinstance(node, AiOutput):
         outputs.append(node)
         node = node.child
     subqueries: list[SubqueryJoin] = []

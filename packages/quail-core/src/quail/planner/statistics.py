@@ -23,7 +23,7 @@ from quail.data.relational import RowSource
 from quail.data.tokenizer import Tokenizer
 from quail.data.tokens import TokenColumn
 from quail.logical.expressions import Equality
-from quail.logical.nodes import Classify, LogicalNode, Score, SemanticFilter, SemanticJoin, Verdict, walk
+from quail.logical.nodes import AiOutput, LogicalNode, SemanticFilter, SemanticJoin, walk
 from quail.planner.oversize import taking_part
 from quail.planner.prefixes import shareable_tokens
 
@@ -43,7 +43,7 @@ def document_columns(plan: LogicalNode) -> dict[str, str]:
             prompts = [p.prompt for p in node.predicates]
         elif isinstance(node, SemanticJoin):
             prompts = [node.predicate.prompt]
-        elif isinstance(node, Classify | Score | Verdict):
+        elif isinstance(node, AiOutput):
             prompts = [node.prompt]
         for prompt in prompts:
             for column in prompt.columns:

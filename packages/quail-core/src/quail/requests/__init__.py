@@ -7,14 +7,24 @@ engine in an adapter that plays `RequestEngine`, and answers model nodes one by 
 """
 
 from quail.requests.backend import RequestBackend
-from quail.requests.engine import EngineAnswer, EngineRequest, ReadsContinuations, RequestEngine, margin_of
+from quail.requests.engine import (
+    EngineAnswer,
+    EngineGeneration,
+    EngineRequest,
+    GeneratesText,
+    ReadsContinuations,
+    RequestEngine,
+    margin_of,
+)
 from quail.requests.execution import RequestModelExecution
 from quail.requests.strategies import FilterStrategy, JoinStrategy, RequestStrategy
 
 __all__ = [
     "EngineAnswer",
+    "EngineGeneration",
     "EngineRequest",
     "FilterStrategy",
+    "GeneratesText",
     "JoinStrategy",
     "ReadsContinuations",
     "RequestBackend",

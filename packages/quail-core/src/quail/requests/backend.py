@@ -21,7 +21,7 @@ from quail.errors import Refusal
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
 from quail.requests.engine import RequestEngine
-from quail.requests.execution import LABEL_NODES, REQUEST_NODES, RequestModelExecution
+from quail.requests.execution import GENERATION_NODES, LABEL_NODES, REQUEST_NODES, RequestModelExecution
 from quail.requests.strategies import RequestStrategy
 
 EngineFactory = Callable[[GpuContext], RequestEngine]
@@ -45,6 +45,8 @@ class RequestBackend(Backend):
 
     reads_labels = False
     """Whether the engine `ReadsContinuations`, so AI.CLASSIFY is planned rather than refused."""
+    generates = False
+    """Whether the engine `GeneratesText`, so AI.GENERATE / AI_COMPLETE are planned rather than refused."""
 
     def __init__(self, name: str, strategy: RequestStrategy, boot: EngineFactory) -> None:
         self.name = name
@@ -60,7 +62,8 @@ class RequestBackend(Backend):
 
     def refuse(self, graph: PhysicalGraph) -> Refusal | None:
         """AI.CLASSIFY and any node kind beyond one TRUE/FALSE request per prompt are refused at planning."""
-        return _refusal(graph, LABEL_NODES if self.reads_labels else REQUEST_NODES)
+        runs = (*(LABEL_NODES if self.reads_labels else REQUEST_NODES), *(GENERATION_NODES if self.generates else ()))
+        return _refusal(graph, runs)
 
     def start(self, context: GpuContext) -> ModelExecution:
         """Boot the engine (timed as the query's boot); it lives as long as the worker keeps it."""

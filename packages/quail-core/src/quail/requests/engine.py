@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from quail.data.tokenizer import TokenIds
 from quail.prompts import AnswerTokens
@@ -73,6 +73,25 @@ class ReadsContinuations(Protocol):
     the continuation's tokens before it). An engine with it runs AI.CLASSIFY nodes too."""
 
     def continuation_logprobs(self, prompt: TokenIds, continuations: Sequence[TokenIds]) -> list[float]: ...
+
+
+@dataclass(frozen=True)
+class EngineGeneration:
+    """One greedy generation: the tokens before the first stop token, how it ended, and the prompt's counters."""
+
+    tokens: TokenIds
+    finish: Literal["stop", "length"]
+    prompt_tokens: int
+    cached_tokens: int
+
+
+@runtime_checkable
+class GeneratesText(Protocol):
+    """Optional for a RequestEngine: greedy generations (temperature 0) of at most `max_tokens` tokens, each ending
+    before the first of `stop`. An engine with it runs AI.GENERATE / AI_COMPLETE nodes too."""
+
+    def greedy_generations(self, prompts: Sequence[TokenIds], max_tokens: int,
+                           stop: TokenIds) -> list[EngineGeneration]: ...
 
 
 def margin_of(logprobs: dict[int, float], true_ids: Sequence[int], false_ids: Sequence[int]) -> float:

@@ -23,7 +23,7 @@ from quail.errors import Refusal, RefusalError
 from quail.logical.expressions import AiPredicate
 from quail.physical import nodes as ph
 from quail.prompts import AnswerTokens
-from quail.requests.engine import EngineRequest, ReadsContinuations, RequestEngine
+from quail.requests.engine import EngineRequest, GeneratesText, ReadsContinuations, RequestEngine
 from quail.requests.strategies import (
     AnchorWork,
     FilterWork,
@@ -34,10 +34,12 @@ from quail.requests.strategies import (
     run_join,
 )
 
-REQUEST_NODES = (ph.AiFilter, ph.AiJoin, ph.AiScore)
+REQUEST_NODES: tuple[type[ph.PhysicalNode], ...] = (ph.AiFilter, ph.AiJoin, ph.AiScore)
 """The model nodes one TRUE/FALSE request per prompt can answer."""
 LABEL_NODES = (*REQUEST_NODES, ph.AiClassify)
 """The model nodes an engine that `ReadsContinuations` answers: AI.CLASSIFY as well."""
+GENERATION_NODES = (ph.AiGenerate,)
+"""The model nodes an engine that `GeneratesText` answers besides."""
 
 
 class RequestModelExecution:
@@ -51,6 +53,8 @@ class RequestModelExecution:
         started = time.perf_counter()
         if isinstance(node, ph.AiClassify) and isinstance(self.engine, ReadsContinuations):
             return _classified(self.engine, node, inputs, started)
+        if isinstance(node, ph.AiGenerate) and isinstance(self.engine, GeneratesText):
+            return _generated(self.engine, node, inputs, started)
         if not isinstance(node, REQUEST_NODES):
             raise RefusalError(Refusal(f"a request backend cannot run {node.kind} {node.id!r}",
                                        hints=("plan the query on this backend; AI.CLASSIFY runs on native",)))
@@ -86,6 +90,21 @@ def _classified(engine: ReadsContinuations, node: ph.AiClassify, inputs: NodeInp
     fresh = sum(len(node.document_prompt(texts[row])) + sum(map(len, node.label_tokens)) for row in rows)
     metrics = NodeMetrics(time.perf_counter() - started, rows_in=inputs.rows_in, rows_out=table.num_rows,
                           fresh_tokens=fresh, cached_tokens=0)
+    return NodeOutput({"answers": table}, metrics)
+
+
+def _generated(engine: GeneratesText, node: ph.AiGenerate, inputs: NodeInputs, started: float) -> NodeOutput:
+    """Every row's greedy generation, one batch for the engine's own scheduler (its prefix cache shares the
+    preamble); fresh tokens are the prompts' uncached tokens and the tokens fed back to write the next one."""
+    rows, texts = inputs.rows(node.alias), inputs.tokens(node.alias)
+    found = engine.greedy_generations([node.document_prompt(texts[row]) for row in rows], node.max_tokens, node.stop)
+    if len(found) != len(rows):
+        raise RuntimeError(f"the engine answered {len(rows)} generation requests with {len(found)} generations")
+    table = shapes.generation_answers(node.alias, rows, [g.tokens for g in found], [g.finish for g in found])
+    fed = sum(len(g.tokens) - (g.finish == "length" and bool(g.tokens)) for g in found)
+    metrics = NodeMetrics(time.perf_counter() - started, rows_in=inputs.rows_in, rows_out=table.num_rows,
+                          fresh_tokens=sum(g.prompt_tokens - g.cached_tokens for g in found) + fed,
+                          cached_tokens=sum(g.cached_tokens for g in found))
     return NodeOutput({"answers": table}, metrics)
 
 

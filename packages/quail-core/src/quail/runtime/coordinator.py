@@ -270,7 +270,8 @@ def _run(session: QuerySession, order: OrderRule, candidate: PhysicalCandidate,
     for node_id, metrics in response.metrics.nodes.items():
         for observer in registry.observers:
             observer(graph.node(node_id), metrics)
-    runner = Runner(graph, RunInputs(prepared.views, tokens, prepared.skipped, DuckTail(session.database)),
+    tail = DuckTail(session.database, session.tokenizer)
+    runner = Runner(graph, RunInputs(prepared.views, tokens, prepared.skipped, tail),
                     backend=session.backend.name, observers=registry.observers)
     output = runner.run([(graph.root, "table")], known=response.tables)
     wall_s = time.perf_counter() - started

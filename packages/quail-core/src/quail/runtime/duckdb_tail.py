@@ -7,12 +7,13 @@ output columns; the statement reads them by POSITIONAL JOIN. Nothing relational 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 
 from quail.data.database import Database
 from quail.data.relational import RowSource
+from quail.data.tokenizer import Tokenizer
 from quail.frontend.relational import OUTPUTS_RELATION, rows_relation
 from quail.physical import nodes as ph
 
@@ -20,8 +21,12 @@ from quail.physical import nodes as ph
 class DuckTail:
     """Runs a plan's root Project on the session's DuckDB."""
 
-    def __init__(self, database: Database) -> None:
+    def __init__(self, database: Database, tokenizer: Tokenizer) -> None:
         self.database = database
+        self.tokenizer = tokenizer
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids)
 
     def run(self, node: ph.Project, rows: pa.Table, views: Mapping[str, RowSource]) -> pa.Table:
         relations = {rows_relation(i): views[alias].take(rows.column(alias)) for i, alias in enumerate(node.relations)}

@@ -110,7 +110,21 @@ def minimum_tokens(graph: PhysicalGraph, answers: Mapping[str, pa.Table], tokens
             per_row = (len(node.tail) + sum(max(len(t) - 1, 0) for t in node.label_tokens)
                        if isinstance(node, ph.AiClassify) else len(node.question))
             counter.total += per_row * len(rows)
+        elif isinstance(node, ph.AiGenerate):
+            rows = pc.unique(table.column(node.alias).combine_chunks())
+            counter.document_prefixes(node.preamble, node.alias, rows)
+            counter.total += len(node.tail) * len(rows) + _fed_back(node, table)
     return counter.finish()
+
+
+def _fed_back(node: ph.AiGenerate, table: pa.Table) -> int:
+    """Generated tokens a decoder must compute to write the next one: every token of a generation the model ended
+    (its stop token is never fed back), all but the last of one the bound ended. Each distinct document once."""
+    seen: dict[int, int] = {}
+    for row, tokens, finish in zip(table.column(node.alias).to_pylist(), table.column("tokens").to_pylist(),
+                                   table.column("finish").to_pylist(), strict=True):
+        seen[row] = len(tokens) - (1 if finish == "length" and tokens else 0)
+    return sum(seen.values())
 
 
 def _filter_tails(node: ph.AiFilter, table: pa.Table, counter: _PrefixCounter) -> int:

@@ -38,6 +38,10 @@ class Tail(Protocol):
 
     def run(self, node: ph.Project, rows: pa.Table, views: Mapping[str, RowSource]) -> pa.Table: ...
 
+    def decode(self, ids: Sequence[int]) -> str:
+        """Generated token ids as text, with the tokenizer the query was planned with."""
+        ...
+
 
 @dataclass(frozen=True)
 class RunInputs:
@@ -185,6 +189,8 @@ class Runner:
             return relational.add_scores(inputs["rows"], inputs["answers"], node.alias, node.output)
         if isinstance(node, ph.RecombineVerdicts):
             return relational.add_verdicts(inputs["rows"], inputs["answers"], node.alias, node.output)
+        if isinstance(node, ph.RecombineTexts):
+            return relational.add_generations(inputs["rows"], inputs["answers"], node.alias, node.output)
         if isinstance(node, ph.DropNullDocuments):
             present = relational.with_documents(self.inputs.tokens, node.aliases)
             return relational.present_documents(inputs["rows"], present, node.distinct)
@@ -195,7 +201,9 @@ class Runner:
         if isinstance(node, ph.Project):
             if self.inputs.tail is None:
                 raise RuntimeError("this runner has no relational tail: the root runs where the query was asked")
-            return self.inputs.tail.run(node, inputs["rows"], tables)
+            texts = [n.output for n in self.graph.nodes if isinstance(n, ph.RecombineTexts)]
+            rows = relational.decode_texts(inputs["rows"], texts, self.inputs.tail.decode) if texts else inputs["rows"]
+            return self.inputs.tail.run(node, rows, tables)
         raise TypeError(f"no runtime for {node.kind} {node.id!r}: is it a backend's node on the wrong backend?")
 
 

@@ -22,6 +22,7 @@ from quail.cache.access import StoredAnswerAccess
 from quail.physical import nodes as ph
 from quail.progress import reporting
 from quail.serving.filters import answer_filter
+from quail.serving.generations import answer_generations
 from quail.serving.joins import answer_join
 from quail.serving.node_run import NodeRun
 from quail.serving.outputs import answer_outputs
@@ -62,6 +63,8 @@ class CachedExecution:
             table = answer_join(node, inputs, run)
         elif isinstance(node, ph.AiClassify | ph.AiScore):
             table = answer_outputs(node, inputs, run)
+        elif isinstance(node, ph.AiGenerate):
+            table = answer_generations(node, inputs, run)
         else:  # a backend's own model node: its items are not known here, so it runs as it is
             backend = self.backend()
             with reporting(backend, self.progress):

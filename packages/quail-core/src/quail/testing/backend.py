@@ -27,7 +27,7 @@ from quail.data.tokenizer import Tokenizer
 from quail.errors import Refusal, RefusalError
 from quail.physical import nodes as ph
 from quail.prompts import BASE_STYLE, AnswerTokens, PromptStyle
-from quail.testing.rules import classify_margins, predicate_margin
+from quail.testing.rules import classify_margins, generated_text, predicate_margin
 from quail.testing.tokenizer import ByteTokenizer
 
 RULE_VERSION = "keyword-1"
@@ -109,6 +109,8 @@ class KeywordExecution:
             table, tokens = self.classify(node, inputs)
         elif isinstance(node, ph.AiScore):
             table, tokens = self.score(node, inputs)
+        elif isinstance(node, ph.AiGenerate):
+            table, tokens = self.generate(node, inputs)
         else:
             raise RefusalError(Refusal(f"the keyword backend cannot run {node.kind}"))
         if self.progress is not None:
@@ -198,3 +200,14 @@ class KeywordExecution:
         tokens = sum(len(node.document_prompt(documents[r])) for r in rows)
         return shapes.score_answers(node.alias, node.output, rows, margins), tokens
 
+
+    def generate(self, node: ph.AiGenerate, inputs: NodeInputs) -> tuple[pa.Table, int]:
+        """The document's first sentence, token by token until the bound ('length') or its end ('stop')."""
+        documents = inputs.tokens(node.alias)
+        texts = self.text(inputs, node.alias)
+        rows = inputs.rows(node.alias)
+        written = [self.tokenizer.encode(generated_text(texts[r])) for r in rows]
+        kept = [ids[:node.max_tokens] for ids in written]
+        finish: list[shapes.Finish] = ["length" if len(ids) > node.max_tokens else "stop" for ids in written]
+        tokens = sum(len(node.document_prompt(documents[r])) + len(ids) for r, ids in zip(rows, kept, strict=True))
+        return shapes.generation_answers(node.alias, rows, kept, finish), tokens

@@ -4,7 +4,8 @@
   appears in the documents).
 * Otherwise, over two or more documents: margin = shared words − 0.5 (TRUE iff they share a word).
 * Otherwise: a hash of the template and the document, spread over [−2, 2).
-Words are lower-case runs of three or more letters.
+Words are lower-case runs of three or more letters. A generation is the document's first sentence
+(`generated_text`).
 """
 
 from __future__ import annotations
@@ -47,3 +48,11 @@ def classify_margins(labels: Sequence[str], document: str) -> list[float]:
     """Each label's score: how often its words occur in the document."""
     text = document.lower()
     return [float(sum(text.count(w) for w in words(label) or {label.lower()})) for label in labels]
+
+
+SENTENCE_END = re.compile(r"(?<=[.!?])\s")
+
+
+def generated_text(document: str) -> str:
+    """What the keyword backend "generates" after any instruction: the document's first sentence, as written."""
+    return SENTENCE_END.split(document.strip(), maxsplit=1)[0]

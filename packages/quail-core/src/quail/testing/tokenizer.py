@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 OFFSET = 3
 BOS = 1
+EOS = 2
+CONTROL = {"<bos>": BOS, "<eos>": EOS}
 
 
 class ByteTokenizer:
@@ -22,5 +24,7 @@ class ByteTokenizer:
         return bytes(i - OFFSET for i in ids if i >= OFFSET).decode("utf-8", errors="replace")
 
     def token_id(self, token: str) -> int | None:
+        if token in CONTROL:
+            return CONTROL[token]
         encoded = token.encode("utf-8")
         return encoded[0] + OFFSET if len(encoded) == 1 else None

@@ -56,3 +56,21 @@ def _exact(model: Transformer, hidden: torch.Tensor, columns: torch.Tensor) -> t
     """fp32 logits of row r at its own `columns[r]` (rows × k)."""
     weight = model.head_weight[columns].float()
     return torch.einsum("rh,rkh->rk", hidden.float(), weight)
+
+
+NEAR_TOP = 8
+"""Candidates a greedy choice recomputes in fp32 when the head is not fp32: rounding in bf16 cannot move a token
+from beyond the top 8 to the top, but it can reorder two within it."""
+
+
+def greedy_tokens(model: Transformer, hidden: torch.Tensor) -> list[int]:
+    """The argmax of the head at each row; ties go to the lower id, as `torch.argmax` (and transformers) break
+    them. In fp32 the whole head decides; otherwise its top NEAR_TOP are recomputed in fp32 first."""
+    if hidden.shape[0] == 0:
+        return []
+    if model.head_weight.dtype == torch.float32:
+        return model.logits(hidden).argmax(dim=-1).tolist()
+    logits = model.logits(hidden, fp32=False)
+    top = logits.topk(min(NEAR_TOP, logits.shape[1]), dim=1).indices.sort(dim=1).values
+    exact = _exact(model, hidden, top)
+    return top.gather(1, exact.argmax(dim=1, keepdim=True)).squeeze(1).tolist()

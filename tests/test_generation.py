@@ -1,0 +1,131 @@
+"""Text out of the model: AI_COMPLETE and AI.GENERATE on the keyword test backend, whose "generation" is a document's
+first sentence (`quail.testing.rules.generated_text`): both warehouses' argument forms, the token bound, NULL in →
+NULL out, the answer store, and the calls anywhere SQL allows an AI value. The native decoder's tokens are checked
+against transformers in packages/quail-native/tests/test_exactness.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+import quail
+from quail.testing import BASE_MODEL, ByteTokenizer, KeywordBackend
+from quail.testing.rules import generated_text
+
+BODIES = ["Great film. The acting by Ann Lee is superb.", None, "A slow, long story! The ending drags.",
+          "Great film. The acting by Ann Lee is superb.", "", "No sentence end here"]
+
+
+def session(cache: str = "off") -> quail.Session:
+    tokenizer = ByteTokenizer()
+    registry = quail.ExtensionRegistry.with_built_ins()
+    registry.register_backend(KeywordBackend(tokenizer))
+    opened = quail.Session(quail.EngineConfig(model=BASE_MODEL, backend="keyword", cache=cache), registry=registry,
+                           tokenizer=tokenizer)
+    opened.register("r", pa.table({"id": list(range(len(BODIES))), "body": BODIES,
+                                   "stars": [5, 3, 2, 4, 1, 3]}))
+    return opened
+
+
+def rows(sql: str, dialect: str = "snowflake", cache: str = "off") -> list[dict]:
+    with session(cache) as opened:
+        return opened.sql(sql, dialect=dialect).run().to_rows()
+
+
+def expected(bound: int | None = None) -> list[str | None]:
+    """The keyword rule's generation per body, cut at `bound` tokens (bytes for the byte tokenizer)."""
+    out = []
+    for body in BODIES:
+        text = None if body is None else generated_text(body)
+        out.append(text if text is None or bound is None else text.encode()[:bound].decode().strip())
+    return out
+
+
+@pytest.mark.parametrize(("dialect", "call"), [
+    ("snowflake", "AI_COMPLETE('llama3.1-8b', CONCAT('Summarize: ', r.body))"),
+    ("snowflake", "AI_COMPLETE('llama3.1-8b', 'Summarize: ' || r.body)"),
+    ("snowflake", "AI_COMPLETE(model => 'mistral-large2', prompt => PROMPT('Summarize {0}', r.body))"),
+    ("snowflake", "AI_COMPLETE('claude-4-sonnet', PROMPT('Summarize {0}', r.body), {'temperature': 0})"),
+    ("bigquery", "AI.GENERATE(('Summarize ', r.body)).result"),
+    ("bigquery", "AI.GENERATE(prompt => ('Summarize ', r.body), connection_id => 'us.conn').result"),
+    ("bigquery", "AI.GENERATE(PROMPT('Summarize {0}', r.body), endpoint => 'gemini-2.5-flash').result"),
+])
+def test_both_warehouses_spellings_generate_each_rows_text_and_null_for_a_null_document(dialect, call):
+    found = rows(f"SELECT r.id, {call} AS s FROM r ORDER BY r.id", dialect)
+    assert [row["s"] for row in found] == expected()
+
+
+@pytest.mark.parametrize(("dialect", "call"), [
+    ("snowflake", "AI_COMPLETE('m', PROMPT('Summarize {0}', r.body), {'max_tokens': 9})"),
+    ("snowflake", "AI_COMPLETE(model => 'm', prompt => r.body, model_parameters => {'max_tokens': 9})"),
+    ("bigquery", "AI.GENERATE(('Summarize ', r.body), model_params => JSON '{\"generationConfig\": "
+                 "{\"maxOutputTokens\": 9}}').result"),
+])
+def test_the_token_bound_of_either_warehouse_cuts_a_generation(dialect, call):
+    found = rows(f"SELECT r.id, {call} AS s FROM r ORDER BY r.id", dialect)
+    assert [row["s"] for row in found] == expected(9)
+
+
+def test_bigquery_reads_a_struct_with_result_and_an_empty_status():
+    [first, second, *_] = rows("SELECT r.id, AI.GENERATE(('Summarize ', r.body)) AS g FROM r ORDER BY r.id",
+                               "bigquery")
+    assert first["g"] == {"result": expected()[0], "full_response": None, "status": ""}
+    assert second["g"]["result"] is None
+
+
+def test_a_generation_is_a_value_anywhere_sql_allows_one():
+    """In WHERE and GROUP BY (the one-block planner), and inside CASE in a CTE (the general rule's lookups)."""
+    sql = ("SELECT AI_COMPLETE('m', PROMPT('Summarize {0}', r.body)) AS s, COUNT(*) AS n FROM r "
+           "WHERE LENGTH(AI_COMPLETE('m', PROMPT('Summarize {0}', r.body))) > 10 GROUP BY s ORDER BY s")
+    assert rows(sql) == [{"s": "A slow, long story!", "n": 1}, {"s": "Great film.", "n": 2},
+                         {"s": "No sentence end here", "n": 1}]
+    cte = ("WITH t AS (SELECT r.id, CASE WHEN r.stars > 3 THEN AI_COMPLETE('m', PROMPT('Summarize {0}', r.body)) "
+           "ELSE 'low' END AS s FROM r) SELECT id, s FROM t ORDER BY id")
+    assert [row["s"] for row in rows(cte)] == [expected()[0], "low", "low", expected()[3], "low", "low"]
+
+
+def test_explain_names_the_model_the_call_asked_for_and_the_bound_it_plans_for():
+    with session() as opened:
+        query = opened.sql("SELECT r.id, AI_COMPLETE('llama3.1-8b', PROMPT('Summarize {0}', r.body), "
+                           "{'max_tokens': 20}) AS s FROM r")
+        text = query.explain()
+    assert "AI_COMPLETE: model 'llama3.1-8b' is answered by the session's model" in text
+    assert "AiGenerate #0 r AS s (at most 20 tokens)" in text
+    assert "at most 20 tokens each decoded" in text
+
+
+def test_a_stored_generation_is_never_computed_twice(tmp_path: Path):
+    store = str(tmp_path / "answers.sqlite")
+    sql = "SELECT r.id, AI_COMPLETE('m', PROMPT('Summarize {0}', r.body)) AS s FROM r ORDER BY r.id"
+    with session(store) as opened:
+        first = opened.sql(sql).run()
+    with session(store) as opened:
+        again = opened.sql(sql).run()
+        bounded = opened.sql(sql.replace("r.body))", "r.body), {'max_tokens': 4})")).run()
+    assert first.to_rows() == again.to_rows() and [r["s"] for r in again.to_rows()] == expected()
+    [node] = [n for n, m in first.report["node_metrics"].items() if n.startswith("generate_")]
+    assert first.report["node_metrics"][node]["stored_answers"] == 0
+    assert again.report["node_metrics"][node]["stored_answers"] == 5, "every row with a document, the empty one too"
+    assert again.report["fresh_tokens"] == 0
+    assert bounded.report["fresh_tokens"] > 0, "another token bound is another generation"
+
+
+@pytest.mark.parametrize(("sql", "message"), [
+    ("AI_COMPLETE('m', PROMPT('x {0}', r.body), {'temperature': 0.7})", "temperature 0.7: Quail decodes greedily"),
+    ("AI_COMPLETE('m', PROMPT('x {0}', r.body), {'max_tokens': 0})", "max_tokens must be a whole number from 1"),
+    ("AI_COMPLETE('m', PROMPT('x {0}', r.body), {'max_tokens': 2.5})", "max_tokens must be a whole number"),
+    ("AI_COMPLETE('m', PROMPT('x {0}', r.body), {'stop': 'x'})", "option 'stop' is not supported"),
+    ("AI_COMPLETE('m', PROMPT('x {0}', r.body), {}, {'type': 'json'})", "response_format.* is not supported"),
+    ("AI_COMPLETE('m')", "AI_COMPLETE has no prompt"),
+    ("AI_COMPLETE(model => 'm', model => 'n', prompt => r.body)", "names its model twice"),
+])
+def test_options_quail_cannot_honour_are_refused_before_any_model_work(sql, message):
+    with session() as opened, pytest.raises(quail.CompileError, match=message):
+        opened.sql(f"SELECT {sql} FROM r")
+
+
+def test_bigquery_output_schema_is_refused_by_name():
+    with session() as opened, pytest.raises(quail.CompileError, match="structured output"):
+        opened.sql("SELECT AI.GENERATE(('x ', r.body), output_schema => 'actor STRING') FROM r", dialect="bigquery")
