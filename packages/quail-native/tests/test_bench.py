@@ -123,7 +123,7 @@ def test_quality_reports_each_model_with_and_without_examples_and_its_peak_memor
 
 
 def test_limits_runs_each_limit_query_early_and_whole_with_the_same_rows_and_fewer_tokens(tmp_path, capsys):
-    from quail_native.benchmark.limits import many_reviews, review_sentences, run_limits
+    from quail_native.benchmark.limits import RUBRIC, many_reviews, review_sentences, run_limits
 
     assert len(set(many_reviews(1000).column("body").to_pylist())) == 1000, "every document a text of its own"
     assert len(set(review_sentences(1000).column("body").to_pylist())) == 1000
@@ -132,7 +132,7 @@ def test_limits_runs_each_limit_query_early_and_whole_with_the_same_rows_and_few
     assert [line.split(":")[0] for line in lines] == [
         "LIMIT 5 filter over 160 reviews", "LIMIT 10 join, 24 reviews × 12 aspects",
         "self-join with an inequality, 12 reviews of 6 movies",
-        "a 97-word rubric AI.SCORE over 160 one-sentence reviews"]
+        f"a {len(RUBRIC.split())}-word rubric AI.SCORE over 160 one-sentence reviews"]
     for line in lines:
         counts = line.split("fresh tokens ")[1].split(" with ")[0]
         early, whole = (int(n.replace(",", "")) for n in counts.split(" vs "))

@@ -30,7 +30,8 @@ RUBRIC = ("Rate the review {0} against this rubric. A strong review names the di
           "compares the film to others of its genre, and ends with a clear recommendation for a specific audience. "
           "It also weighs the pacing of the second half, notes how the editing serves the story, says whether the "
           "dialogue sounds natural, judges the costumes and the production design, and gives a reason for every "
-          "opinion rather than a bare verdict. Does the review meet the rubric well?")
+          "opinion rather than a bare verdict. A strong review also places the film in the career of its director, "
+          "and it warns the reader about its length. Does the review meet the rubric well?")
 
 
 Switch = Literal["early_limit", "join_conditions", "question_first"]
