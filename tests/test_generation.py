@@ -117,7 +117,7 @@ def test_a_stored_generation_is_never_computed_twice(tmp_path: Path):
     ("AI_COMPLETE('m', PROMPT('x {0}', r.body), {'max_tokens': 0})", "max_tokens must be a whole number from 1"),
     ("AI_COMPLETE('m', PROMPT('x {0}', r.body), {'max_tokens': 2.5})", "max_tokens must be a whole number"),
     ("AI_COMPLETE('m', PROMPT('x {0}', r.body), {'stop': 'x'})", "option 'stop' is not supported"),
-    ("AI_COMPLETE('m', PROMPT('x {0}', r.body), {}, {'type': 'json'})", "response_format.* is not supported"),
+    ("AI_COMPLETE('m', PROMPT('x {0}', r.body), {}, {'type': 'json'})", "names its fields in 'schema'"),
     ("AI_COMPLETE('m')", "AI_COMPLETE has no prompt"),
     ("AI_COMPLETE(model => 'm', model => 'n', prompt => r.body)", "names its model twice"),
 ])
@@ -126,6 +126,87 @@ def test_options_quail_cannot_honour_are_refused_before_any_model_work(sql, mess
         opened.sql(f"SELECT {sql} FROM r")
 
 
-def test_bigquery_output_schema_is_refused_by_name():
-    with session() as opened, pytest.raises(quail.CompileError, match="structured output"):
-        opened.sql("SELECT AI.GENERATE(('x ', r.body), output_schema => 'actor STRING') FROM r", dialect="bigquery")
+# -- structured output -----------------------------------------------------------------------------------------
+
+
+SCHEMA = "actor STRING, words INT64, share FLOAT64, great BOOL, tags ARRAY<INT64>, more STRUCT<flag BOOL, note STRING>"
+
+
+def test_every_schema_type_round_trips_through_bigquerys_output_schema():
+    [first, second, third, *_] = rows(f"SELECT r.id, AI.GENERATE(('Describe ', r.body), output_schema => '{SCHEMA}') "
+                                      "AS g FROM r ORDER BY r.id", "bigquery")
+    assert first["g"] == {"actor": "Great film.", "words": 7, "share": 0.7, "great": True, "tags": [7],
+                          "more": {"flag": True, "note": "Great film."}, "full_response": None, "status": ""}
+    assert second["g"]["actor"] is None
+    assert third["g"]["great"] is False and third["g"]["tags"] == [6] and third["g"]["status"] == ""
+
+
+@pytest.mark.parametrize(("call", "value"), [
+    ("AI.GENERATE_BOOL(('Is it great? ', r.body))", True),
+    ("AI.GENERATE_INT(prompt => ('How many words? ', r.body), connection_id => 'us.c')", 7),
+    ("AI.GENERATE_DOUBLE(('A tenth of its words? ', r.body))", 0.7),
+])
+def test_bigquerys_typed_generations_read_their_result(call, value):
+    found = rows(f"SELECT r.id, {call}.result AS v, {call}.status AS s FROM r ORDER BY r.id", "bigquery")
+    assert found[0] == {"id": 0, "v": value, "s": ""} and found[1]["v"] is None
+
+
+@pytest.mark.parametrize("format_", [
+    "{'actor': 'Which actor is named?', 'mood': 'What is the mood?'}",
+    "[['actor', 'Which actor is named?'], ['mood', 'What is the mood?']]",
+    "{'schema': {'type': 'object', 'properties': {'actor': {'type': 'string'}, 'mood': {'type': 'string'}}}}",
+])
+def test_snowflakes_ai_extract_answers_response_and_error(format_):
+    found = rows(f"SELECT r.id, AI_EXTRACT(text => r.body, responseFormat => {format_}) AS x FROM r ORDER BY r.id")
+    assert found[0]["x"] == {"response": {"actor": "Great film.", "mood": "Great film."}, "error": None}
+    assert found[1]["x"] == {"response": None, "error": None}
+
+
+def test_ai_extract_with_questions_alone_keys_each_answer_by_its_question():
+    found = rows("SELECT AI_EXTRACT(r.body, ['Which actor?']) AS x FROM r ORDER BY r.id")
+    assert found[0]["x"]["response"] == {"Which actor?": "Great film."}
+
+
+def test_ai_complete_with_a_response_format_answers_the_object_of_fields():
+    fmt = "{'type': 'json', 'schema': {'type': 'object', 'properties': {'n': {'type': 'integer'}}}}"
+    found = rows(f"SELECT r.id, AI_COMPLETE('m', PROMPT('Count {{0}}', r.body), {{}}, {fmt}) AS x FROM r "
+                 "ORDER BY r.id")
+    assert [row["x"] for row in found] == [{"n": 7}, None, {"n": 6}, {"n": 7}, {"n": 0}, {"n": 3}]
+
+
+def test_output_cut_by_the_bound_is_null_with_a_status_saying_why_never_an_error():
+    found = rows("SELECT r.id, AI.GENERATE(('Who? ', r.body), output_schema => 'actor STRING', model_params => "
+                 "JSON '{\"generationConfig\": {\"maxOutputTokens\": 8}}') AS g FROM r ORDER BY r.id", "bigquery")
+    assert found[0]["g"]["actor"] is None and found[0]["g"]["status"].startswith("the output did not parse")
+    extracted = rows("SELECT AI_EXTRACT(r.body, {'actor': 'Which actor?'}) AS x FROM r ORDER BY r.id LIMIT 1")
+    assert extracted[0]["x"]["error"] is None  # the default bound for structured output holds the whole JSON
+
+
+def test_a_structured_generation_is_stored_apart_from_the_same_prompt_as_text(tmp_path: Path):
+    store = str(tmp_path / "answers.sqlite")
+    text = "SELECT AI.GENERATE(('Who? ', r.body)).result AS g FROM r ORDER BY r.id"
+    structured = ("SELECT AI.GENERATE(('Who? ', r.body), output_schema => 'actor STRING').actor AS g FROM r "
+                  "ORDER BY r.id")
+    with session(store) as opened:
+        opened.sql(text, dialect="bigquery").run()
+        again = opened.sql(structured, dialect="bigquery").run()
+    assert again.report["fresh_tokens"] > 0
+    assert [r["g"] for r in again.to_rows()] == expected()
+
+
+@pytest.mark.parametrize(("dialect", "sql", "message"), [
+    ("bigquery", "AI.GENERATE(('x ', r.body), output_schema => 'a DATE')", "type DATE is not one of STRING"),
+    ("bigquery", "AI.GENERATE(('x ', r.body), output_schema => 'a STRING, a INT64')", "field names must differ"),
+    ("bigquery", "AI.GENERATE(('x ', r.body), output_schema => 'status STRING')", "may not be named"),
+    ("bigquery", "AI.GENERATE(('x ', r.body), output_schema => 'not a schema at all')", "output schema"),
+    ("bigquery", "AI.GENERATE_INT(('x ', r.body), output_schema => 'a STRING')", "returns its own type"),
+    ("snowflake", "AI_EXTRACT(file => TO_FILE('@s', 'a.pdf'), responseFormat => ['x'])", r"file => \.\.\.\) is not"),
+    ("snowflake", "AI_EXTRACT(r.body, 'Which actor?')", "responseFormat"),
+    ("snowflake", "AI_EXTRACT(r.body, {'schema': {'type': 'object', 'properties': {'d': {'type': 'date'}}}})",
+     "is not one of object"),
+    ("snowflake", "AI_COMPLETE('m', PROMPT('x {0}', r.body), {}, {'type': 'json', 'schema': {'type': 'string'}})",
+     "the top level is an object of fields"),
+])
+def test_a_schema_quail_cannot_hold_a_generation_to_is_refused_naming_it(dialect, sql, message):
+    with session() as opened, pytest.raises(quail.CompileError, match=message):
+        opened.sql(f"SELECT {sql} FROM r", dialect=dialect)

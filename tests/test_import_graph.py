@@ -120,7 +120,7 @@ def test_first_party_plugins_build_on_quail_and_quail_extend_alone():
 
 LAYERS = (
     ("basics", ("quail.errors", "quail.config", "quail.interrupts", "quail.catalog", "quail.data", "quail.logical",
-                "quail.prompts", "quail.datasets", "quail.frontend.spec")),
+                "quail.prompts", "quail.datasets", "quail.frontend.spec", "quail.schemas")),
     ("plans", ("quail.physical", "quail.progress")),
     ("contract", ("quail.compute.request", "quail.backends", "quail.backends.base", "quail.backends.shapes")),
     ("planner", ("quail.planner",)),

@@ -27,6 +27,7 @@ from quail.physical.codecs import decode_graph, encode_graph, from_json, registe
 from quail.physical.editing import insert, move, remove
 from quail.physical.graph import Edge, PhysicalGraph
 from quail.prompts import AnswerTokens
+from quail.schemas import SchemaField, SchemaType
 
 # ------------------------------------------------------------------------------------------------
 # Random values of every field type
@@ -47,6 +48,11 @@ estimates = st.builds(ph.NodeEstimate, st.none() | floats, st.none() | floats, s
 stages = st.builds(ph.FilterStage, predicates, token_ids, floats, st.booleans())
 semantics = st.sampled_from(["full", "exists", "anti", "left"])
 answer_tokens = st.none() | st.builds(AnswerTokens, token_ids, token_ids)
+scalar_types = st.sampled_from(["string", "int", "double", "bool"]).map(SchemaType)
+schema_types = st.recursive(scalar_types, lambda inner: st.builds(SchemaType, st.just("list"), inner), max_leaves=3)
+schemas = st.lists(st.tuples(st.text(min_size=1, max_size=4), schema_types, st.none() | texts), min_size=1,
+                   max_size=3, unique_by=lambda f: f[0]).map(
+    lambda fields: SchemaType("struct", fields=tuple(SchemaField(*f) for f in fields)))
 
 
 def tuples_of(strategy: st.SearchStrategy) -> st.SearchStrategy:
@@ -73,13 +79,13 @@ FIELDS: dict[type, dict[str, st.SearchStrategy]] = {
                  "prompt": prompts, "preamble": token_ids, "question": token_ids, "answers": answer_tokens},
     ph.AiGenerate: {"alias": texts, "column": column_refs, "output": texts, "position": st.integers(0, 99),
                     "prompt": prompts, "preamble": token_ids, "tail": token_ids, "max_tokens": st.integers(1, 8192),
-                    "stop": token_ids},
+                    "stop": token_ids, "schema": st.none() | schemas},
     ph.HashJoin: {"equalities": tuples_of(equalities), "conditions": tuples_of(pair_conditions)},
     ph.RecombineFilter: {"alias": texts},
     ph.RecombineJoin: {"semantics": semantics},
     ph.RecombineLabels: {"alias": texts, "output": texts, "allowed": st.none() | tuples_of(texts)},
     ph.RecombineScores: {"alias": texts, "output": texts},
-    ph.RecombineTexts: {"alias": texts, "output": texts},
+    ph.RecombineTexts: {"alias": texts, "output": texts, "schema": st.none() | schemas},
     ph.RecombineVerdicts: {"alias": texts, "output": texts},
     ph.DropNullDocuments: {"aliases": tuples_of(texts), "distinct": st.booleans()},
     ph.Project: {"columns": tuples_of(outputs), "statement": texts, "relations": tuples_of(texts)},

@@ -1031,3 +1031,37 @@ def test_greedy_generation_equals_transformers_generate(kind, chunk, open_run):
     prompts = sum(len(run.doc("r", a["r"])) + len(node.tail) for a in answers)
     assert fed > 0 and run.report["fresh_tokens"] == len(node.preamble) + prompts + fed, "each token computed once"
     assert run.report["minimum_tokens"] <= run.report["fresh_tokens"]
+
+
+STRUCTURED_SQL = ("SELECT r.id, AI.GENERATE(('Describe ', r.body), output_schema => 'good BOOL, n INT64, "
+                  "flags ARRAY<BOOL>, inner STRUCT<ok BOOL>', model_params => JSON "
+                  "'{\"generationConfig\": {\"maxOutputTokens\": 64}}') AS g FROM reviews r")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_random_model_held_to_a_schema_writes_only_what_it_allows(kind, open_run, tiny_checkpoints):
+    """The tiny random models would write anything: under the grammar every token they write is one the schema's
+    grammar accepts (replayed through a fresh matcher), and every output that ended by itself parses into the
+    schema's types; one the bound cut off is NULL with a status saying why."""
+    from llguidance import LLMatcher, LLTokenizer
+
+    run = open_run(kind, CHUNKS[-1], STRUCTURED_SQL, dialect=BQ)
+    node = run.node(ph.AiGenerate)
+    assert node.grammar is not None
+    tokenizer = LLTokenizer(str(tiny_checkpoints[kind].path / "tokenizer.json"), n_vocab=400,
+                            eos_token=list(node.stop))
+    for answer in run.answers(node.id):
+        matcher = LLMatcher(tokenizer, LLMatcher.grammar_from_json_schema(node.grammar), log_level=0)
+        assert matcher.consume_tokens(answer["tokens"]), matcher.get_error()
+        assert matcher.is_accepting() == (answer["finish"] == "stop")
+    values = [row["g"] for row in run.result.to_rows()]
+    ended = {a["r"]: a["finish"] for a in run.answers(node.id)}
+    assert len(values) == N
+    for row, value in zip(run.result.to_rows(), values, strict=True):
+        if value["status"] == "":
+            assert isinstance(value["good"], bool) and isinstance(value["n"], int)
+            assert all(isinstance(f, bool) for f in value["flags"]) and isinstance(value["inner"]["ok"], bool)
+        else:
+            assert value["good"] is None and "did not parse" in value["status"]
+            assert ended[IDS["reviews"].index(row["id"])] == "length"
+    assert any(value["status"] == "" for value in values), [run.naive.decode(a["tokens"]) for a in run.answers(node.id)]

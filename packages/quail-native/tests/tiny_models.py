@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -33,6 +34,11 @@ def train_tokenizer(path: Path, vocab_size: int = 400) -> None:
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tokenizer.train_from_iterator(corpus(), trainer)
     tokenizer.save(str(path / "tokenizer.json"))
+    # what a checkpoint's tokenizer_config.json says of its special tokens (engines that load the tokenizer
+    # through transformers, vLLM's structured outputs among them, read the end token from it)
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<eos>", "bos_token": "<bos>",
+              "pad_token": "<pad>"}
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
 
 
 def build(kind: str, path: Path, *, seed: int = 0, sliding_window: int = 16) -> Path:

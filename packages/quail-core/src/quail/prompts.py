@@ -21,6 +21,7 @@ from typing import Literal
 from quail.data.tokenizer import TokenIds, Tokenizer
 from quail.errors import Refusal, RefusalError
 from quail.logical.expressions import PLACEHOLDER, AiPredicate, ColumnRef, Example, Label, Prompt
+from quail.schemas import SchemaType, describe
 
 TRUE_SPELLINGS = ("TRUE", " TRUE", "True", " True")
 FALSE_SPELLINGS = ("FALSE", " FALSE", "False", " False")
@@ -391,9 +392,11 @@ vocabulary entry of the tokenizer)."""
 INSTRUCTION_LABEL = "INSTRUCTION: "
 
 
-def generate_tail(prompt: Prompt, style: PromptStyle = BASE_STYLE) -> str:
-    """After the document: the user's instruction, then the answer cue the model continues from."""
-    return f"\n\n{INSTRUCTION_LABEL}{question_text(prompt, {0: DOCUMENT_PLACEHOLDER})}{style.cue}"
+def generate_tail(prompt: Prompt, style: PromptStyle = BASE_STYLE, schema: SchemaType | None = None) -> str:
+    """After the document: the user's instruction (and the fields a structured answer has), then the answer cue the
+    model continues from."""
+    fields = f"\nAnswer with a JSON object with these fields: {describe(schema)}." if schema is not None else ""
+    return f"\n\n{INSTRUCTION_LABEL}{question_text(prompt, {0: DOCUMENT_PLACEHOLDER})}{fields}{style.cue}"
 
 
 @dataclass(frozen=True)
@@ -407,7 +410,8 @@ class GeneratePrompt:
     stop: TokenIds
 
 
-def bind_generate(prompt: Prompt, tokenizer: Tokenizer, style: PromptStyle = BASE_STYLE) -> GeneratePrompt:
+def bind_generate(prompt: Prompt, tokenizer: Tokenizer, style: PromptStyle = BASE_STYLE,
+                  schema: SchemaType | None = None) -> GeneratePrompt:
     stop = tuple(dict.fromkeys(i for i in (tokenizer.token_id(s) for s in END_SPELLINGS) if i is not None))
     if not stop:
         raise RefusalError(Refusal(
@@ -415,7 +419,7 @@ def bind_generate(prompt: Prompt, tokenizer: Tokenizer, style: PromptStyle = BAS
             (f"tokenizer {tokenizer.identity!r} lists none of {', '.join(END_SPELLINGS)}",),
             hints=("use the tokenizer.json that ships with the checkpoint",)))
     return GeneratePrompt(prompt.columns[0], preamble_ids(tokenizer, style),
-                          tail_ids(tokenizer, generate_tail(prompt, style), style), stop)
+                          tail_ids(tokenizer, generate_tail(prompt, style, schema), style), stop)
 
 
 def style_for(chat_template: bool, architecture: str) -> PromptStyle:

@@ -32,6 +32,7 @@ from quail_native.executor.arena import KVArena
 from quail_native.executor.calibration import Calibration
 from quail_native.executor.filters import FilterLayout, run_filter
 from quail_native.executor.generation import GenerationLayout, run_generation
+from quail_native.executor.grammar import Grammars
 from quail_native.executor.joins import Anchor, JoinLayout, run_join
 from quail_native.executor.labels import LabelLayout, run_labels
 from quail_native.executor.memory import Memory, RecomputeCost
@@ -49,6 +50,7 @@ class NativeExecution:
         self.notes = notes
         memory = Memory(arena, RecomputeCost.of(loaded.arch))
         self.state = SharedState(Packer(loaded.model, arena, loaded.device), memory, budget)
+        self.grammars = Grammars(loaded.path / "tokenizer.json", loaded.arch.vocab)
 
     def set_progress(self, callback: Callable[[int, int], None] | None) -> None:
         self.state.progress = callback
@@ -157,8 +159,11 @@ class NativeExecution:
     def generate(self, node: AiGenerate, inputs: NodeInputs) -> pa.Table:
         model = self.loaded.model
         layout = GenerationLayout(node.preamble, node.tail, node.max_tokens, frozenset(node.stop))
-        found = {g.row: g for g in run_generation(self.state, inputs.rows(node.alias), inputs.tokens(node.alias),
-                                                   layout, lambda hidden: greedy_tokens(model, hidden))}
+        grammar = node.grammar
+        constrain = None if grammar is None else lambda: self.grammars.matcher(grammar, node.stop)
+        generated = run_generation(self.state, inputs.rows(node.alias), inputs.tokens(node.alias), layout,
+                                   lambda hidden, allowed: greedy_tokens(model, hidden, allowed), constrain)
+        found = {g.row: g for g in generated}
         rows = sorted(found)
         return generation_answers(node.alias, rows, [found[r].tokens for r in rows],
                                   [found[r].finish for r in rows])

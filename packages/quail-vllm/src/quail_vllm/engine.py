@@ -71,7 +71,8 @@ class VLLMEngine:
         llm = LLM(model=str(settings.model_dir), dtype=settings.dtype, enable_prefix_caching=True,
                   gpu_memory_utilization=settings.kv_fraction, kv_cache_memory_bytes=settings.kv_bytes,
                   max_model_len=settings.max_model_len, block_size=settings.block_size,
-                  enforce_eager=settings.enforce_eager, seed=settings.seed, skip_tokenizer_init=False)
+                  enforce_eager=settings.enforce_eager, seed=settings.seed, skip_tokenizer_init=False,
+                  structured_outputs_config={"backend": "guidance"})
         return cls(llm)
 
     # -- the RequestEngine role -----------------------------------------------------------------
@@ -115,17 +116,20 @@ class VLLMEngine:
 
     # -- the GeneratesText role -----------------------------------------------------------------
 
-    def greedy_generations(self, prompts: Sequence[TokenIds], max_tokens: int,
-                           stop: TokenIds) -> list[EngineGeneration]:
+    def greedy_generations(self, prompts: Sequence[TokenIds], max_tokens: int, stop: TokenIds,
+                           grammar: str | None) -> list[EngineGeneration]:
         """Temperature 0, at most `max_tokens`, ending at the first stop token (which vLLM leaves out of
-        `token_ids` unless asked to include it; it is dropped here either way)."""
+        `token_ids` unless asked to include it; it is dropped here either way); held to the JSON Schema `grammar`
+        through vLLM's structured outputs, compiled by llguidance as on the native backend (`boot`)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import StructuredOutputsParams
 
         if not prompts:
             return []
+        held = StructuredOutputsParams(json=grammar) if grammar is not None else None
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, stop_token_ids=list(stop),
-                                skip_special_tokens=False, detokenize=False)
+                                skip_special_tokens=False, detokenize=False, structured_outputs=held)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
                                     use_tqdm=False)
         return [_generation(output, frozenset(stop)) for output in outputs]

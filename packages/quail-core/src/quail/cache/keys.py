@@ -72,9 +72,11 @@ class Keys:
         """The label token ids come first, each after its length: no two label sets hash alike."""
         return self.prompt("labels", _framed(labels)).then(prompt).key()
 
-    def generation(self, prompt: Sequence[int], max_tokens: int, stop: TokenIds) -> Key:
-        """The bound and the stop tokens come first: the same prompt with another bound is another generation."""
-        return self.prompt("generation", _framed([(max_tokens,), stop])).then(prompt).key()
+    def generation(self, prompt: Sequence[int], max_tokens: int, stop: TokenIds, grammar: str | None = None) -> Key:
+        """The bound, the stop tokens and the grammar (JSON Schema text) come first: the same prompt with another
+        of them is another generation."""
+        held = tuple(grammar.encode()) if grammar is not None else ()
+        return self.prompt("generation", _framed([(max_tokens,), stop, held])).then(prompt).key()
 
     def calibration(self, prompts: Sequence[TokenIds]) -> Key:
         return self.prompt("calibration", _framed(prompts)).key()

@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 from quail.data.providers import Columns, Rows
 from quail.data.tokens import TokenColumn
 from quail.logical.expressions import Equality, PairCondition, Semantics
+from quail.schemas import SchemaType, answer_type, parse_answer
 
 ROW = pa.int32()
 
@@ -227,17 +228,25 @@ def add_generations(rows: pa.Table, answers: pa.Table, alias: str, output: str) 
     return rows.append_column(output, answers.column("tokens").take(indices))
 
 
-def decode_texts(rows: pa.Table, outputs: Sequence[str], decode: Callable[[Sequence[int]], str]) -> pa.Table:
+def decode_texts(rows: pa.Table, outputs: Mapping[str, SchemaType | None],
+                 decode: Callable[[Sequence[int]], str]) -> pa.Table:
     """`rows` with each generation column's token ids decoded to text (the whitespace around it dropped: the answer
-    cue leaves a generation starting with a space or a line break), each distinct generation once."""
-    for name in outputs:
+    cue leaves a generation starting with a space or a line break), each distinct generation once; a structured
+    one read into its schema's fields, with a status saying why where it does not parse."""
+    for name, schema in outputs.items():
         if name not in rows.column_names:
             continue
         lists = rows.column(name).to_pylist()
-        texts: dict[tuple[int, ...], str] = {}
-        values = [None if ids is None else texts.setdefault(tuple(ids), decode(ids).strip()) for ids in lists]
-        rows = rows.set_column(rows.column_names.index(name), name, pa.array(values, pa.string()))
+        found: dict[tuple[int, ...], object] = {}
+        values = [None if ids is None else found.setdefault(tuple(ids), _read(decode(ids).strip(), schema))
+                  for ids in lists]
+        kind = pa.string() if schema is None else answer_type(schema)
+        rows = rows.set_column(rows.column_names.index(name), name, pa.array(values, kind))
     return rows
+
+
+def _read(text: str, schema: SchemaType | None) -> object:
+    return text if schema is None else parse_answer(text, schema)
 
 
 def with_documents(tokens: Mapping[str, TokenColumn], aliases: Sequence[str]) -> dict[str, pa.Array]:

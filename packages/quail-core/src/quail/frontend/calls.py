@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
+import pyarrow as pa
 from sqlglot import exp
 
 from quail.errors import CompileError
 from quail.frontend.spec import ColumnName, PromptSpec
-from quail.frontend.syntax import AiCall, beyond_one_block, fail_at, safe_sql, unsupported, where_of
+from quail.frontend.syntax import OUTPUT_TYPES, AiCall, beyond_one_block, fail_at, safe_sql, unsupported, where_of
 from quail.logical.expressions import Example, Label
+from quail.schemas import STATUS, SchemaType, answer_type, arrow_type, from_json_schema
 
 Options = dict[str, exp.Expression]
 
@@ -84,16 +87,16 @@ GREEDY_OPTIONS = {"temperature": 0.0, "top_p": 1.0, "top_k": 1.0}
 """Sampling options a greedy decoder honours only at these values (top_k 1 is greedy; 0 or absent means unset)."""
 
 
-def generate_arguments(call: AiCall) -> tuple[PromptSpec, int]:
-    """AI.GENERATE / AI_COMPLETE in their PROMPT form (`forms.canonical_calls`): the prompt and the token bound.
-    Quail decodes greedily — the answer store's promise that a prompt is never paid twice rests on it — so a
-    temperature above 0 is refused rather than ignored."""
+def generate_arguments(call: AiCall) -> tuple[PromptSpec, int, SchemaType | None]:
+    """AI.GENERATE / AI_COMPLETE / AI_EXTRACT in their PROMPT form (`forms.canonical_calls`): the prompt, the token
+    bound and the output schema (None for text). Quail decodes greedily — the answer store's promise that a prompt
+    is never paid twice rests on it — so a temperature above 0 is refused rather than ignored."""
     if not call.arguments or len(call.arguments) > 2:
         raise unsupported(f"{call.spelling} with {len(call.arguments)} arguments", call.node,
                           "pass the prompt and an optional {'max_tokens': n}")
     prompt = read_prompt(call.arguments[0], call.spelling)
-    options = read_options(call.arguments[1], {"max_tokens", "temperature", "top_p", "top_k", "guardrails"}) \
-        if len(call.arguments) == 2 else {}
+    keys = {"max_tokens", "temperature", "top_p", "top_k", "guardrails", "output_schema"}
+    options = read_options(call.arguments[1], keys) if len(call.arguments) == 2 else {}
     for key, greedy in GREEDY_OPTIONS.items():
         if key in options:
             value = number(options[key])
@@ -103,12 +106,103 @@ def generate_arguments(call: AiCall) -> tuple[PromptSpec, int]:
                               f"{greedy:g}", options[key])
     if "guardrails" in options and boolean_option(options["guardrails"], "guardrails"):
         raise unsupported("guardrails => TRUE", options["guardrails"], "Quail runs no content filter")
-    return prompt, _max_tokens(options.get("max_tokens"))
+    schema = _output_schema(options["output_schema"]) if "output_schema" in options else None
+    default = STRUCTURED_MAX_TOKENS if schema is not None else DEFAULT_MAX_TOKENS
+    return prompt, _max_tokens(options.get("max_tokens"), default), schema
 
 
-def _max_tokens(node: exp.Expression | None) -> int:
+STRUCTURED_MAX_TOKENS = 256
+"""The bound of a structured generation unless given: its JSON spells every field name, so it takes more tokens
+than the same answer as text; a row cut off before its JSON closes gets NULL fields and a status saying so."""
+
+
+def _output_schema(node: exp.Expression) -> SchemaType:
+    """The canonical form's JSON Schema text (`forms` writes it from either warehouse's spelling)."""
+    if not (isinstance(node, exp.Literal) and node.is_string):
+        raise unsupported(f"output_schema {safe_sql(node)}", node, "write output_schema => 'name STRING, ...'")
+    try:
+        schema = from_json_schema(json.loads(str(node.this)))
+    except ValueError as error:
+        raise fail_at(f"output_schema: {error}", node) from None
+    if schema.kind != "struct":
+        raise fail_at("output_schema: the top level is an object of fields", node)
+    return schema
+
+
+def output_type(call: AiCall) -> pa.DataType:
+    """The type of the call's output column: its kind's, or a structured generation's STRUCT (fields + status)."""
+    if call.kind == "generate":
+        _, _, schema = generate_arguments(call)
+        if schema is not None:
+            return answer_type(schema)
+    return OUTPUT_TYPES[call.kind]
+
+
+def call_value(call: AiCall, output: exp.Expression) -> exp.Expression:
+    """What the call reads as in the statement, given its output column (a STRUCT for a structured generation):
+    * BigQuery's AI.GENERATE and AI.GENERATE_BOOL / INT / DOUBLE: the STRUCT its documentation describes — the
+      text as `result` or the schema's fields, `full_response` NULL (there is no service response) and `status`
+      ('' for a row answered, else why its output did not parse);
+    * Snowflake's AI_EXTRACT: `{response: {fields}, error}`, `error` NULL when the output parsed;
+    * AI_COMPLETE with a response format: the object of fields, NULL where the output did not parse;
+    * every other call: its output itself."""
+    if call.kind != "generate":
+        return output
+    _, _, schema = generate_arguments(call)
+    if call.spelling.startswith("AI."):
+        fields = [("result", output)] if schema is None else [(f.name, _field(output, f.name)) for f in schema.fields]
+        status = exp.Literal.string("") if schema is None else _field(output, STATUS)
+        return _struct([*fields, ("full_response", exp.cast(exp.null(), "VARCHAR")), ("status", status)])
+    if schema is None:
+        return output
+    parsed = exp.If(this=exp.EQ(this=_field(output, STATUS), expression=exp.Literal.string("")),
+                    true=_struct([(f.name, _field(output, f.name)) for f in schema.fields]))
+    answer = exp.Case(ifs=[parsed])
+    if call.spelling != "AI_EXTRACT":
+        return answer
+    error = exp.Nullif(this=_field(output, STATUS), expression=exp.Literal.string(""))
+    return _struct([("response", answer), ("error", error)])
+
+
+def value_type(call: AiCall) -> pa.DataType:
+    """The type of what the call reads as in the statement (`call_value`)."""
+    output = output_type(call)
+    if call.kind != "generate":
+        return output
+    _, _, schema = generate_arguments(call)
+    fields = [] if schema is None else [pa.field(f.name, arrow_type(f.type)) for f in schema.fields]
+    if call.spelling.startswith("AI."):
+        head = fields or [pa.field("result", pa.string())]
+        return pa.struct([*head, pa.field("full_response", pa.string()), pa.field("status", pa.string())])
+    if schema is None:
+        return output
+    if call.spelling != "AI_EXTRACT":
+        return pa.struct(fields)
+    return pa.struct([pa.field("response", pa.struct(fields)), pa.field("error", pa.string())])
+
+
+def _field(value: exp.Expression, name: str) -> exp.Expression:
+    return exp.Dot(this=value.copy(), expression=exp.to_identifier(name, quoted=True))
+
+
+def _struct(entries: list[tuple[str, exp.Expression]]) -> exp.Expression:
+    return exp.Struct(expressions=[exp.PropertyEQ(this=exp.to_identifier(name, quoted=True), expression=value)
+                                   for name, value in entries])
+
+
+def duckdb_type(kind: pa.DataType) -> str:
+    """An answer column's type as DuckDB spells it (the stand-ins' typed NULLs)."""
+    if pa.types.is_struct(kind):
+        return "STRUCT(" + ", ".join(f'"{kind.field(i).name}" {duckdb_type(kind.field(i).type)}'
+                                     for i in range(kind.num_fields)) + ")"
+    if pa.types.is_list(kind):
+        return f"{duckdb_type(kind.value_type)}[]"
+    return {pa.bool_(): "BOOLEAN", pa.float64(): "DOUBLE", pa.int64(): "BIGINT", pa.string(): "VARCHAR"}[kind]
+
+
+def _max_tokens(node: exp.Expression | None, default: int) -> int:
     if node is None:
-        return DEFAULT_MAX_TOKENS
+        return default
     value = number(node)
     if value is None or value != int(value) or not 1 <= value <= MAX_TOKENS_LIMIT:
         raise fail_at(f"max_tokens must be a whole number from 1 to {MAX_TOKENS_LIMIT}, got {safe_sql(node)}", node)

@@ -36,6 +36,7 @@ from quail.logical.nodes import (
     SemanticJoin,
     Verdict,
 )
+from quail.schemas import SchemaType
 
 RESERVED_NAMES = frozenset({"predicate", "answer", "margin", "margins", "tokens", "finish"})
 """Column names of the standard answer shapes: no alias or AI output may take them."""
@@ -254,7 +255,8 @@ class _Compiler:
             raise fail("AI.GENERATE / AI_COMPLETE reads the documents of exactly one table", spec.where)
         position = self.positions[("generate", spec.order)]
         return _Output(position, spec.output, prompt, partial(_generate_node, prompt=prompt, output=spec.output,
-                                                              position=position, max_tokens=spec.max_tokens))
+                                                              position=position, max_tokens=spec.max_tokens,
+                                                              schema=spec.schema))
 
     def _verdict(self, spec: VerdictSpec) -> _Output:
         prompt = self._prompt(spec.prompt, self.output_aliases)
@@ -446,8 +448,9 @@ def _score_node(child: LogicalNode, *, prompt: Prompt, output: str, position: in
     return Score(child, prompt, output, position)
 
 
-def _generate_node(child: LogicalNode, *, prompt: Prompt, output: str, position: int, max_tokens: int) -> Generate:
-    return Generate(child, prompt, output, position, max_tokens)
+def _generate_node(child: LogicalNode, *, prompt: Prompt, output: str, position: int, max_tokens: int,
+                   schema: SchemaType | None) -> Generate:
+    return Generate(child, prompt, output, position, max_tokens, schema)
 
 
 def _verdict_node(child: LogicalNode, *, prompt: Prompt, output: str, position: int,

@@ -14,7 +14,9 @@ import json
 
 from sqlglot import exp
 
-from quail.frontend.syntax import AiCall, ai_call, fail_at, refuse_other_ai_functions, unsupported
+from quail.frontend.calls import struct_field
+from quail.frontend.syntax import AiCall, ai_call, fail_at, refuse_other_ai_functions, safe_sql, unsupported
+from quail.schemas import Kind, SchemaField, SchemaType, from_json_schema, json_schema, struct
 
 IGNORED = frozenset({"connection_id", "max_error_ratio", "optimization_mode"})
 """Named arguments of the warehouses that say how their service runs the call: nothing for Quail to do."""
@@ -110,6 +112,8 @@ def _generate_arguments(call: AiCall) -> list[exp.Expression] | None:
     if (isinstance(first, exp.Anonymous) and str(first.name).upper() == "PROMPT"
             and not any(isinstance(a, exp.Kwarg) for a in call.arguments)):
         return None
+    if call.spelling == "AI_EXTRACT":
+        return _extract_arguments(call)
     slots: dict[int, exp.Expression] = {}
     offset = 0 if call.spelling.startswith("AI_") else 1
     for index, argument in enumerate(call.arguments):
@@ -125,14 +129,160 @@ def _generate_arguments(call: AiCall) -> list[exp.Expression] | None:
         if slot in slots:
             raise fail_at(f"{call.spelling} names its {_SLOT_NAMES[slot]} twice", value)
         slots[slot] = value
-    if 3 in slots:
-        raise unsupported(f"{call.spelling}(..., response_format)", slots[3], STRUCTURED)
     if 1 not in slots:
         raise fail_at(f"{call.spelling} has no prompt", call.node)
+    options = _model_parameters(slots[2], call) if 2 in slots else exp.Struct(expressions=[])
+    schema = _schema_of(call, slots.get(3))
+    if schema is not None:
+        options.append("expressions", exp.PropertyEQ(this=exp.to_identifier("output_schema"),
+                                                     expression=exp.Literal.string(json.dumps(json_schema(schema)))))
     arguments = [_as_prompt(slots[1], call)]
-    if 2 in slots:
-        arguments.append(_model_parameters(slots[2], call))
+    if options.expressions:
+        arguments.append(options)
     return arguments
+
+
+EXTRACT_INSTRUCTION = "Extract these fields from {0}; use an empty text where it does not say."
+
+
+def _extract_arguments(call: AiCall) -> list[exp.Expression]:
+    """Snowflake's AI_EXTRACT(text, responseFormat) — named `text =>`, `responseFormat =>` too — as
+    (PROMPT(instruction, text), {'output_schema': …}); the fields' questions become their descriptions."""
+    named = {a.this.name.lower(): a.expression for a in call.arguments if isinstance(a, exp.Kwarg)}
+    positional = [a for a in call.arguments if not isinstance(a, exp.Kwarg)]
+    if "file" in named:
+        raise unsupported("AI_EXTRACT(file => ...)", named["file"], "Quail reads text columns; pass text => column")
+    unknown = sorted(set(named) - {"text", "responseformat", "response_format"})
+    if unknown:
+        raise fail_at(f"AI_EXTRACT has no argument {unknown[0]!r}", call.node)
+    text = named.get("text", positional[0] if positional else None)
+    response = named.get("responseformat", named.get("response_format",
+                                                      positional[1] if len(positional) > 1 else None))
+    if text is None or response is None:
+        raise fail_at("AI_EXTRACT takes the text and a responseFormat", call.node)
+    if not _is_plain(text):
+        raise unsupported(f"AI_EXTRACT over {safe_sql(text)}", text, "extract from a column: text => r.body")
+    schema = _checked(_extract_schema(response), response)
+    prompt = exp.Anonymous(this="PROMPT", expressions=[exp.Literal.string(EXTRACT_INSTRUCTION), text.copy()])
+    option = exp.PropertyEQ(this=exp.to_identifier("output_schema"),
+                            expression=exp.Literal.string(json.dumps(json_schema(schema))))
+    return [prompt, exp.Struct(expressions=[option])]
+
+
+def _extract_schema(node: exp.Expression) -> SchemaType:
+    """{'field': 'question', ...}, ['question', ...], [['field', 'question'], ...] or a JSON Schema."""
+    try:
+        document = _literal(node)
+        if isinstance(document, dict) and ("type" in document or "schema" in document):
+            schema = from_json_schema(document.get("schema", document))
+            if schema.kind != "struct":
+                raise ValueError("the top level is an object of fields")
+            return schema
+        if isinstance(document, dict):
+            pairs = list(document.items())
+        elif isinstance(document, list):
+            pairs = [(q, q) if isinstance(q, str) else tuple(q) if isinstance(q, list) and len(q) == 2 else (None, None)
+                     for q in document]
+        else:
+            raise ValueError("write {'field': 'question', ...}")
+        if not pairs or any(not isinstance(k, str) or not k or not isinstance(q, str) for k, q in pairs):
+            raise ValueError("each field is a name and a question, both text")
+        return SchemaType("struct", fields=tuple(SchemaField(k, SchemaType("string"), q) for k, q in pairs))
+    except ValueError as error:
+        raise fail_at(f"AI_EXTRACT responseFormat {safe_sql(node)}: {error}", node) from None
+
+
+SINGLE_VALUES: dict[str, Kind] = {"AI.GENERATE_BOOL": "bool", "AI.GENERATE_INT": "int", "AI.GENERATE_DOUBLE": "double"}
+"""BigQuery's typed generations: a STRUCT whose `result` has the type."""
+
+
+def _schema_of(call: AiCall, node: exp.Expression | None) -> SchemaType | None:
+    """The schema a call's output is held to: BigQuery's `output_schema => 'actor STRING, year INT64'`, Snowflake's
+    `response_format => {'type': 'json', 'schema': {...}}` (or the JSON Schema itself), `AI.GENERATE_INT`'s
+    `result`; None for text."""
+    if call.spelling in SINGLE_VALUES:
+        if node is not None:
+            raise unsupported(f"{call.spelling}(..., output_schema)", node, f"{call.spelling} returns its own type")
+        return struct({"result": SchemaType(SINGLE_VALUES[call.spelling])})
+    if node is None:
+        return None
+    try:
+        if _is_text(node) and call.spelling.startswith("AI."):
+            return _checked(_bigquery_schema(str(node.this)), node)
+        document = _literal(node)
+        if isinstance(document, str):
+            document = json.loads(document)
+        if isinstance(document, dict) and document.get("type") == "json":
+            if "schema" not in document:
+                raise ValueError("a response format {'type': 'json', ...} names its fields in 'schema'")
+            document = document["schema"]
+        schema = from_json_schema(document)
+    except ValueError as error:
+        raise fail_at(f"{call.spelling} output schema {safe_sql(node)}: {error}", node) from None
+    if schema.kind != "struct":
+        raise fail_at(f"{call.spelling} output schema {safe_sql(node)}: the top level is an object of fields", node)
+    return _checked(schema, node)
+
+
+def _checked(schema: SchemaType, node: exp.Expression) -> SchemaType:
+    if any(f.name.lower() in RESERVED_FIELDS for f in schema.fields):
+        raise fail_at(f"an output schema field may not be named {', '.join(sorted(RESERVED_FIELDS))}: the answer "
+                      "has those fields itself", node)
+    return schema
+
+
+RESERVED_FIELDS = frozenset({"status", "full_response"})
+BIGQUERY_TYPES: dict[exp.DataType.Type, Kind] = {
+    exp.DataType.Type.TEXT: "string", exp.DataType.Type.VARCHAR: "string", exp.DataType.Type.BIGINT: "int",
+    exp.DataType.Type.INT: "int", exp.DataType.Type.DOUBLE: "double", exp.DataType.Type.FLOAT: "double",
+    exp.DataType.Type.BOOLEAN: "bool", exp.DataType.Type.DECIMAL: "double", exp.DataType.Type.BIGDECIMAL: "double",
+}
+
+
+def _bigquery_schema(text: str) -> SchemaType:
+    """'actor STRING, year INT64, tags ARRAY<STRING>, info STRUCT<a FLOAT64>' as a schema."""
+    try:
+        built = exp.DataType.build(f"STRUCT<{text}>", dialect="bigquery")
+    except Exception as error:  # sqlglot raises its own ParseError and others on malformed types
+        raise ValueError(f"not a list of 'name TYPE' pairs ({error})") from None
+    return _from_data_type(built)
+
+
+def _from_data_type(node: exp.DataType) -> SchemaType:
+    if node.this == exp.DataType.Type.STRUCT:
+        fields = []
+        for column in node.expressions:
+            if not isinstance(column, exp.ColumnDef) or not isinstance(column.args.get("kind"), exp.DataType):
+                raise ValueError(f"{column.sql()} is not 'name TYPE'")
+            fields.append(SchemaField(column.name, _from_data_type(column.args["kind"])))
+        return SchemaType("struct", fields=tuple(fields))
+    if node.this == exp.DataType.Type.ARRAY and len(node.expressions) == 1:
+        return SchemaType("list", item=_from_data_type(node.expressions[0]))
+    kind = BIGQUERY_TYPES.get(node.this)
+    if kind is None:
+        raise ValueError(f"type {node.sql(dialect='bigquery')} is not one of STRING, INT64, FLOAT64, BOOL, ARRAY, "
+                         "STRUCT")
+    return SchemaType(kind)
+
+
+def _literal(node: exp.Expression) -> object:
+    """An object / array / scalar literal of the statement as Python data (a JSON Schema written in SQL)."""
+    if isinstance(node, exp.Struct):
+        entries = [struct_field(item) for item in node.expressions]
+        if any(entry is None for entry in entries):
+            raise ValueError("write {'key': value, ...}")
+        return {key: _literal(value) for key, value in (e for e in entries if e is not None)}
+    if isinstance(node, exp.Array):
+        return [_literal(item) for item in node.expressions]
+    if isinstance(node, exp.Boolean):
+        return bool(node.this)
+    if _is_text(node):
+        return str(node.this)
+    if isinstance(node, exp.Literal):
+        return float(node.this) if "." in node.this else int(node.this)
+    if isinstance(node, exp.ParseJSON | exp.JSON):
+        return _literal(node.this)
+    raise ValueError(f"{safe_sql(node)} is not a literal")
 
 
 _SLOT_NAMES = {0: "model", 1: "prompt", 2: "model parameters", 3: "response format"}

@@ -22,13 +22,12 @@ import pyarrow as pa
 from sqlglot import exp
 
 from quail.errors import CompileError
-from quail.frontend.syntax import AiCall, AiKind, ai_call, ai_calls, call_value, conjuncts, fail_at, safe_sql
+from quail.frontend.calls import call_value, duckdb_type, output_type, value_type
+from quail.frontend.syntax import AiCall, AiKind, ai_call, ai_calls, conjuncts, fail_at, safe_sql
 
 LOOKUP_ALIAS = "d"
 """The alias of the distinct inputs inside a lookup's AI query."""
 VALUE = "v"
-SQL_TYPES = {"filter": "BOOLEAN", "score": "DOUBLE", "classify": "VARCHAR", "generate": "VARCHAR"}
-"""OUTPUT_TYPES as DuckDB spells them: a block's stand-in writes each AI call as a NULL of its type."""
 
 
 class Describer(Protocol):
@@ -46,6 +45,8 @@ class Lookup:
     name: str
     """The relation its answers are registered under while the statement runs."""
     kind: AiKind
+    value: pa.DataType
+    """The type of `v`: what the call reads as in the statement (`calls.value_type`)."""
     inner: exp.Select
     """The AI query over the distinct inputs (columns doc0, doc1, ... and `v`), for the ordinary planner."""
     inputs: int
@@ -112,7 +113,7 @@ def next_stage(statement: exp.Expression, relations: Describer, prefix: str, cou
         if lookup is None:
             continue
         lookups.append(lookup)
-        replacements.append((call.node, call_value(call, _reading(lookup, _keys(call)))))
+        replacements.append((call.node, _reading(lookup, _keys(call))))  # `v` is the call's value already
     for node, replacement in replacements:
         node.replace(replacement)
     return Stage(tuple(lookups), statement)
@@ -165,7 +166,7 @@ def _planned_block(block: exp.Select, ctes: Mapping[str, exp.CTE], name: str) ->
     inner = _with_ctes(block.copy(), block, ctes)
     stand_in = inner.copy()
     for call in ai_calls(stand_in):
-        call.node.replace(call_value(call, exp.cast(exp.null(), SQL_TYPES[call.kind])))
+        call.node.replace(call_value(call, exp.cast(exp.null(), duckdb_type(output_type(call)))))
     return Block(name, inner, safe_sql(block), stand_in.sql("duckdb"))
 
 
@@ -189,7 +190,8 @@ def _lookup(call: AiCall, source: _Source | None, ctes: Mapping[str, exp.CTE], r
     keys = _keys(call)
     inner = _inner_query(call, keys, source, pushed, ctes)
     table = "constants" if source is None else f"{source.alias} ({safe_sql(source.node)})"
-    return Lookup(name, call.kind, inner, len(keys), safe_sql(call.node), table, tuple(safe_sql(p) for p in pushed))
+    return Lookup(name, call.kind, value_type(call), inner, len(keys), safe_sql(call.node), table,
+                  tuple(safe_sql(p) for p in pushed))
 
 
 def _sources(call: AiCall, ctes: Mapping[str, exp.CTE], relations: Describer) -> _Source | None:

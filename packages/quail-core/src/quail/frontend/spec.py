@@ -11,6 +11,7 @@ from typing import Literal
 
 from quail.data.providers import TableSchema
 from quail.logical.expressions import Example, Label, PairCondition, ScoreThreshold
+from quail.schemas import SchemaType
 
 TableRole = Literal["from", "exists", "anti", "left"]
 """`from`: FROM / inner JOIN; `exists` / `anti`: an [NOT] EXISTS subquery's table; `left`: LEFT JOIN ON AI_FILTER."""
@@ -136,6 +137,7 @@ class GenerateSpec:
     output: str
     order: int
     max_tokens: int
+    schema: SchemaType | None = None
     where: Where = NOWHERE
 
 

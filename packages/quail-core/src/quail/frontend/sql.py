@@ -29,11 +29,13 @@ from quail.data.providers import TableSchema
 from quail.data.sources import quoted
 from quail.errors import CompileError, GeneralRuleError
 from quail.frontend.calls import (
+    call_value,
     classify_arguments,
     column_name,
     generate_arguments,
     is_plain_column,
     number,
+    output_type,
     prompt_and_options,
     selectivity,
     string_option,
@@ -70,13 +72,11 @@ from quail.frontend.spec import (
 )
 from quail.frontend.syntax import (
     DIALECTS,
-    OUTPUT_TYPES,
     AiCall,
     Dialect,
     ai_call,
     ai_calls,
     beyond_one_block,
-    call_value,
     conjuncts,
     fail_at,
     first_word,
@@ -221,6 +221,7 @@ class _Context:
 class _Output:
     name: str
     kind: str
+    type: pa.DataType
 
 
 @dataclass
@@ -485,7 +486,7 @@ class _Reader:
         found = self.outputs.get(key)
         if found is not None:
             return found
-        output = _Output(name or self._fresh_name(call.kind), call.kind)
+        output = _Output(name or self._fresh_name(call.kind), call.kind, output_type(call))
         register(output.name)
         self.outputs[key] = output
         return output
@@ -498,9 +499,9 @@ class _Reader:
             return key, lambda name: self.classifies.append(
                 ClassifySpec(prompt, labels, name, order, instructions, where))
         if call.kind == "generate":
-            prompt, max_tokens = generate_arguments(call)
-            return ("generate", self._prompt_key(prompt), max_tokens), lambda name: self.generates.append(
-                GenerateSpec(prompt, name, order, max_tokens, where))
+            prompt, max_tokens, schema = generate_arguments(call)
+            return ("generate", self._prompt_key(prompt), max_tokens, schema), lambda name: self.generates.append(
+                GenerateSpec(prompt, name, order, max_tokens, schema, where))
         if call.kind == "score":
             prompt, _ = prompt_and_options(call, set())
             return ("score", self._prompt_key(prompt)), lambda name: self.scores.append(
@@ -824,7 +825,7 @@ class _Reader:
             assert schema.arrow is not None
             relations[rows_relation(index)] = schema.arrow
         if self.outputs:
-            relations[OUTPUTS_RELATION] = pa.schema([(o.name, OUTPUT_TYPES[o.kind]) for o in self.outputs.values()])
+            relations[OUTPUTS_RELATION] = pa.schema([(o.name, o.type) for o in self.outputs.values()])
         try:
             self.catalog.check(statement, relations)
         except CompileError as error:

@@ -26,23 +26,32 @@ AiKind = Literal["filter", "classify", "score", "generate"]
 OUTPUT_TYPES: dict[str, pa.DataType] = {"filter": pa.bool_(), "score": pa.float64(), "classify": pa.string(),
                                         "generate": pa.string()}
 """The column type of each AI call's output: AI_FILTER a BOOLEAN, AI.SCORE a DOUBLE, AI.CLASSIFY and AI.GENERATE /
-AI_COMPLETE a VARCHAR (BigQuery's AI.GENERATE reads it as the `result` of a STRUCT, `call_value`)."""
+AI_COMPLETE a VARCHAR (BigQuery's AI.GENERATE reads it as the `result` of a STRUCT, `calls.call_value`; a structured
+generation is a STRUCT, `calls.output_type`)."""
 
 
 class QuailBigQuery(BigQuery):
-    """BigQuery, except that `IF(...)` stays a plain call so `AI.IF(prompt)` parses."""
+    """BigQuery, except that `IF(...)` stays a plain call so `AI.IF(prompt)` parses, and `AI.GENERATE_BOOL / INT /
+    DOUBLE` read their arguments as expressions (sqlglot parses them as `ML.` functions over a model and a table,
+    which turns a tuple prompt into a subquery)."""
 
     class Parser(BigQuery.Parser):
         FUNCTIONS = {  # noqa: RUF012 - sqlglot's own extension point is a class attribute
             **BigQuery.Parser.FUNCTIONS,
             "IF": lambda args: exp.Anonymous(this="IF", expressions=args),
         }
+        FUNCTION_PARSERS = {  # noqa: RUF012 - as above
+            key: value for key, value in BigQuery.Parser.FUNCTION_PARSERS.items()
+            if key not in ("GENERATE_BOOL", "GENERATE_INT", "GENERATE_DOUBLE")
+        }
 
 
 DIALECTS: dict[str, type[sqlglot.Dialect]] = {"snowflake": Snowflake, "bigquery": QuailBigQuery}
 SNOWFLAKE_NAMES: dict[str, AiKind] = {"AI_FILTER": "filter", "AI_CLASSIFY": "classify", "AI_SCORE": "score",
-                                      "AI_COMPLETE": "generate"}
-BIGQUERY_NAMES: dict[str, AiKind] = {"IF": "filter", "CLASSIFY": "classify", "SCORE": "score", "GENERATE": "generate"}
+                                      "AI_COMPLETE": "generate", "AI_EXTRACT": "generate"}
+BIGQUERY_NAMES: dict[str, AiKind] = {"IF": "filter", "CLASSIFY": "classify", "SCORE": "score", "GENERATE": "generate",
+                                     "GENERATE_BOOL": "generate", "GENERATE_INT": "generate",
+                                     "GENERATE_DOUBLE": "generate"}
 CLAUSE_NAMES = {
     "with_": "WITH (common table expressions)", "with": "WITH (common table expressions)",
     "group": "GROUP BY", "having": "HAVING", "order": "ORDER BY", "distinct": "DISTINCT",
@@ -210,8 +219,7 @@ def _function_name(node: exp.Expression) -> str:
 
 
 NOT_YET = {
-    "generation": ("AI.GENERATE_BOOL", "AI.GENERATE_INT", "AI.GENERATE_DOUBLE", "AI.GENERATE_TABLE",
-                   "AI_EXTRACT", "AI.EXTRACT", "AI_AGG", "AI_SUMMARIZE_AGG", "AI_SENTIMENT",
+    "generation": ("AI.GENERATE_TABLE", "AI.EXTRACT", "AI_AGG", "AI_SUMMARIZE_AGG", "AI_SENTIMENT",
                    "AI_TRANSLATE", "AI_REDACT", "SNOWFLAKE.CORTEX.COMPLETE"),
     "embeddings": ("AI.EMBED", "AI_EMBED", "AI.SIMILARITY", "AI_SIMILARITY", "VECTOR_SEARCH"),
 }
@@ -238,19 +246,6 @@ def refuse_other_ai_functions(statement: exp.Expression) -> None:
         name = str(node.name).upper() if isinstance(node, exp.Anonymous) else node.sql_name().upper()
         if name in WAREHOUSE_FUNCTIONS:
             raise unsupported(name, node, _not_offered(name))
-
-
-def call_value(call: AiCall, output: exp.Expression) -> exp.Expression:
-    """What the call reads as in the statement, given its output column: BigQuery's AI.GENERATE is a STRUCT whose
-    `result` is the text (`status` is '' for a row answered, as BigQuery writes it; `full_response` is NULL: there
-    is no service response); every other call is its output itself."""
-    if call.kind != "generate" or not call.spelling.startswith("AI."):
-        return output
-    return exp.Struct(expressions=[
-        exp.PropertyEQ(this=exp.to_identifier("result"), expression=output),
-        exp.PropertyEQ(this=exp.to_identifier("full_response"), expression=exp.cast(exp.null(), "VARCHAR")),
-        exp.PropertyEQ(this=exp.to_identifier("status"), expression=exp.Literal.string("")),
-    ])
 
 
 def ai_calls(node: exp.Expression) -> list[AiCall]:

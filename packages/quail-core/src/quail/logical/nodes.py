@@ -14,6 +14,7 @@ from quail.logical.expressions import (
     Prompt,
     Semantics,
 )
+from quail.schemas import SchemaType, describe
 
 
 @dataclass(frozen=True)
@@ -200,13 +201,16 @@ class Generate(LogicalNode):
     output: str
     position: int
     max_tokens: int
+    schema: SchemaType | None = None
+    """The fields a structured generation answers with (None: text)."""
 
     @property
     def children(self) -> tuple[LogicalNode, ...]:
         return (self.child,)
 
     def label(self) -> str:
-        return f"Generate #{self.position} {self.prompt} AS {self.output} (at most {self.max_tokens} tokens)"
+        shape = f" as JSON of {describe(self.schema)}" if self.schema is not None else ""
+        return f"Generate #{self.position} {self.prompt} AS {self.output}{shape} (at most {self.max_tokens} tokens)"
 
 
 AiOutput = Classify | Score | Verdict | Generate

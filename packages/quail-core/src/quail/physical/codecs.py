@@ -25,6 +25,7 @@ from quail.logical.expressions import (
 from quail.physical.graph import Edge, PhysicalGraph
 from quail.physical.nodes import CORE_NODE_TYPES, FilterStage, NodeEstimate
 from quail.prompts import AnswerTokens
+from quail.schemas import SchemaField, SchemaType
 
 Json: TypeAlias = bool | int | float | str | list["Json"] | dict[str, "Json"] | None
 TAG = "__type__"
@@ -44,7 +45,8 @@ def register_codec_type(cls: type) -> type:
 
 
 for _cls in (*CORE_NODE_TYPES, AnswerTokens, AiPredicate, ColumnRef, Equality, Example, Label, OutputColumn,
-             PairCondition, Prompt, ScoreThreshold, FilterStage, NodeEstimate, Edge, PhysicalGraph):
+             PairCondition, Prompt, ScoreThreshold, FilterStage, NodeEstimate, Edge, PhysicalGraph, SchemaType,
+             SchemaField):
     register_codec_type(_cls)
 
 

@@ -13,6 +13,7 @@ concatenating parts itself.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -31,6 +32,7 @@ from quail.logical.expressions import (
     Semantics,
 )
 from quail.prompts import AnswerTokens, filter_prompt, join_prompt
+from quail.schemas import SchemaType, json_schema
 
 
 class PortType(Enum):
@@ -287,8 +289,19 @@ class AiGenerate(DocumentNode):
     tail: TokenIds
     max_tokens: int
     stop: TokenIds
+    schema: SchemaType | None = None
+    """A structured generation is held to this schema's JSON (`grammar`); None: free text."""
 
     OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(answers=PortType.GENERATIONS)
+
+    @property
+    def grammar(self) -> str | None:
+        """The JSON Schema a backend's grammar library compiles (every field required, nothing else), written
+        compactly: `x-guidance` (llguidance's own key, which vLLM's guidance backend passes on) rules out
+        whitespace between tokens, which a weak model would otherwise write until the bound."""
+        if self.schema is None:
+            return None
+        return json.dumps({**json_schema(self.schema), "x-guidance": {"whitespace_flexible": False}})
 
     def document_prompt(self, document: TokenIds) -> TokenIds:
         """[preamble][document][tail]: the first generated token is read after it."""
@@ -379,10 +392,12 @@ class RecombineScores(PhysicalNode):
 
 @dataclass(frozen=True, kw_only=True)
 class RecombineTexts(PhysicalNode):
-    """Adds a generated text column (NULL where unanswered)."""
+    """Adds a generated text column (NULL where unanswered); with a schema, the text is read into its fields where
+    the query was asked."""
 
     alias: str
     output: str
+    schema: SchemaType | None = None
 
     INPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS, answers=PortType.GENERATIONS)
     OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)

@@ -397,7 +397,7 @@ class _Optimizer:
         bound (the estimate is an upper one: a generation ends early at its end-of-text token), as many sequences
         a pass as the pass holds."""
         alias = output.prompt.aliases[0]
-        bound = bind_generate(output.prompt, self.tokenizer, self.style)
+        bound = bind_generate(output.prompt, self.tokenizer, self.style, output.schema)
         prompts = stats[alias].documents.plus(len(bound.preamble) + len(bound.tail))
         self.check_fits(alias, prompts.maximum + output.max_tokens)
         batch = min(int(prompts.count), self.context.chunk_tokens)

@@ -176,7 +176,7 @@ def prompt_spaces(plan: LogicalNode, tokenizer: Tokenizer, styles: tuple[PromptS
 
 def _generate_text(node: Generate, tokenizer: Tokenizer, style: PromptStyle) -> int:
     """The prompt's own text and every token the generation may write: they all share the context."""
-    bound = bind_generate(node.prompt, tokenizer, style)
+    bound = bind_generate(node.prompt, tokenizer, style, node.schema)
     return len(bound.preamble) + len(bound.tail) + node.max_tokens
 
 

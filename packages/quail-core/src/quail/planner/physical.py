@@ -219,13 +219,14 @@ class _GraphBuilder:
     def generate(self, node: Generate) -> Port:
         rows = self.rows(node.child)
         alias = node.prompt.aliases[0]
-        bound = bind_generate(node.prompt, self.tokenizer, self.style)
+        bound = bind_generate(node.prompt, self.tokenizer, self.style, node.schema)
         model = self.add(ph.AiGenerate(f"generate_{node.output}", alias=alias, column=bound.column,
                                        output=node.output, position=node.position, prompt=node.prompt,
                                        preamble=bound.preamble, tail=bound.tail, max_tokens=node.max_tokens,
-                                       stop=bound.stop),
+                                       stop=bound.stop, schema=node.schema),
                          rows=self.documents(rows, (alias,), len(node.child.aliases) > 1))
-        return self.add(ph.RecombineTexts(f"texts_{node.output}", alias=alias, output=node.output),
+        return self.add(ph.RecombineTexts(f"texts_{node.output}", alias=alias, output=node.output,
+                                          schema=node.schema),
                         rows=rows, answers=(model, "answers")), "rows"
 
     def verdict(self, node: Verdict) -> Port:

@@ -88,10 +88,11 @@ class EngineGeneration:
 @runtime_checkable
 class GeneratesText(Protocol):
     """Optional for a RequestEngine: greedy generations (temperature 0) of at most `max_tokens` tokens, each ending
-    before the first of `stop`. An engine with it runs AI.GENERATE / AI_COMPLETE nodes too."""
+    before the first of `stop`, held to `grammar` (a JSON Schema's text) when given. An engine with it runs
+    AI.GENERATE / AI_COMPLETE / AI_EXTRACT nodes too."""
 
-    def greedy_generations(self, prompts: Sequence[TokenIds], max_tokens: int,
-                           stop: TokenIds) -> list[EngineGeneration]: ...
+    def greedy_generations(self, prompts: Sequence[TokenIds], max_tokens: int, stop: TokenIds,
+                           grammar: str | None) -> list[EngineGeneration]: ...
 
 
 def margin_of(logprobs: dict[int, float], true_ids: Sequence[int], false_ids: Sequence[int]) -> float:

@@ -97,7 +97,8 @@ def _generated(engine: GeneratesText, node: ph.AiGenerate, inputs: NodeInputs, s
     """Every row's greedy generation, one batch for the engine's own scheduler (its prefix cache shares the
     preamble); fresh tokens are the prompts' uncached tokens and the tokens fed back to write the next one."""
     rows, texts = inputs.rows(node.alias), inputs.tokens(node.alias)
-    found = engine.greedy_generations([node.document_prompt(texts[row]) for row in rows], node.max_tokens, node.stop)
+    found = engine.greedy_generations([node.document_prompt(texts[row]) for row in rows], node.max_tokens, node.stop,
+                                      node.grammar)
     if len(found) != len(rows):
         raise RuntimeError(f"the engine answered {len(rows)} generation requests with {len(found)} generations")
     table = shapes.generation_answers(node.alias, rows, [g.tokens for g in found], [g.finish for g in found])

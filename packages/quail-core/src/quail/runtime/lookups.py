@@ -28,7 +28,6 @@ from quail.frontend.lookups import VALUE, Block, Lookup, has_ai_calls, next_stag
 from quail.frontend.relational import relocated
 from quail.frontend.spec import QuerySpec
 from quail.frontend.sql import Dialect, ParsedStatement, read_statement
-from quail.frontend.syntax import OUTPUT_TYPES
 from quail.runtime.report import QueryReport
 from quail.runtime.results import QueryResult
 
@@ -190,7 +189,7 @@ def _answers_of(lookup: Lookup | Block, table: pa.Table) -> pa.Table:
 
 def _empty(lookup: Lookup) -> pa.Table:
     fields = [pa.field(f"doc{i}", pa.string()) for i in range(lookup.inputs)]
-    return pa.schema([*fields, pa.field(VALUE, OUTPUT_TYPES[lookup.kind])]).empty_table()
+    return pa.schema([*fields, pa.field(VALUE, lookup.value)]).empty_table()
 
 
 # -- what the run says ---------------------------------------------------------------------------------------

@@ -201,7 +201,7 @@ class Runner:
         if isinstance(node, ph.Project):
             if self.inputs.tail is None:
                 raise RuntimeError("this runner has no relational tail: the root runs where the query was asked")
-            texts = [n.output for n in self.graph.nodes if isinstance(n, ph.RecombineTexts)]
+            texts = {n.output: n.schema for n in self.graph.nodes if isinstance(n, ph.RecombineTexts)}
             rows = relational.decode_texts(inputs["rows"], texts, self.inputs.tail.decode) if texts else inputs["rows"]
             return self.inputs.tail.run(node, rows, tables)
         raise TypeError(f"no runtime for {node.kind} {node.id!r}: is it a backend's node on the wrong backend?")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 
@@ -27,7 +28,8 @@ from quail.data.tokenizer import Tokenizer
 from quail.errors import Refusal, RefusalError
 from quail.physical import nodes as ph
 from quail.prompts import BASE_STYLE, AnswerTokens, PromptStyle
-from quail.testing.rules import classify_margins, generated_text, predicate_margin
+from quail.schemas import SchemaType
+from quail.testing.rules import classify_margins, generated_text, generated_value, predicate_margin
 from quail.testing.tokenizer import ByteTokenizer
 
 RULE_VERSION = "keyword-1"
@@ -206,8 +208,24 @@ class KeywordExecution:
         documents = inputs.tokens(node.alias)
         texts = self.text(inputs, node.alias)
         rows = inputs.rows(node.alias)
-        written = [self.tokenizer.encode(generated_text(texts[r])) for r in rows]
+        written = [self.tokenizer.encode(self.generated(node, texts[r])) for r in rows]
         kept = [ids[:node.max_tokens] for ids in written]
         finish: list[shapes.Finish] = ["length" if len(ids) > node.max_tokens else "stop" for ids in written]
         tokens = sum(len(node.document_prompt(documents[r])) + len(ids) for r, ids in zip(rows, kept, strict=True))
         return shapes.generation_answers(node.alias, rows, kept, finish), tokens
+
+    @staticmethod
+    def generated(node: ph.AiGenerate, document: str) -> str:
+        """The text, or for a structured generation the JSON of its schema's fields (`generated_value`)."""
+        if node.schema is None:
+            return generated_text(document)
+        return json.dumps(_filled(node.schema, document))
+
+
+def _filled(schema: SchemaType, document: str) -> object:
+    if schema.kind == "struct":
+        return {f.name: _filled(f.type, document) for f in schema.fields}
+    if schema.kind == "list":
+        assert schema.item is not None
+        return [_filled(schema.item, document)]
+    return generated_value(schema.kind, document)

@@ -5,7 +5,7 @@
 * Otherwise, over two or more documents: margin = shared words − 0.5 (TRUE iff they share a word).
 * Otherwise: a hash of the template and the document, spread over [−2, 2).
 Words are lower-case runs of three or more letters. A generation is the document's first sentence
-(`generated_text`).
+(`generated_text`); a structured one fills each field from the document by its type (`generated_value`).
 """
 
 from __future__ import annotations
@@ -56,3 +56,18 @@ SENTENCE_END = re.compile(r"(?<=[.!?])\s")
 def generated_text(document: str) -> str:
     """What the keyword backend "generates" after any instruction: the document's first sentence, as written."""
     return SENTENCE_END.split(document.strip(), maxsplit=1)[0]
+
+
+def generated_value(kind: str, document: str, item: object = None) -> object:
+    """A field's value: text the first sentence, an integer the number of words, a number a tenth of it, a boolean
+    whether it says "great", a list its first word's value; `item` is a list's element kind."""
+    found = WORD.findall(document.lower())
+    if kind == "int":
+        return len(found)
+    if kind == "double":
+        return len(found) / 10
+    if kind == "bool":
+        return "great" in found
+    if kind == "list":
+        return [generated_value(str(item), found[0] if found else "")]
+    return generated_text(document)

@@ -21,11 +21,13 @@ from typing import Literal
 
 import torch
 
+from quail_native.executor.grammar import Constraint
 from quail_native.executor.packing import Item, ItemResult
 from quail_native.executor.state import Batch, SharedState, Tokens, drop, run_passes
 
-Chooser = Callable[[torch.Tensor], list[int]]
-"""The next token of each hidden row [rows, hidden]: the argmax of the head (`readout.greedy_tokens`)."""
+Chooser = Callable[[torch.Tensor, torch.Tensor | None], list[int]]
+"""The next token of each hidden row [rows, hidden], among the allowed ones ([rows, vocabulary] bool, None: all):
+the argmax of the head (`readout.greedy_tokens`)."""
 
 
 @dataclass(frozen=True)
@@ -54,13 +56,16 @@ class _Sequence:
     out: list[int] = field(default_factory=list)
     promised: int = 0
     """Pages still promised to it: what growing to the bound may take beyond what it holds."""
+    constraint: Constraint | None = None
+    """Its place in the grammar of a structured generation."""
 
 
 def run_generation(state: SharedState, rows: Sequence[int], documents: dict[int, Tokens], layout: GenerationLayout,
-                   choose: Chooser) -> list[Generated]:
-    """Every row's generation, in the order they finished."""
+                   choose: Chooser, constrain: Callable[[], Constraint] | None = None) -> list[Generated]:
+    """Every row's generation, in the order they finished; `constrain` gives each sequence its grammar matcher."""
     run = _GenerationRun(state, layout, choose)
-    run.fresh.extend(_Sequence(r, documents[r] + layout.tail) for r in rows)
+    run.fresh.extend(_Sequence(r, documents[r] + layout.tail, constraint=constrain() if constrain else None)
+                     for r in rows)
     run.total = len(rows)
     run_passes(state, run.fill, run.done, run.after_pass)
     return run.out
@@ -127,13 +132,18 @@ class _GenerationRun:
         finished, self.finished_pass = self.finished_pass, []
         if not finished:
             return
-        chosen = self.choose(torch.cat([result.hidden for _, result in finished]))
+        chosen = self.choose(torch.cat([result.hidden for _, result in finished]), _allowed(finished))
         for (sequence, result), token in zip(finished, chosen, strict=True):
             self._grow(sequence, result)
             if token in self.layout.stop:
                 self._end(sequence, "stop")
                 continue
             sequence.out.append(token)
+            if sequence.constraint is not None:
+                sequence.constraint.take(token)
+                if sequence.constraint.complete:  # nothing but a stop token may follow: end it now
+                    self._end(sequence, "stop")
+                    continue
             if len(sequence.out) >= self.layout.max_tokens:
                 self._end(sequence, "length")
             else:
@@ -160,3 +170,13 @@ class _GenerationRun:
         self.promised -= sequence.promised
         sequence.promised = 0
         self.out.append(Generated(sequence.row, tuple(sequence.out), finish))
+
+
+def _allowed(finished: Sequence[tuple[_Sequence, ItemResult]]) -> torch.Tensor | None:
+    """The tokens each row may take next: its grammar's, or every token (None when no sequence has a grammar)."""
+    masks = [sequence.constraint.allowed() if sequence.constraint is not None else None for sequence, _ in finished]
+    present = [m for m in masks if m is not None]
+    if not present:
+        return None
+    everything = torch.ones_like(present[0])
+    return torch.stack([everything if m is None else m for m in masks])

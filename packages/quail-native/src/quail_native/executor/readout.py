@@ -63,14 +63,20 @@ NEAR_TOP = 8
 from beyond the top 8 to the top, but it can reorder two within it."""
 
 
-def greedy_tokens(model: Transformer, hidden: torch.Tensor) -> list[int]:
-    """The argmax of the head at each row; ties go to the lower id, as `torch.argmax` (and transformers) break
-    them. In fp32 the whole head decides; otherwise its top NEAR_TOP are recomputed in fp32 first."""
+def greedy_tokens(model: Transformer, hidden: torch.Tensor, allowed: torch.Tensor | None = None) -> list[int]:
+    """The argmax of the head at each row, among its `allowed` tokens ([rows, vocabulary] bool; None: all); ties go
+    to the lower id, as `torch.argmax` (and transformers) break them. In fp32 the whole head decides; otherwise its
+    top NEAR_TOP allowed are recomputed in fp32 first."""
     if hidden.shape[0] == 0:
         return []
-    if model.head_weight.dtype == torch.float32:
-        return model.logits(hidden).argmax(dim=-1).tolist()
-    logits = model.logits(hidden, fp32=False)
+    exact_head = model.head_weight.dtype == torch.float32
+    logits = model.logits(hidden) if exact_head else model.logits(hidden, fp32=False)
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed[:, : logits.shape[1]].to(logits.device), float("-inf"))
+    if exact_head:
+        return logits.argmax(dim=-1).tolist()
     top = logits.topk(min(NEAR_TOP, logits.shape[1]), dim=1).indices.sort(dim=1).values
     exact = _exact(model, hidden, top)
+    if allowed is not None:
+        exact = exact.masked_fill(~allowed.to(top.device).gather(1, top), float("-inf"))
     return top.gather(1, exact.argmax(dim=1, keepdim=True)).squeeze(1).tolist()
