@@ -90,11 +90,11 @@ def test_an_argument_quail_cannot_honour_is_refused_by_name(session, sql, names)
 
 
 @pytest.mark.parametrize(("dialect", "sql", "names"), [
-    ("bigquery", "SELECT AI.GENERATE_INT(('Count ', r.body)) FROM reviews r", "AI.GENERATE_INT is not supported; "
-                                                                                "it is a form of generation"),
+    ("bigquery", "SELECT AI.GENERATE_TABLE(('Count ', r.body)) FROM reviews r", "AI.GENERATE_TABLE is not "
+                                                                                  "supported; it is a form of"),
     ("bigquery", "SELECT AI.SIMILARITY(r.body, r.title) FROM reviews r", "AI.SIMILARITY is not supported; it needs "
                                                                          "embeddings"),
-    ("snowflake", "SELECT AI_EXTRACT(r.body, ['Which actor?']) FROM reviews r", "AI_EXTRACT is not supported; it is"),
+    ("snowflake", "SELECT AI_SUMMARIZE_AGG(r.body) FROM reviews r", "AI_SUMMARIZE_AGG is not supported; it is"),
     ("snowflake", "SELECT AI_AGG(r.body, 'summarize') FROM reviews r", "AI_AGG is not supported"),
     ("snowflake", "SELECT AI_EMBED('e5', r.body) FROM reviews r", "AI_EMBED is not supported; it needs embeddings"),
 ])
