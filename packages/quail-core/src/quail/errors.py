@@ -26,6 +26,10 @@ class GeneralRuleError(CompileError):
     rule instead — each AI call a lookup over its table — and raises this only when that cannot either."""
 
 
+class GeneralRuleOnly(GeneralRuleError):
+    """A statement only the general rule answers (AI aggregates): when it cannot, its own error is the one to show."""
+
+
 @dataclass(frozen=True)
 class Refusal:
     """Why something cannot run: a value, so planners can compare and report it."""

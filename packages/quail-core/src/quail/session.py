@@ -17,7 +17,7 @@ from quail.data.providers import TableSchema
 from quail.data.sources import as_source
 from quail.data.tokenizer import Tokenizer
 from quail.data.tokens import TokenStore
-from quail.errors import CompileError, GeneralRuleError, QuailError, Refusal, RefusalError
+from quail.errors import CompileError, GeneralRuleError, GeneralRuleOnly, QuailError, Refusal, RefusalError
 from quail.frontend.builder import Docs
 from quail.frontend.spec import QuerySpec, TableSpec
 from quail.frontend.sql import Dialect, parse_sql, parse_statement
@@ -106,6 +106,8 @@ class Session:
         text = text_argument("the query given to sql()", text)
         try:
             return Query(self, parse_sql(text, self.database, dialect), order)
+        except GeneralRuleOnly:
+            return LookupQuery(self, self._query_of, parse_statement(text, self.database, dialect), dialect, order)
         except GeneralRuleError as refused:
             answered = self._by_lookups(text, dialect, order)
             if answered is None:

@@ -27,7 +27,8 @@ from sqlglot import exp
 
 from quail.data.providers import TableSchema
 from quail.data.sources import quoted
-from quail.errors import CompileError, GeneralRuleError
+from quail.errors import CompileError, GeneralRuleError, GeneralRuleOnly
+from quail.frontend.aggregates import has_aggregates
 from quail.frontend.calls import (
     call_value,
     classify_arguments,
@@ -264,6 +265,8 @@ class _Reader:
             raise CompileError(_not_a_query(self.text))
         if isinstance(statement, exp.Select) and not (statement.args.get("from_") or statement.args.get("from")):
             raise GeneralRuleError("the query has no FROM clause")
+        if has_aggregates(statement):
+            raise GeneralRuleOnly("AI aggregates answer per group: the general rule reads them")
         self.block = ai_block(statement)
         allowed = BLOCK_ARGS | ({"with_", "with"} if self.block is statement else set())
         refuse_unknown_args(self.block, allowed, "write it in a query around the AI block, or in a CTE")

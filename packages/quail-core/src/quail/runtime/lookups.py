@@ -11,7 +11,7 @@ import itertools
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import pyarrow as pa
@@ -22,12 +22,16 @@ from quail.backends.base import ModelBackend, OrderRule, PhysicalCandidate
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
 from quail.compute.request import sum_known
+from quail.config import EngineConfig
 from quail.data.database import Database
+from quail.data.tokenizer import Tokenizer
 from quail.errors import CompileError
+from quail.frontend.aggregates import aggregates
 from quail.frontend.lookups import VALUE, Block, Lookup, has_ai_calls, next_stage
 from quail.frontend.relational import relocated
 from quail.frontend.spec import QuerySpec
 from quail.frontend.sql import Dialect, ParsedStatement, read_statement
+from quail.runtime.aggregates import reduce_groups
 from quail.runtime.report import QueryReport
 from quail.runtime.results import QueryResult
 
@@ -41,6 +45,10 @@ class Session(Protocol):
     backend: ModelBackend
     model: ModelSpec
     device: DeviceSpec
+    config: EngineConfig
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
 
     def check_open(self) -> None: ...
 
@@ -90,6 +98,8 @@ class _Worked:
     statement: exp.Expression
     results: dict[str, QueryResult]
     table: pa.Table | None = None
+    aggregates: list[str] = field(default_factory=list)
+    """What explain() says of each AI aggregate."""
 
 
 class LookupQuery:
@@ -133,6 +143,41 @@ class LookupQuery:
 
     # -- the rounds --------------------------------------------------------------------------------------
 
+    def _aggregates(self, worked: _Worked, relations: dict[str, pa.Table], prefix: str, counter: itertools.count,
+                    run: bool) -> None:
+        """The statement's AI aggregates, once no other AI call is left: each distinct group answered (when
+        `run`; bound over an empty stand-in otherwise), the statement reading them."""
+        session = self.session
+        found, statement = aggregates(worked.statement, prefix, counter)
+        for aggregate in found:
+            if not run:
+                session.database.check(aggregate.groups, {name: t.schema for name, t in relations.items()})
+                relations[aggregate.name] = GROUPS.empty_table()
+                worked.aggregates.append(f"{aggregate.call}: each distinct group's texts answered by "
+                                         f"generations, in rounds when a group exceeds one prompt")
+                continue
+            groups = session.database.run(aggregate.groups, relations).column("k").to_pylist()
+            documents = f"{aggregate.name}_documents"
+            reduction = reduce_groups(groups, aggregate.instruction, session.tokenizer,
+                                      min(session.config.chunk_tokens, session.model.context_length),
+                                      self._generations(relations, documents), documents)
+            for number, result in enumerate(reduction.results, start=1):
+                worked.results[f"{aggregate.name}_round{number}"] = result
+            relations[aggregate.name] = pa.table({"k": groups, "v": reduction.answers}, schema=GROUPS)
+            worked.aggregates.append(f"{aggregate.call}: {len(groups):,} distinct groups answered in "
+                                     f"{len(reduction.results)} round(s) of generations")
+        worked.statement = statement
+
+    def _generations(self, relations: Mapping[str, pa.Table],
+                     name: str) -> Callable[[exp.Select, pa.Table], QueryResult]:
+        """One round of an aggregate's generations: its query planned and run with the round's documents
+        registered under `name`."""
+        def run(select: exp.Select, documents: pa.Table) -> QueryResult:
+            with self.session.database.registered({**relations, name: documents}):
+                spec = read_statement(select, self.session.database, "snowflake")
+                return self.planner(spec, self.order).run()
+        return run
+
     def _work(self, run: bool) -> _Worked:
         """Every round's lookups, planned (and run when `run`), then the statement on DuckDB (when `run`) or
         bound there (when not): a wrong name or type is a CompileError before any model work."""
@@ -166,6 +211,7 @@ class LookupQuery:
                         relations[lookup.name] = _empty(lookup)
             worked.rounds.append(_Round(stage.lookups, queries))
             worked.statement = stage.statement
+        self._aggregates(worked, relations, prefix, counter, run)
         try:
             sql = worked.statement.sql(dialect="duckdb")
         except SqlglotError as error:
@@ -178,6 +224,10 @@ class LookupQuery:
         except CompileError as error:
             raise relocated(error, self.statement) from None
         return worked
+
+
+GROUPS = pa.schema([pa.field("k", pa.list_(pa.string())), pa.field("v", pa.string())])
+"""An AI aggregate's answers: each distinct group's texts, and the answer over them."""
 
 
 def _answers_of(lookup: Lookup | Block, table: pa.Table) -> pa.Table:
@@ -238,6 +288,7 @@ def _explain(worked: _Worked, results: Mapping[str, QueryResult], verbose: bool,
                 continue
             shown = results[lookup.name].explain() if lookup.name in results else query.explain(verbose)
             lines.extend(f"   {line}" for line in shown.splitlines())
+    lines.extend(f"-- AI aggregate {note}" for note in worked.aggregates)
     lines.append("== The statement on DuckDB, each AI call reading its lookup ==")
     lines.append(worked.statement.sql(dialect="duckdb", pretty=True))
     return "\n".join(lines)
