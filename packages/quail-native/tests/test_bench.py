@@ -141,3 +141,16 @@ def test_limits_runs_each_limit_query_early_and_whole_with_the_same_rows_and_few
         assert ratio <= 1.05 if "rubric" in line else 0.95 <= ratio <= 1.5, line
     assert sum("stopped after" in line for line in lines) == 2
     assert (tmp_path / "limits.md").read_text().count("\n* ") == 4
+
+
+def test_generation_bench_measures_decoding_against_its_limit_and_extraction_beside_a_naive_loop(tmp_path, capsys):
+    from quail_native.benchmark.generation import run_generation
+
+    assert run_generation("gemma-3-270m", "fp32", tmp_path, ("native",), documents=4, tokens=8) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split(",")[0] for line in lines] == ["decode", "decode", "aggregate", "extract"]
+    single = float(lines[0].split("measured / limit ")[1])
+    assert 0.0 < single < 1.5, "a rate beside the weight-bandwidth limit measured in the same run"
+    assert float(lines[1].split("(")[1].split("×")[0]) > 1.0, "four sequences decode faster than one"
+    assert "naive transformers loop" in lines[3] and "× slower" in lines[3]
+    assert (tmp_path / "generation.md").read_text().count("\n* ") == 4

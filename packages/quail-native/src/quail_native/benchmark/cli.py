@@ -56,10 +56,20 @@ def add_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
                         help="measure LIMIT queries instead: a LIMIT 5 filter over 1,000 reviews and a LIMIT 10 join, "
                              "each with the LIMIT met early and with every document read (early_limit='off'), on "
                              "--model; same rows, fresh tokens and wall side by side, written to limits.md in --out")
+    parser.add_argument("--generation", action="store_true",
+                        help="measure generation instead: decode tokens/s at 1 and 32 sequences beside the weight-"
+                             "bandwidth limit measured here, AI_EXTRACT on each of --backends beside a naive "
+                             "transformers loop, and AI_AGG; written to generation.md in --out")
     parser.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.generation:
+        from quail_native.benchmark.generation import run_generation
+
+        ExtensionRegistry.with_built_ins().model(args.model)  # an unknown name is refused before any run
+        return run_generation(args.model, args.precision, args.out, [b for b in args.backends.split(",") if b],
+                              chunk_tokens=args.chunk_tokens)
     if args.limits:
         from quail_native.benchmark.limits import run_limits
 
