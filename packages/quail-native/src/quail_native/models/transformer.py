@@ -400,6 +400,10 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(arch.hidden, arch.norm_eps, arch.gemma_norms)
         self.lm_head = None if arch.tied_embeddings else nn.Linear(arch.hidden, arch.vocab, bias=False)
         self.rope = RopeTables(arch)
+        self.head: Projection | None = None
+        """The head prepacked for the CPU's GEMM, made on the first read of the whole head (a decode step, a label
+        readout) once `fuse_projections` allows it: a copy of the head, which TRUE/FALSE readouts never need."""
+        self.pack_head = False
 
     def fuse_projections(self) -> None:
         """Fewer, wider GEMMs per layer (q/k/v and gate/up), with weights prepacked for the CPU's GEMM
@@ -408,6 +412,7 @@ class Transformer(nn.Module):
         for block in self.layers:
             block.self_attn.fuse()
             block.mlp.fuse()
+        self.pack_head = True
 
     @property
     def head_weight(self) -> torch.Tensor:
@@ -443,6 +448,10 @@ class Transformer(nn.Module):
         """Head logits at readout rows: only the given vocabulary `columns` when named. In fp32, or with
         `fp32=False` in the weights' own precision (a bf16 head is then not converted whole)."""
         weight = self.head_weight if columns is None else self.head_weight[columns]
+        if not fp32 and columns is None and self.pack_head:  # the whole head, prepacked (1.4× faster at one row)
+            if self.head is None:
+                self.head = Projection(weight.detach())
+            return self.head(hidden.to(weight.dtype))
         if not fp32:
             return hidden.to(weight.dtype) @ weight.T
         return hidden.float() @ weight.float().T
