@@ -15,11 +15,22 @@ from pathlib import Path
 import pytest
 from support.cases import CASES, assert_matches_oracle, keyword_session, result_rows
 from support.fake_sglang import FakeSGLang
-from support.request_helpers import LABELS, VOCAB, assert_keyword_rows, classifies, join_case, request_session, teach
+from support.request_helpers import (
+    LABELS,
+    TOKENIZER,
+    VOCAB,
+    assert_keyword_rows,
+    classifies,
+    join_case,
+    request_session,
+    teach,
+)
 
 import quail
 from quail.errors import RefusalError
+from quail.physical import nodes as ph
 from quail.requests import EngineRequest, RequestStrategy
+from quail.testing.backend import KeywordExecution
 from quail_sglang.backend import PIPELINED, SGLangBackend
 from quail_sglang.engine import EngineSettings, SGLangEngine
 
@@ -38,6 +49,7 @@ class Fake:
 
     def __init__(self, capacity: int) -> None:
         self.margins: dict[tuple[int, ...], float] = {}
+        self.generations: dict[tuple[int, ...], list[int]] = {}
         self.capacity = capacity
         self.engine: FakeSGLang | None = None
         self.boots = 0
@@ -45,7 +57,8 @@ class Fake:
     def boot(self, context: quail.GpuContext) -> SGLangEngine:
         self.boots += 1
         settings = EngineSettings(Path("/models/fake"), kv_tokens=self.capacity, context_length=4096)
-        self.engine = FakeSGLang(self.margins, LABELS, vocab=VOCAB, **settings.server_args())
+        self.engine = FakeSGLang(self.margins, LABELS, vocab=VOCAB, generations=self.generations,
+                                 **settings.server_args())
         return SGLangEngine(self.engine)  # type: ignore[arg-type]
 
     def backend(self, strategy: RequestStrategy) -> SGLangBackend:
@@ -227,3 +240,26 @@ def test_the_fake_refuses_an_async_request_awaited_off_the_engines_loop():
     fake = FakeSGLang({(5, 6, 7): 1.0}, LABELS, vocab=VOCAB, model_path="/m")
     with pytest.raises(RuntimeError, match=r"Engine\.loop"):
         asyncio.run(fake.async_generate(input_ids=[5, 6, 7]))
+
+
+GENERATIONS = [
+    "SELECT r.id, AI_COMPLETE('m', PROMPT('Summarize {0}', r.body), {'max_tokens': 400}) AS g FROM reviews r",
+    "SELECT r.id, AI_EXTRACT(r.body, {'what': 'What is it about?', 'words': 'How long is it?'}) AS x FROM reviews r",
+]
+
+
+@pytest.mark.parametrize("sql", GENERATIONS)
+def test_generations_through_sglang_equal_the_keyword_backends(keyword, sql):
+    """Greedy generations go to SGLang as one batch (`stop_token_ids`, `json_schema` for a schema); the fake writes
+    what the keyword rule would, so the rows equal the keyword backend's."""
+    fake = Fake(1 << 20)
+    with session_on(fake, PIPELINED) as session:
+        query = session.sql(sql)
+        [node] = [n for n in query.plan().graph.nodes if isinstance(n, ph.AiGenerate)]
+        texts = keyword.sql("SELECT body FROM reviews").run().collect().column("body").to_pylist()
+        for text in (t for t in texts if t is not None):
+            fake.generations[node.document_prompt(tuple(TOKENIZER.encode(text)))] = TOKENIZER.encode(
+                KeywordExecution.generated(node, text))
+        rows = query.run().to_rows()
+    assert rows == keyword.sql(sql).run().to_rows()
+    assert any(row[list(row)[1]] is not None for row in rows)

@@ -70,6 +70,7 @@ class FakeSGLang:
 
     def __init__(self, margins: dict[tuple[int, ...], float], labels: AnswerTokens, *, vocab: int,
                  capacity: int = 1 << 20, context_length: int = 4096, per_step: int = 3,
+                 generations: dict[tuple[int, ...], list[int]] | None = None, eos: int = 2,
                  **server_args: object) -> None:
         unknown = sorted(set(server_args) - SERVER_ARGS)
         if unknown:
@@ -78,6 +79,9 @@ class FakeSGLang:
             raise TypeError("Missing required argument 'model_path'")
         self.server_args = server_args
         self.margins, self.labels, self.vocab = margins, labels, vocab
+        self.generations = generations if generations is not None else {}
+        """What the model writes after a prompt (until its end token `eos`), for generation requests."""
+        self.eos = eos
         self.capacity = int(server_args.get("max_total_tokens") or capacity)  # type: ignore[call-overload]
         self.context_length = int(server_args.get("context_length") or context_length)  # type: ignore[call-overload]
         self.per_step = per_step
@@ -193,6 +197,10 @@ class FakeSGLang:
 
     def _check_ours(self, request: _Request, return_logprob: bool, top: object) -> None:
         """What the adapter must never send, though SGLang would take it."""
+        if _generating(request):
+            if request.params.get("temperature") != 0 or return_logprob or request.label_ids:
+                raise AssertionError(f"a greedy generation without log-probabilities expected, got {request.params}")
+            return
         if request.params.get("max_new_tokens") != 1 or request.params.get("temperature") != 0:
             raise AssertionError(f"one greedy token expected, got {request.params}")
         if not return_logprob or not request.label_ids or top:
@@ -218,6 +226,8 @@ class FakeSGLang:
 
     def _run(self, request: _Request) -> dict[str, object]:
         self.prompts.append(request.ids)
+        if _generating(request):
+            return self._generate(request)
         margin = self.margins[request.ids]
         values = {token: OTHER_LABEL for token in request.label_ids or ()}
         best_true, best_false = self.labels.true_ids[-1], self.labels.false_ids[-1]
@@ -232,6 +242,24 @@ class FakeSGLang:
             "output_token_ids_logprobs": [[(values[t], t, None) for t in request.label_ids or ()]],
         }
         output: dict[str, object] = {"output_ids": [chosen], "meta_info": meta}
+        if not self.server_args.get("skip_tokenizer_init"):
+            output["text"] = ""
+        return output
+
+    def _generate(self, request: _Request) -> dict[str, object]:
+        """The taught continuation, cut at `max_new_tokens`, or ended by the end token — which SGLang keeps in
+        `output_ids` when a stop token id matched (`finish_reason` says which)."""
+        bound = int(request.params["max_new_tokens"])  # type: ignore[call-overload]
+        written = list(self.generations[request.ids])
+        stops = set(request.params.get("stop_token_ids") or ())  # type: ignore[call-overload]
+        if self.eos not in stops:
+            raise AssertionError(f"the stop token ids {sorted(stops)} leave out the model's end token {self.eos}")
+        ids = written[:bound] if len(written) >= bound else [*written, self.eos]
+        reason = {"type": "length", "length": bound} if len(written) >= bound else {"type": "stop",
+                                                                                      "matched": self.eos}
+        meta = {"id": request.rid, "finish_reason": reason, "prompt_tokens": len(request.ids),
+                "completion_tokens": len(ids), "cached_tokens": self._cached(request)}
+        output: dict[str, object] = {"output_ids": ids, "meta_info": meta}
         if not self.server_args.get("skip_tokenizer_init"):
             output["text"] = ""
         return output
@@ -296,3 +324,8 @@ def _verify_sampling(params: dict[str, object]) -> None:
     new_tokens = params.get("max_new_tokens", 128)
     if new_tokens is not None and (not isinstance(new_tokens, int) or new_tokens < 0):
         raise ValueError(f"max_new_tokens must be at least 0, got {new_tokens}.")
+
+
+def _generating(request: _Request) -> bool:
+    """A request for more than one token or held to a schema: a generation, not a TRUE/FALSE readout."""
+    return request.params.get("max_new_tokens") != 1 or "json_schema" in request.params

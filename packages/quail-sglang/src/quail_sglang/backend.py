@@ -59,6 +59,8 @@ def settings_for(context: GpuContext) -> EngineSettings:
 class SGLangBackend(RequestBackend):
     """The request backend on SGLang; `boot` makes the engine (a fake one in tests)."""
 
+    generates = True
+
 
     def __init__(self, name: str = "sglang", strategy: RequestStrategy = PIPELINED,
                  boot: EngineFactory = boot_sglang) -> None:

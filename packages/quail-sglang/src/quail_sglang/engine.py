@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from quail.extend import AnswerTokens, EngineAnswer, EngineRequest, margin_of
+from quail.extend import AnswerTokens, EngineAnswer, EngineGeneration, EngineRequest, TokenIds, margin_of
 
 if TYPE_CHECKING:
     from sglang import Engine
@@ -114,6 +114,23 @@ class SGLangEngine:
             asyncio.wait(set(self._pending), return_when=asyncio.FIRST_COMPLETED))
         return [_answer(self._pending.pop(task), task.result()) for task in done]
 
+    # -- the GeneratesText role -----------------------------------------------------------------
+
+    def greedy_generations(self, prompts: Sequence[TokenIds], max_tokens: int, stop: TokenIds,
+                           grammar: str | None) -> list[EngineGeneration]:
+        """One batch: temperature 0, at most `max_tokens` new tokens, ending at a stop token id, held to the JSON
+        Schema `grammar` by SGLang's grammar backend when given (`json_schema`)."""
+        if not prompts:
+            return []
+        params: dict[str, object] = {"max_new_tokens": max_tokens, "temperature": 0.0, "stop_token_ids": list(stop),
+                                     "skip_special_tokens": False}
+        if grammar is not None:
+            params["json_schema"] = grammar
+        outputs = self.engine.generate(input_ids=[list(p) for p in prompts], sampling_params=params)
+        if not isinstance(outputs, list) or len(outputs) != len(prompts):
+            raise RuntimeError(f"SGLang answered a batch of {len(prompts)} with {type(outputs).__name__}")
+        return [_generation(output, frozenset(stop)) for output in outputs]
+
     def forget_cached_prefixes(self) -> None:
         """Flush the radix cache (`Engine.flush_cache`): the next requests compute every prefix again."""
         self.engine.flush_cache()
@@ -144,3 +161,18 @@ def _answer(request: EngineRequest, output: Output) -> EngineAnswer:
     logprobs = {int(token): float(value) for value, token, *_ in positions[0]}
     margin = margin_of(logprobs, request.labels.true_ids, request.labels.false_ids)
     return EngineAnswer(request.key, margin, int(meta["prompt_tokens"]), int(meta.get("cached_tokens") or 0))
+
+
+def _generation(output: Output, stop: frozenset[int]) -> EngineGeneration:
+    """The tokens before the first stop token (SGLang keeps a matched stop token id in `output_ids`), how the
+    generation ended (meta_info's finish_reason type: stop or length) and the prompt's cache counters."""
+    meta = output.get("meta_info")
+    ids = output.get("output_ids")
+    if not isinstance(meta, Mapping) or not isinstance(ids, list):
+        raise RuntimeError("SGLang returned a generation without output_ids or meta_info")
+    reason = meta.get("finish_reason")
+    kind = reason.get("type") if isinstance(reason, Mapping) else None
+    ended = next((i for i, token in enumerate(ids) if token in stop), None)
+    kept = tuple(int(t) for t in (ids if ended is None else ids[:ended]))
+    return EngineGeneration(kept, "stop" if ended is not None or kind == "stop" else "length",
+                            int(meta["prompt_tokens"]), int(meta.get("cached_tokens") or 0))
