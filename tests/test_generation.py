@@ -210,3 +210,19 @@ def test_a_structured_generation_is_stored_apart_from_the_same_prompt_as_text(tm
 def test_a_schema_quail_cannot_hold_a_generation_to_is_refused_naming_it(dialect, sql, message):
     with session() as opened, pytest.raises(quail.CompileError, match=message):
         opened.sql(f"SELECT {sql} FROM r", dialect=dialect)
+
+
+@pytest.mark.plugins  # the worker finds the keyword backend through the example plugin's entry point
+def test_generations_cross_a_process_boundary_as_data():
+    """On a worker process the plan, its schema and the generated ids travel as codecs and Arrow; the rows equal
+    the local ones (the worker finds the keyword rule through its entry point)."""
+    sql = ("SELECT r.id, AI.GENERATE(('Who? ', r.body), output_schema => 'actor STRING, words INT64') AS g, "
+           "AI.GENERATE(('Say ', r.body)).result AS t FROM r ORDER BY r.id")
+    local = rows(sql, "bigquery")
+    tokenizer = ByteTokenizer()
+    config = quail.EngineConfig(model=BASE_MODEL, backend="example-keyword", cache="off", compute="process")
+    with quail.Session(config, tokenizer=tokenizer) as opened:
+        opened.register("r", pa.table({"id": list(range(len(BODIES))), "body": BODIES,
+                                       "stars": [5, 3, 2, 4, 1, 3]}))
+        remote = opened.sql(sql, dialect="bigquery").run().to_rows()
+    assert remote == local and local[0]["t"] == expected()[0]
