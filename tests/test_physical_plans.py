@@ -79,7 +79,7 @@ FIELDS: dict[type, dict[str, st.SearchStrategy]] = {
                  "prompt": prompts, "preamble": token_ids, "question": token_ids, "answers": answer_tokens},
     ph.AiGenerate: {"alias": texts, "column": column_refs, "output": texts, "position": st.integers(0, 99),
                     "prompt": prompts, "preamble": token_ids, "tail": token_ids, "max_tokens": st.integers(1, 8192),
-                    "stop": token_ids, "schema": st.none() | schemas},
+                    "stop": token_ids, "schema": st.none() | schemas, "retain_kv": st.booleans()},
     ph.HashJoin: {"equalities": tuples_of(equalities), "conditions": tuples_of(pair_conditions)},
     ph.RecombineFilter: {"alias": texts},
     ph.RecombineJoin: {"semantics": semantics},

@@ -1065,3 +1065,29 @@ def test_a_random_model_held_to_a_schema_writes_only_what_it_allows(kind, open_r
             assert value["good"] is None and "did not parse" in value["status"]
             assert ended[IDS["reviews"].index(row["id"])] == "length"
     assert any(value["status"] == "" for value in values), [run.naive.decode(a["tokens"]) for a in run.answers(node.id)]
+
+
+FILTERED = "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Does the review praise the acting? {0}', r.body))"
+FILTERED_GENERATIONS = ("SELECT r.id, AI_COMPLETE('m', PROMPT('Continue the review {0}', r.body), {'max_tokens': 6}) "
+                        "AS g, AI_COMPLETE('m', PROMPT('Retell {0}', r.body), {'max_tokens': 6}) AS h FROM reviews r "
+                        "WHERE AI_FILTER(PROMPT('Does the review praise the acting? {0}', r.body))")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_generations_after_a_filter_reuse_its_documents_kv_and_still_equal_transformers(kind, open_run):
+    """A survivor's document KV is kept by the filter for the first generation and by it for the second: each
+    generation computes only its tail and its own tokens, and writes what transformers writes from the whole
+    prompt."""
+    alone = open_run(kind, CHUNKS[-1], FILTERED)
+    run = open_run(kind, CHUNKS[-1], FILTERED_GENERATIONS)
+    nodes = [n for n in run.graph.nodes if isinstance(n, ph.AiGenerate)]
+    assert [n.retain_kv for n in nodes].count(True) == 1 and run.node(ph.AiFilter).retain_kv
+    extra = 0
+    for node in nodes:
+        for answer in run.answers(node.id):
+            prompt = node.preamble + run.doc("r", answer["r"]) + node.tail
+            want, finish = run.naive.greedy(prompt, node.max_tokens, node.stop)
+            assert (answer["tokens"], answer["finish"]) == (want, finish)
+            extra += len(node.tail) + len(answer["tokens"]) - (answer["finish"] == "length")
+    assert run.answers(nodes[0].id), "the filter must keep some rows for the check to mean anything"
+    assert run.report["fresh_tokens"] == alone.report["fresh_tokens"] + extra, "no document computed twice"

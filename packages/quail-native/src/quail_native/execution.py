@@ -158,10 +158,10 @@ class NativeExecution:
 
     def generate(self, node: AiGenerate, inputs: NodeInputs) -> pa.Table:
         model = self.loaded.model
-        layout = GenerationLayout(node.preamble, node.tail, node.max_tokens, frozenset(node.stop))
+        layout = GenerationLayout(node.preamble, node.tail, node.max_tokens, frozenset(node.stop), node.retain_kv)
         grammar = node.grammar
         constrain = None if grammar is None else lambda: self.grammars.matcher(grammar, node.stop)
-        generated = run_generation(self.state, inputs.rows(node.alias), inputs.tokens(node.alias), layout,
+        generated = run_generation(self.state, node.alias, inputs.rows(node.alias), inputs.tokens(node.alias), layout,
                                    lambda hidden, allowed: greedy_tokens(model, hidden, allowed), constrain)
         found = {g.row: g for g in generated}
         rows = sorted(found)

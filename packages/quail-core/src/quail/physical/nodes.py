@@ -291,6 +291,9 @@ class AiGenerate(DocumentNode):
     stop: TokenIds
     schema: SchemaType | None = None
     """A structured generation is held to this schema's JSON (`grammar`); None: free text."""
+    retain_kv: bool = False
+    """Keep each document's KV for a generation over the same documents that runs later (an engine that keeps
+    KV takes a document's from an earlier node when it has it, whatever this says)."""
 
     OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(answers=PortType.GENERATIONS)
 
@@ -308,7 +311,8 @@ class AiGenerate(DocumentNode):
         return filter_prompt(self.preamble, document, (), self.tail)
 
     def describe(self) -> str:
-        return f"AiGenerate #{self.position} {self.alias} AS {self.output} (at most {self.max_tokens} tokens)"
+        kept = ", keep document KV for a later generation" if self.retain_kv else ""
+        return f"AiGenerate #{self.position} {self.alias} AS {self.output} (at most {self.max_tokens} tokens){kept}"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -79,11 +79,18 @@ class _GraphBuilder:
     """Aliases whose row is NULL where a LEFT JOIN found no partner."""
     pair_conditions: tuple[PairCondition, ...] = ()
     """The query's conditions over two tables' columns: a join between them asks only the pairs that pass."""
+    generations: dict[str, int] = field(default_factory=dict)
+    """Per alias: the generations over its documents not laid out yet (the ones that run later)."""
 
     def anchored_again(self, position: int, anchor: str) -> bool:
         """Whether a join that runs after this one anchors on the same alias (its KV is then kept)."""
         later = self.join_order[self.join_order.index(position) + 1:]
         return any(self.decisions.anchors.get(p) == anchor for p in later)
+
+    def generated_later(self, alias: str, layout: str = "document_first") -> bool:
+        """Whether a generation over `alias` runs after the node laid out now: its documents' KV is then kept for
+        it (a generation's preamble is the document-first one: a node laid out otherwise has other KV)."""
+        return layout == "document_first" and self.generations.get(alias, 0) > 0
 
     def add(self, node: ph.PhysicalNode, **inputs: Port) -> str:
         self.nodes.append(node)
@@ -94,6 +101,10 @@ class _GraphBuilder:
     def build(self, plan: Project, join_conditions: bool = True) -> PhysicalGraph:
         self.pair_conditions = plan.pair_conditions if join_conditions else ()
         self.join_order = [n.predicate.position for n in reversed(walk(plan)) if isinstance(n, SemanticJoin)]
+        for node in walk(plan):
+            if isinstance(node, Generate):
+                alias = node.prompt.aliases[0]
+                self.generations[alias] = self.generations.get(alias, 0) + 1
         rows = self.rows(plan.child)
         if plan.limit is not None:
             rows = (self.add(ph.Limit("limit", count=plan.limit), rows=rows), "rows")
@@ -145,7 +156,8 @@ class _GraphBuilder:
         estimate = ph.NodeEstimate(rows=None, seconds=order.seconds if order else None)
         model = self.add(ph.AiFilter(f"filter_{node.alias}", estimate, alias=node.alias, column=bound.column,
                                      preamble=bound.preamble, frame=bound.frame, stages=stages,
-                                     retain_kv=node.alias in self.decisions.retained,
+                                     retain_kv=node.alias in self.decisions.retained or self.generated_later(
+                                         node.alias, self.decisions.layout(("filter", node.alias))),
                                      share_prefixes=node.alias in self.decisions.shared_prefixes,
                                      calibration=self.calibration, answers=self.answers),
                          rows=self.documents(rows, (node.alias,)))
@@ -219,11 +231,13 @@ class _GraphBuilder:
     def generate(self, node: Generate) -> Port:
         rows = self.rows(node.child)
         alias = node.prompt.aliases[0]
+        self.generations[alias] -= 1
         bound = bind_generate(node.prompt, self.tokenizer, self.style, node.schema)
         model = self.add(ph.AiGenerate(f"generate_{node.output}", alias=alias, column=bound.column,
                                        output=node.output, position=node.position, prompt=node.prompt,
                                        preamble=bound.preamble, tail=bound.tail, max_tokens=node.max_tokens,
-                                       stop=bound.stop, schema=node.schema),
+                                       stop=bound.stop, schema=node.schema,
+                                       retain_kv=self.generated_later(alias)),
                          rows=self.documents(rows, (alias,), len(node.child.aliases) > 1))
         return self.add(ph.RecombineTexts(f"texts_{node.output}", alias=alias, output=node.output,
                                           schema=node.schema),

@@ -36,6 +36,8 @@ class GenerationLayout:
     tail: Tokens
     max_tokens: int
     stop: frozenset[int]
+    retain: bool = False
+    """Keep each document's KV (after the preamble) for a later node over the same documents."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class Generated:
 @dataclass(eq=False)
 class _Sequence:
     row: int
+    document: Tokens
     prompt: Tokens
     block: int | None = None
     length: int = 0
@@ -56,16 +59,21 @@ class _Sequence:
     out: list[int] = field(default_factory=list)
     promised: int = 0
     """Pages still promised to it: what growing to the bound may take beyond what it holds."""
+    lent: int | None = None
+    """The document's KV kept by an earlier node (`SharedState.take`): only the tail is computed over it."""
     constraint: Constraint | None = None
     """Its place in the grammar of a structured generation."""
 
 
-def run_generation(state: SharedState, rows: Sequence[int], documents: dict[int, Tokens], layout: GenerationLayout,
-                   choose: Chooser, constrain: Callable[[], Constraint] | None = None) -> list[Generated]:
-    """Every row's generation, in the order they finished; `constrain` gives each sequence its grammar matcher."""
-    run = _GenerationRun(state, layout, choose)
-    run.fresh.extend(_Sequence(r, documents[r] + layout.tail, constraint=constrain() if constrain else None)
-                     for r in rows)
+def run_generation(state: SharedState, alias: str, rows: Sequence[int], documents: dict[int, Tokens],
+                   layout: GenerationLayout, choose: Chooser,
+                   constrain: Callable[[], Constraint] | None = None) -> list[Generated]:
+    """Every row's generation, in the order they finished; `constrain` gives each sequence its grammar matcher.
+    A document whose KV an earlier node kept (a filter's survivor, an earlier generation's document) computes only
+    its tail; with `layout.retain` each document's KV is kept for a later node."""
+    run = _GenerationRun(state, alias, layout, choose)
+    run.fresh.extend(_Sequence(r, documents[r], documents[r] + layout.tail,
+                               constraint=constrain() if constrain else None) for r in rows)
     run.total = len(rows)
     run_passes(state, run.fill, run.done, run.after_pass)
     return run.out
@@ -74,6 +82,7 @@ def run_generation(state: SharedState, rows: Sequence[int], documents: dict[int,
 @dataclass
 class _GenerationRun:
     state: SharedState
+    alias: str
     layout: GenerationLayout
     choose: Chooser
     fresh: deque[_Sequence] = field(default_factory=deque)
@@ -121,8 +130,20 @@ class _GenerationRun:
             self.fresh.popleft()
             sequence.promised = growth
             self.promised += growth
-            batch.add(Item(sequence.prompt, self.start, (self.pre,), (len(sequence.prompt) - 1,),
-                           ((0, len(sequence.prompt)),)), sequence)
+            batch.add(self.first_item(sequence), sequence)
+
+    def first_item(self, sequence: _Sequence) -> Item:
+        """[document][tail] after the preamble — or the tail alone over the document's kept KV — with the KV kept
+        (the document's apart when it is kept for a later node)."""
+        sequence.lent = self.state.take((self.layout.preamble, sequence.document))
+        tail = self.layout.tail
+        if sequence.lent is not None:
+            return Item(tail, self.start + len(sequence.document), (self.pre, sequence.lent), (len(tail) - 1,),
+                        ((0, len(tail)),))
+        document = len(sequence.document)
+        spans = ((0, document), (document, len(tail))) if self.layout.retain and document else ((0, len(tail) +
+                                                                                                   document),)
+        return Item(sequence.prompt, self.start, (self.pre,), (len(sequence.prompt) - 1,), spans)
 
     def done(self, sequence: _Sequence, result: ItemResult) -> None:
         self.finished_pass.append((sequence, result))
@@ -152,17 +173,30 @@ class _GenerationRun:
 
     def _grow(self, sequence: _Sequence, result: ItemResult) -> None:
         """The pass's new KV appended to the sequence's block."""
-        [block] = result.blocks
         arena = self.state.arena
         if sequence.block is None:
-            sequence.block, sequence.length = block, len(sequence.prompt)
+            sequence.block, sequence.length = self._first_block(sequence, list(result.blocks)), len(sequence.prompt)
             return
+        [block] = result.blocks
         held = arena.pages_for(sequence.length)
         sequence.block = arena.concat(sequence.block, block)
         sequence.length += 1
         taken = arena.pages_for(sequence.length) - held
         sequence.promised -= taken
         self.promised -= taken
+
+    def _first_block(self, sequence: _Sequence, blocks: list[int]) -> int:
+        """The sequence's block over [document][tail]; the document's own KV kept for a later node when asked."""
+        arena = self.state.arena
+        document = sequence.lent if sequence.lent is not None else (blocks.pop(0) if len(blocks) == 2 else None)
+        [tail] = blocks
+        if document is None:
+            return tail
+        if not self.layout.retain:
+            return arena.concat(document, tail)
+        joined = arena.concat(arena.view(document, len(sequence.document)), tail)
+        self.state.retain(self.alias, (self.layout.preamble, sequence.document), document)
+        return joined
 
     def _end(self, sequence: _Sequence, finish: Literal["stop", "length"]) -> None:
         drop(self.state, sequence.block)
