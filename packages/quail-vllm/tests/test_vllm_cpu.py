@@ -196,3 +196,20 @@ def test_tiny_qwen3_structured_generations_on_vllm_equal_the_native_decoder(tiny
     assert len(same) == len(TINY_REVIEWS) and sum(same) >= 0.95 * len(same), (mine, theirs)
     assert any(row["g"]["status"] == "" for row in theirs)
     quail.release_engines()
+
+
+@pytest.mark.parametrize("model", ["gemma-3-270m", "qwen2.5-coder-0.5b-instruct"])
+def test_embedded_models_generate_on_vllm_what_they_generate_on_native(model):
+    """fp32 on both: the same greedy tokens for ≥ 95% of 8 reviews × 16 tokens (the rest may part only at a near
+    tie), in Gemma 3's base layout and Qwen2.5's chat layout."""
+    from quail_native.models.embedded import embedded_model_dir
+
+    embedded_model_dir(model)
+    registry = quail.ExtensionRegistry.with_built_ins()
+    sql = ("SELECT r.id, AI_COMPLETE('any', PROMPT('Which film does {0} review, and what did the critic think?', "
+           "r.body), {'max_tokens': 16}) AS g FROM reviews r ORDER BY r.id")
+    results = {backend: run_on(backend, model, gemma_tables(8, 1), sql, registry)[1] for backend in ("native", "vllm")}
+    mine, theirs = (results[b].answer_tables["generate_g"].to_pylist() for b in ("native", "vllm"))
+    same = sum(a["tokens"] == b["tokens"] for a, b in zip(mine, theirs, strict=True))
+    assert len(mine) == 8 and same >= 0.95 * len(mine), (mine, theirs)
+    quail.release_engines()
