@@ -116,12 +116,24 @@ def _normalized(kernel: Callable[..., object], x: torch.Tensor, rows: tuple[int,
     """Call a norm kernel: x's rows, the weight as the kernel applies it (times `scale`, in fp32), then its
     own `operands` (pointers)."""
     outer, outer_stride, groups = rows
-    applied = (((1.0 + weight.float()) if gemma else weight.float()) * scale).contiguous()
+    applied = _applied(weight, gemma, scale)
     out = torch.empty(x.shape, dtype=x.dtype)
     kernel(ctypes.c_void_p(x.data_ptr()), ctypes.c_int64(outer), ctypes.c_int64(outer_stride), ctypes.c_int64(groups),
            ctypes.c_int64(x.shape[-1]), ctypes.c_void_p(applied.data_ptr()), ctypes.c_float(eps), ctypes.c_int(gemma),
            *(ctypes.c_void_p(operand) for operand in operands), ctypes.c_void_p(out.data_ptr()))
     return out
+
+
+def _applied(weight: torch.Tensor, gemma: bool, scale: float) -> torch.Tensor:
+    """The weight as a norm kernel applies it ((1 + w) or w, times `scale`, fp32), made once per weight and kept on
+    it: a decode step calls ~100 norms over one row each, where four small tensor ops per call cost more than the
+    norm. Keyed by the weight's version too, so a weight changed in place is applied afresh."""
+    made: dict[tuple[bool, float, int], torch.Tensor] = weight.__dict__.setdefault("_quail_applied", {})
+    key = (gemma, scale, weight._version)
+    found = made.get(key)
+    if found is None:
+        found = made[key] = (((1.0 + weight.float()) if gemma else weight.float()) * scale).contiguous()
+    return found
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
