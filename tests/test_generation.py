@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 import quail
+from quail.presentation import format_report
 from quail.testing import BASE_MODEL, ByteTokenizer, KeywordBackend
 from quail.testing.rules import generated_text
 
@@ -175,9 +176,14 @@ def test_ai_complete_with_a_response_format_answers_the_object_of_fields():
 
 
 def test_output_cut_by_the_bound_is_null_with_a_status_saying_why_never_an_error():
-    found = rows("SELECT r.id, AI.GENERATE(('Who? ', r.body), output_schema => 'actor STRING', model_params => "
-                 "JSON '{\"generationConfig\": {\"maxOutputTokens\": 8}}') AS g FROM r ORDER BY r.id", "bigquery")
+    with session() as opened:
+        result = opened.sql("SELECT r.id, AI.GENERATE(('Who? ', r.body), output_schema => 'actor STRING', "
+                            "model_params => JSON '{\"generationConfig\": {\"maxOutputTokens\": 8}}') AS g FROM r "
+                            "ORDER BY r.id", dialect="bigquery").run()
+    found = result.to_rows()
     assert found[0]["g"]["actor"] is None and found[0]["g"]["status"].startswith("the output did not parse")
+    assert result.report["unparsed"] == {"g": 5}, "every row with a document, the bound cut each"
+    assert "g: 5 output(s) did not parse as the schema" in format_report(result.report)
     extracted = rows("SELECT AI_EXTRACT(r.body, {'actor': 'Which actor?'}) AS x FROM r ORDER BY r.id LIMIT 1")
     assert extracted[0]["x"]["error"] is None  # the default bound for structured output holds the whole JSON
 

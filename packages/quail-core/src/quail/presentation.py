@@ -48,6 +48,12 @@ def format_report(report: dict[str, ReportValue]) -> str:
                 lines.append(f"  stage #{stage['position']} ({stage['node']}): evaluated {human(stage['evaluated'])}, "
                              f"observed selectivity {human(stage['observed_selectivity'])}, "
                              f"provided {human(stage['provided_selectivity'])}")
+    unparsed = report.get("unparsed")
+    if isinstance(unparsed, dict):
+        for output, count in unparsed.items():
+            if count:
+                lines.append(f"  {output}: {human(count)} output(s) did not parse as the schema (NULL fields, a status "
+                             "saying why; raise max_tokens if the bound cut them)")
     oversized = report.get("oversized_documents")
     if isinstance(oversized, dict) and oversized.get("documents"):
         lines.append(f"  oversized documents ({oversized['policy']}): {human(oversized['documents'])}")

@@ -41,7 +41,7 @@ from quail.plugins.registry import ExtensionRegistry
 from quail.progress import ProgressListener
 from quail.runtime.duckdb_tail import DuckTail
 from quail.runtime.explain import explain_text, render_shards
-from quail.runtime.report import QueryReport, minimum_tokens, null_inputs, stages
+from quail.runtime.report import QueryReport, minimum_tokens, null_inputs, stages, unparsed
 from quail.runtime.results import QueryResult
 from quail.runtime.views import scan_views
 from quail.serving.runner import RunInputs, Runner
@@ -286,7 +286,7 @@ def _run(session: QuerySession, order: OrderRule, candidate: PhysicalCandidate,
         fresh_tokens=fresh, cached_tokens=cached, minimum_tokens=minimum_tokens(graph, answers, tokens),
         stages=tuple(stages(graph, answers)), node_metrics=node_metrics, remarks=candidate.remarks,
         engine=response.metrics.notes, oversized_documents=prepared.oversized.report(), shards=response.metrics.shards,
-        null_inputs=null_inputs(graph, node_metrics),
+        null_inputs=null_inputs(graph, node_metrics), unparsed=unparsed(graph, answers, session.tokenizer.decode),
     )
     rules = ", ".join(rule.name for rule in registry.logical_rules)
     text = explain_text(candidate.plan, candidate, order, rules, measured=node_metrics,

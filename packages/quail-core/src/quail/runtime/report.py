@@ -5,7 +5,7 @@ Every key is present for every backend; an unknown value is None, never 0.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import pyarrow as pa
@@ -16,6 +16,7 @@ from quail.data.tokens import TokenColumn
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
 from quail.planner.prefixes import common_prefix
+from quail.schemas import STATUS, parse_answer
 
 ReportValue = None | bool | int | float | str | list["ReportValue"] | dict[str, "ReportValue"]
 
@@ -184,6 +185,9 @@ class QueryReport:
     """Per shard when the compute provider split the model work over workers."""
     null_inputs: Mapping[str, int] | None = None
     """Per model node: input rows skipped because their document is NULL (no model work; the answer is NULL)."""
+    unparsed: Mapping[str, int] | None = None
+    """Per structured generation (its output name): rows whose output did not parse as the schema (their fields are
+    NULL, their status says why)."""
 
     def kv(self) -> dict[str, int | None]:
         metrics = [m for m in self.node_metrics.values()]
@@ -234,7 +238,26 @@ class QueryReport:
             "shards": [asdict(s) for s in self.shards],
             "retries": sum(s.retries for s in self.shards),
             "null_inputs": dict(self.null_inputs or {}),
+            "unparsed": dict(self.unparsed or {}),
         }
+
+
+def unparsed(graph: PhysicalGraph, answers: Mapping[str, pa.Table], decode: Callable[[Sequence[int]], str]
+             ) -> dict[str, int]:
+    """Per structured generation: how many rows' outputs did not parse as its schema (`schemas.parse_answer`; each
+    distinct output read once)."""
+    counts: dict[str, int] = {}
+    for node in graph.nodes:
+        table = answers.get(node.id)
+        if not isinstance(node, ph.AiGenerate) or node.schema is None or table is None:
+            continue
+        read: dict[tuple[int, ...], bool] = {}
+        for ids in table.column("tokens").to_pylist():
+            key = tuple(ids)
+            if key not in read:
+                read[key] = parse_answer(decode(ids).strip(), node.schema)[STATUS] != ""
+            counts[node.output] = counts.get(node.output, 0) + read[key]
+    return counts
 
 
 def null_inputs(graph: PhysicalGraph, metrics: Mapping[str, NodeMetrics]) -> dict[str, int]:
