@@ -232,3 +232,35 @@ def test_generations_cross_a_process_boundary_as_data():
                                        "stars": [5, 3, 2, 4, 1, 3]}))
         remote = opened.sql(sql, dialect="bigquery").run().to_rows()
     assert remote == local and local[0]["t"] == expected()[0]
+
+
+def test_ai_sentiment_answers_snowflakes_object_with_a_classification_per_category():
+    """AI_SENTIMENT(text[, categories]) is an AI_CLASSIFY of the text into Snowflake's five sentiments per category
+    (overall first); the keyword rule's label is the same whatever the category asks."""
+    labels = "['positive', 'negative', 'neutral', 'mixed', 'unknown']"
+    found = rows("SELECT r.id, AI_SENTIMENT(r.body, ['acting', 'music']) AS s, AI_CLASSIFY(PROMPT('What is the "
+                 f"sentiment overall of {{0}}?', r.body), {labels}) AS c FROM r ORDER BY r.id")
+    for row in found:
+        expected_label = row["c"]
+        assert row["s"] == {"categories": [{"name": name, "sentiment": expected_label}
+                                           for name in ("overall", "acting", "music")]}
+    assert found[1]["s"]["categories"][0]["sentiment"] is None, "NULL text, NULL sentiment"
+    kept = rows("SELECT r.id FROM r WHERE AI_SENTIMENT(r.body):categories[0].sentiment = "
+                f"(SELECT MIN(x.c) FROM (SELECT AI_CLASSIFY(PROMPT('What is the sentiment overall of {{0}}?', "
+                f"q.body), {labels}) AS c FROM r q WHERE q.id = 0) x) ORDER BY r.id")
+    assert {"id": 0} in kept
+
+
+def test_snowflake_paths_read_an_ai_objects_typed_fields():
+    found = rows("SELECT r.id, AI_EXTRACT(r.body, {'actor': 'Which actor?'}):response.actor AS a, "
+                 "AI_SENTIMENT(r.body, ['x']):categories[1].name AS n FROM r ORDER BY r.id")
+    assert found[0] == {"id": 0, "a": expected()[0], "n": "x"}
+
+
+@pytest.mark.parametrize(("sql", "message"), [
+    ("SELECT AI_SENTIMENT(r.body, 'cost') FROM r", "AI_SENTIMENT categories"),
+    ("SELECT AI_SENTIMENT() FROM r", "AI_SENTIMENT with these arguments"),
+])
+def test_a_wrong_ai_sentiment_is_refused_by_name(sql, message):
+    with session() as opened, pytest.raises(quail.CompileError, match=message):
+        opened.sql(sql)

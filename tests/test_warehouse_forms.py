@@ -94,7 +94,7 @@ def test_an_argument_quail_cannot_honour_is_refused_by_name(session, sql, names)
                                                                                   "supported; it is a form of"),
     ("bigquery", "SELECT AI.SIMILARITY(r.body, r.title) FROM reviews r", "AI.SIMILARITY is not supported; it needs "
                                                                          "embeddings"),
-    ("snowflake", "SELECT AI_SENTIMENT(r.body) FROM reviews r", "AI_SENTIMENT is not supported; it is"),
+    ("snowflake", "SELECT AI_TRANSLATE(r.body, 'en', 'de') FROM reviews r", "AI_TRANSLATE is not supported; it is"),
     ("snowflake", "SELECT AI_EMBED('e5', r.body) FROM reviews r", "AI_EMBED is not supported; it needs embeddings"),
 ])
 def test_the_warehouses_other_ai_functions_are_refused_by_their_own_names(session, dialect, sql, names):

@@ -43,7 +43,10 @@ def aliases_of(rows: pa.Table, known: Sequence[str]) -> list[str]:
 
 def _ordered(table: pa.Table, keys: Sequence[str]) -> pa.Table:
     """Deterministic order: Acero joins do not preserve it (NULL rows of a LEFT join last)."""
-    return table.sort_by([(k, "ascending") for k in keys]) if keys and table.num_rows else table
+    if not keys or not table.num_rows:
+        return table
+    order = pc.sort_indices(table.select(list(keys)), sort_keys=[(k, "ascending") for k in keys])
+    return table.take(order)  # sorted on the keys alone: a list column (a generation's ids) cannot be a sort key
 
 
 def survivors(rows: pa.Table, answers: pa.Table, alias: str) -> pa.Table:
@@ -214,18 +217,19 @@ def add_verdicts(rows: pa.Table, answers: pa.Table, alias: str, output: str) -> 
 
 
 def _add_column(rows: pa.Table, values: pa.Table, alias: str, output: str) -> pa.Table:
-    """`rows` with `values[output]` joined by the alias's row; every row kept, in the rows' order."""
-    joined = rows.join(values, alias, join_type="left outer")
-    return _ordered(joined.select([*rows.column_names, output]), aliases_of(rows, rows.column_names))
+    """`rows` with `values[output]` by the alias's row (one value per row; NULL where there is none), every row
+    kept. Taken by position, not joined: Acero joins carry no list column, and a generation's is one."""
+    at = {row: index for index, row in enumerate(values.column(alias).to_pylist())}
+    indices = pa.array([at.get(row) for row in rows.column(alias).to_pylist()], pa.int64())
+    added = rows.append_column(output, values.column(output).take(indices))
+    sortable = [f.name for f in rows.schema if not pa.types.is_nested(f.type)]  # a generation's ids are no key
+    return _ordered(added, sortable)
 
 
 def add_generations(rows: pa.Table, answers: pa.Table, alias: str, output: str) -> pa.Table:
     """The generated token ids of each row's document as column `output` (NULL for a row the model did not
-    answer); `decode_texts` makes them text where the query was asked. Taken by position, not joined: Acero joins
-    carry no list column."""
-    at = {row: index for index, row in enumerate(answers.column(alias).to_pylist())}
-    indices = pa.array([at.get(row) for row in rows.column(alias).to_pylist()], pa.int64())
-    return rows.append_column(output, answers.column("tokens").take(indices))
+    answer); `decode_texts` makes them text where the query was asked."""
+    return _add_column(rows, answers.select([alias, "tokens"]).rename_columns([alias, output]), alias, output)
 
 
 def decode_texts(rows: pa.Table, outputs: Mapping[str, SchemaType | None],

@@ -33,6 +33,70 @@ REFUSED = {
 }
 
 
+SENTIMENTS = ("positive", "negative", "neutral", "mixed", "unknown")
+"""Snowflake AI_SENTIMENT's labels."""
+
+
+def _is_sentiment(node: exp.Expression) -> bool:
+    return isinstance(node, exp.Anonymous) and str(node.name).upper() == "AI_SENTIMENT"
+
+
+def _sentiment(node: exp.Anonymous) -> exp.Expression:
+    """Snowflake's AI_SENTIMENT(text[, categories]) as the object it returns — `{categories: [{name: 'overall',
+    sentiment: …}, {name: category, sentiment: …}, …]}` — each sentiment an AI_CLASSIFY of the text into
+    SENTIMENTS, so it is planned, batched and stored as classification is."""
+    arguments = list(node.expressions)
+    if not 1 <= len(arguments) <= 2 or any(isinstance(a, exp.Kwarg) for a in arguments):
+        raise unsupported("AI_SENTIMENT with these arguments", node, "write AI_SENTIMENT(text[, ['category', ...]])")
+    categories: list[str] = []
+    if len(arguments) == 2:
+        listed = arguments[1]
+        if not isinstance(listed, exp.Array) or not all(_is_text(c) and str(c.this).strip()
+                                                         for c in listed.expressions):
+            raise unsupported(f"AI_SENTIMENT categories {safe_sql(listed)}", listed, "write ['cost', 'service']")
+        categories = [str(c.this) for c in listed.expressions]
+        if any("{" in c or "}" in c for c in categories):
+            raise fail_at("AI_SENTIMENT categories may not have braces", listed)
+    labels = exp.Array(expressions=[exp.Literal.string(label) for label in SENTIMENTS])
+    entries = []
+    for name in ["overall", *categories]:
+        about = "overall" if name == "overall" else f"about {name}"
+        question = exp.Tuple(expressions=[exp.Literal.string(f"What is the sentiment {about} of "), arguments[0].copy(),
+                                          exp.Literal.string("?")])
+        prompt = _as_prompt(question, AiCall("classify", "AI_SENTIMENT", (question,), node))
+        classified = exp.Anonymous(this="AI_CLASSIFY", expressions=[prompt, labels.copy()])
+        entries.append(exp.Struct(expressions=[
+            exp.PropertyEQ(this=exp.to_identifier("name"), expression=exp.Literal.string(name)),
+            exp.PropertyEQ(this=exp.to_identifier("sentiment"), expression=classified)]))
+    return exp.Struct(expressions=[exp.PropertyEQ(this=exp.to_identifier("categories"),
+                                                  expression=exp.Array(expressions=entries))])
+
+
+def _structured(node: exp.Expression) -> bool:
+    """An AI call whose value is an object (a structured generation, AI_EXTRACT, AI_SENTIMENT's rewrite)."""
+    call = ai_call(node)
+    return (call is not None and call.kind == "generate") or (
+        isinstance(node, exp.Struct) and any(ai_call(n) is not None for n in node.walk()))
+
+
+def _field_path(node: exp.JSONExtract) -> exp.Expression:
+    """Snowflake's `value:field[0].inner` over an AI call's object as field and element access (the index stays
+    0-based, as the statement's dialect counts; DuckDB's SQL is written 1-based from it): the path reads the
+    object's own typed fields, not a JSON text of them."""
+    value = node.this
+    path = node.expression
+    for part in path.expressions if isinstance(path, exp.JSONPath) else ():
+        if isinstance(part, exp.JSONPathRoot):
+            continue
+        if isinstance(part, exp.JSONPathKey):
+            value = exp.Dot(this=value, expression=exp.to_identifier(str(part.this), quoted=True))
+        elif isinstance(part, exp.JSONPathSubscript) and isinstance(part.this, int):
+            value = exp.Bracket(this=value, expressions=[exp.Literal.number(part.this)])
+        else:
+            raise unsupported(f"the path {safe_sql(path)}", node, "read fields by name and elements by number")
+    return value
+
+
 def unused_options(statement: exp.Expression) -> tuple[str, ...]:
     """A remark per named argument that Quail accepts and has no use for (`connection_id => …`), for explain()."""
     remarks = []
@@ -50,6 +114,10 @@ def unused_options(statement: exp.Expression) -> tuple[str, ...]:
 
 def canonical_calls(statement: exp.Expression) -> exp.Expression:
     """`statement` with every AI call in its PROMPT form and positional arguments (the tree is changed in place)."""
+    for node in [n for n in statement.walk() if _is_sentiment(n)]:
+        node.replace(_sentiment(node))
+    for node in [n for n in statement.walk() if isinstance(n, exp.JSONExtract) and _structured(n.this)]:
+        node.replace(_field_path(node))
     refuse_other_ai_functions(statement)
     for call in [c for c in (ai_call(n) for n in list(statement.walk())) if c is not None]:
         if not _within(call.node, statement):
