@@ -264,3 +264,32 @@ def test_snowflake_paths_read_an_ai_objects_typed_fields():
 def test_a_wrong_ai_sentiment_is_refused_by_name(sql, message):
     with session() as opened, pytest.raises(quail.CompileError, match=message):
         opened.sql(sql)
+
+
+def test_bigquerys_generate_table_returns_the_input_columns_and_the_schemas_fields():
+    sql = ("SELECT * FROM AI.GENERATE_TABLE(MODEL `project.dataset.model`, (SELECT CONCAT('Describe ', r.body) AS "
+           "prompt, r.id FROM r), STRUCT('words INT64, great BOOL' AS output_schema, 200 AS max_output_tokens)) "
+           "ORDER BY id")
+    found = rows(sql, "bigquery")
+    assert [list(row) for row in found][:1] == [["prompt", "id", "words", "great", "full_response", "status"]]
+    assert found[0] == {"prompt": "Describe " + BODIES[0], "id": 0, "words": 8, "great": True,
+                        "full_response": None, "status": ""}
+    assert found[1]["prompt"] is None and found[1]["words"] is None
+
+
+@pytest.mark.parametrize(("sql", "message"), [
+    ("SELECT * FROM AI.GENERATE_TABLE(MODEL m, (SELECT r.body AS prompt FROM r), STRUCT(100 AS max_output_tokens))",
+     "needs STRUCT"),
+    ("SELECT * FROM AI.GENERATE_TABLE(MODEL m, (SELECT r.body AS prompt FROM r), STRUCT('a STRING' AS output_schema, "
+     "1 AS colour))", "parameter"),
+])
+def test_a_generate_table_quail_cannot_run_is_refused_by_name(sql, message):
+    with session() as opened, pytest.raises(quail.CompileError, match=message):
+        opened.sql(sql, dialect="bigquery")
+
+
+def test_a_column_that_is_the_whole_prompt_is_continued_with_no_instruction_of_quails():
+    with session() as opened:
+        node = next(n for n in opened.sql("SELECT AI_COMPLETE('m', r.body) AS g FROM r").plan().graph.nodes
+                    if n.kind == "AiGenerate")
+    assert ByteTokenizer().decode(node.tail) == "\nANSWER:"

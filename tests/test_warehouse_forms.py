@@ -91,7 +91,7 @@ def test_an_argument_quail_cannot_honour_is_refused_by_name(session, sql, names)
 
 @pytest.mark.parametrize(("dialect", "sql", "names"), [
     ("bigquery", "SELECT AI.GENERATE_TABLE(('Count ', r.body)) FROM reviews r", "AI.GENERATE_TABLE is not "
-                                                                                  "supported; it is a form of"),
+                                                                                  "supported; Quail offers"),
     ("bigquery", "SELECT AI.SIMILARITY(r.body, r.title) FROM reviews r", "AI.SIMILARITY is not supported; it needs "
                                                                          "embeddings"),
     ("snowflake", "SELECT AI_TRANSLATE(r.body, 'en', 'de') FROM reviews r", "AI_TRANSLATE is not supported; it is"),

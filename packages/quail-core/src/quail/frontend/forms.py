@@ -33,6 +33,57 @@ REFUSED = {
 }
 
 
+GENERATED = "generated_"
+"""The column AI.GENERATE_TABLE's rewrite holds each row's STRUCT in, before spreading its fields."""
+TABLE_PARAMETERS = {"output_schema": "output_schema", "max_output_tokens": "max_tokens", "temperature": "temperature",
+                    "top_p": "top_p", "top_k": "top_k"}
+
+
+def _is_generate_table(node: exp.Expression) -> bool:
+    return isinstance(node, exp.Table) and isinstance(node.this, exp.GenerateTable)
+
+
+def _generated_table(node: exp.Table) -> exp.Expression:
+    """BigQuery's `AI.GENERATE_TABLE(MODEL m, (SELECT … AS prompt …), STRUCT('a STRING, …' AS output_schema, …))`
+    as the table it returns: the input query's columns, then the schema's fields, `full_response` and `status` —
+    an AI.GENERATE over the input's `prompt` column in a derived table, its STRUCT spread into columns."""
+    function = node.this
+    query = function.args.get("expression")
+    if not isinstance(query, exp.Subquery | exp.Select):
+        raise unsupported("AI.GENERATE_TABLE without an input query", node, "pass (SELECT … AS prompt FROM …)")
+    parameters = function.args.get("params_struct")
+    options: dict[str, exp.Expression] = {}
+    for entry in parameters.expressions if isinstance(parameters, exp.Struct) else ():
+        field = struct_field(entry)
+        if field is None or field[0].lower() not in TABLE_PARAMETERS:
+            raise unsupported(f"AI.GENERATE_TABLE parameter {safe_sql(entry)}", entry,
+                              f"its parameters here: {', '.join(TABLE_PARAMETERS)}")
+        options[field[0].lower()] = field[1]
+    if "output_schema" not in options:
+        raise fail_at("AI.GENERATE_TABLE needs STRUCT('name TYPE, …' AS output_schema)", node)
+    schema = _schema_of(AiCall("generate", "AI.GENERATE_TABLE", (), node), options["output_schema"])
+    assert schema is not None
+    inner = query.this if isinstance(query, exp.Subquery) else query
+    source = exp.Subquery(this=inner.copy(), alias=exp.TableAlias(this=exp.to_identifier("q")))
+    parameters_out = [exp.PropertyEQ(this=exp.to_identifier(TABLE_PARAMETERS[key]), expression=value.copy())
+                      for key, value in options.items() if key != "output_schema"]
+    parameters_out.append(exp.PropertyEQ(this=exp.to_identifier("output_schema"),
+                                         expression=exp.Literal.string(json.dumps(json_schema(schema)))))
+    prompt = exp.Anonymous(this="PROMPT", expressions=[exp.Literal.string("{0}"), exp.column("prompt", table="q")])
+    call = exp.Dot(this=exp.to_identifier("AI"), expression=exp.Anonymous(
+        this="GENERATE", expressions=[prompt, exp.Struct(expressions=parameters_out)]))
+    generating = exp.select(exp.column(exp.Star(), table="q"), exp.alias_(call, GENERATED)).from_(source)
+    spread = [exp.alias_(exp.Dot(this=exp.column(GENERATED, table="g"), expression=exp.to_identifier(f.name,
+                                                                                                      quoted=True)),
+                         exp.to_identifier(f.name, quoted=True)) for f in schema.fields]
+    spread += [exp.alias_(exp.Dot(this=exp.column(GENERATED, table="g"), expression=exp.to_identifier(name)), name)
+               for name in ("full_response", "status")]
+    everything = exp.Star(except_=[exp.column(GENERATED)])
+    outer = exp.select(exp.column(everything, table="g"), *spread).from_(
+        exp.Subquery(this=generating, alias=exp.TableAlias(this=exp.to_identifier("g"))))
+    return exp.Subquery(this=outer, alias=exp.TableAlias(this=exp.to_identifier(node.alias or "generated")))
+
+
 SENTIMENTS = ("positive", "negative", "neutral", "mixed", "unknown")
 """Snowflake AI_SENTIMENT's labels."""
 
@@ -114,6 +165,8 @@ def unused_options(statement: exp.Expression) -> tuple[str, ...]:
 
 def canonical_calls(statement: exp.Expression) -> exp.Expression:
     """`statement` with every AI call in its PROMPT form and positional arguments (the tree is changed in place)."""
+    for node in [n for n in statement.walk() if _is_generate_table(n)]:
+        node.replace(_generated_table(node))
     for node in [n for n in statement.walk() if _is_sentiment(n)]:
         node.replace(_sentiment(node))
     for node in [n for n in statement.walk() if isinstance(n, exp.JSONExtract) and _structured(n.this)]:

@@ -219,7 +219,7 @@ def _function_name(node: exp.Expression) -> str:
 
 
 NOT_YET = {
-    "generation": ("AI.GENERATE_TABLE", "AI.EXTRACT",
+    "generation": ("AI.EXTRACT",
                    "AI_TRANSLATE", "AI_REDACT", "SNOWFLAKE.CORTEX.COMPLETE"),
     "embeddings": ("AI.EMBED", "AI_EMBED", "AI.SIMILARITY", "AI_SIMILARITY", "VECTOR_SEARCH"),
 }
