@@ -293,3 +293,12 @@ def test_a_column_that_is_the_whole_prompt_is_continued_with_no_instruction_of_q
         node = next(n for n in opened.sql("SELECT AI_COMPLETE('m', r.body) AS g FROM r").plan().graph.nodes
                     if n.kind == "AiGenerate")
     assert ByteTokenizer().decode(node.tail) == "\nANSWER:"
+
+
+def test_a_call_naming_another_catalog_model_is_refused_and_an_unknown_name_is_remarked():
+    with session() as opened:
+        with pytest.raises(quail.CompileError, match=r"names model 'qwen2\.5-coder-1\.5b-instruct', a catalog model "):
+            opened.sql("SELECT AI_COMPLETE('qwen2.5-coder-1.5b-instruct', PROMPT('x {0}', r.body)) FROM r")
+        same = opened.sql(f"SELECT AI_COMPLETE('{BASE_MODEL}', PROMPT('x {{0}}', r.body)) AS g FROM r").explain()
+        other = opened.sql("SELECT AI_COMPLETE('llama3.1-8b', PROMPT('x {0}', r.body)) AS g FROM r").explain()
+    assert "answered by the session's model" in other and "AiGenerate" in same

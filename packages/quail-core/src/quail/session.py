@@ -19,8 +19,10 @@ from quail.data.tokenizer import Tokenizer
 from quail.data.tokens import TokenStore
 from quail.errors import CompileError, GeneralRuleError, GeneralRuleOnly, QuailError, Refusal, RefusalError
 from quail.frontend.builder import Docs
+from quail.frontend.forms import named_models
 from quail.frontend.spec import QuerySpec, TableSpec
 from quail.frontend.sql import Dialect, parse_sql, parse_statement
+from quail.frontend.syntax import fail_at, parse_one
 from quail.plugins.registry import ExtensionRegistry
 from quail.runtime.coordinator import Query
 from quail.runtime.lookups import LookupQuery
@@ -104,6 +106,7 @@ class Session:
         self.check_open()
         self.database.refresh()
         text = text_argument("the query given to sql()", text)
+        self._check_named_models(text, dialect)
         try:
             return Query(self, parse_sql(text, self.database, dialect), order)
         except GeneralRuleOnly:
@@ -113,6 +116,17 @@ class Session:
             if answered is None:
                 raise refused from None
             return answered
+
+    def _check_named_models(self, text: str, dialect: Dialect) -> None:
+        """A generation call that names one of Quail's catalog models other than the session's is refused: it would
+        be answered by the session's model (a model per call is not supported yet). A name the catalog does not
+        know (a warehouse's model, `llama3.1-8b`) is answered by the session's model, and explain() says so."""
+        known = self.registry.models
+        for spelling, name, node in named_models(parse_one(text, dialect)):
+            if name in known and name != self.model.name:
+                raise fail_at(f"{spelling} names model {name!r}, a catalog model other than this session's "
+                              f"({self.model.name!r}); a model per call is not supported yet: run the query in a "
+                              f"session with EngineConfig(model={name!r}) (--model {name})", node)
 
     def _by_lookups(self, text: str, dialect: Dialect, order: OrderRule | None) -> LookupQuery | None:
         try:

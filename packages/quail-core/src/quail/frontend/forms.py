@@ -409,6 +409,19 @@ def _literal(node: exp.Expression) -> object:
 _SLOT_NAMES = {0: "model", 1: "prompt", 2: "model parameters", 3: "response format"}
 
 
+def named_models(statement: exp.Expression) -> list[tuple[str, str, exp.Expression]]:
+    """(spelling, model name, node) of every generation call that names a model, as written (quotes removed)."""
+    found = []
+    for call in [c for c in (ai_call(n) for n in statement.walk()) if c is not None and c.kind == "generate"]:
+        for index, argument in enumerate(call.arguments):
+            named = isinstance(argument, exp.Kwarg) and argument.this.name.lower() in ("model", "endpoint")
+            value = argument.expression if isinstance(argument, exp.Kwarg) else argument
+            first = not isinstance(argument, exp.Kwarg) and index == 0 and call.spelling.startswith("AI_")
+            if (named or first) and _is_text(value):
+                found.append((call.spelling, str(value.this), value))
+    return found
+
+
 def _named_model(call: AiCall) -> str | None:
     """The model a generation call names (`'llama3.1-8b'`, `model => …`, `endpoint => …`), as written."""
     offset = 0 if call.spelling.startswith("AI_") else 1
