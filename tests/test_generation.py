@@ -302,3 +302,11 @@ def test_a_call_naming_another_catalog_model_is_refused_and_an_unknown_name_is_r
         same = opened.sql(f"SELECT AI_COMPLETE('{BASE_MODEL}', PROMPT('x {{0}}', r.body)) AS g FROM r").explain()
         other = opened.sql("SELECT AI_COMPLETE('llama3.1-8b', PROMPT('x {0}', r.body)) AS g FROM r").explain()
     assert "answered by the session's model" in other and "AiGenerate" in same
+
+
+def test_snowflakes_type_object_response_format_is_read_as_a_schema():
+    fmt = "TYPE OBJECT(words NUMBER, share FLOAT, great BOOLEAN, note VARCHAR, tags ARRAY(NUMBER))"
+    found = rows(f"SELECT r.id, AI_COMPLETE('m', PROMPT('Count {{0}}', r.body), {{}}, {fmt}) AS x, "
+                 "'TYPE OBJECT(' AS untouched FROM r ORDER BY r.id")
+    assert found[0]["x"] == {"words": 7, "share": 0.7, "great": True, "note": "Great film.", "tags": [7]}
+    assert found[0]["untouched"] == "TYPE OBJECT(", "text inside a string is not a type"

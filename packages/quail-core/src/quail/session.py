@@ -22,7 +22,7 @@ from quail.frontend.builder import Docs
 from quail.frontend.forms import named_models
 from quail.frontend.spec import QuerySpec, TableSpec
 from quail.frontend.sql import Dialect, parse_sql, parse_statement
-from quail.frontend.syntax import fail_at, parse_one
+from quail.frontend.syntax import DIALECTS, fail_at, parse_one
 from quail.plugins.registry import ExtensionRegistry
 from quail.runtime.coordinator import Query
 from quail.runtime.lookups import LookupQuery
@@ -121,6 +121,8 @@ class Session:
         """A generation call that names one of Quail's catalog models other than the session's is refused: it would
         be answered by the session's model (a model per call is not supported yet). A name the catalog does not
         know (a warehouse's model, `llama3.1-8b`) is answered by the session's model, and explain() says so."""
+        if dialect not in DIALECTS:
+            return  # the reader says which dialects there are
         known = self.registry.models
         for spelling, name, node in named_models(parse_one(text, dialect)):
             if name in known and name != self.model.name:

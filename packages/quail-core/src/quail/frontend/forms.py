@@ -328,6 +328,8 @@ def _schema_of(call: AiCall, node: exp.Expression | None) -> SchemaType | None:
     if node is None:
         return None
     try:
+        if _is_text(node) and str(node.this).upper().startswith("TYPE OBJECT"):
+            return _checked(_snowflake_type(str(node.this)[len("TYPE "):]), node)
         if _is_text(node) and call.spelling.startswith("AI."):
             return _checked(_bigquery_schema(str(node.this)), node)
         document = _literal(node)
@@ -356,7 +358,7 @@ RESERVED_FIELDS = frozenset({"status", "full_response"})
 BIGQUERY_TYPES: dict[exp.DataType.Type, Kind] = {
     exp.DataType.Type.TEXT: "string", exp.DataType.Type.VARCHAR: "string", exp.DataType.Type.BIGINT: "int",
     exp.DataType.Type.INT: "int", exp.DataType.Type.DOUBLE: "double", exp.DataType.Type.FLOAT: "double",
-    exp.DataType.Type.BOOLEAN: "bool", exp.DataType.Type.DECIMAL: "double", exp.DataType.Type.BIGDECIMAL: "double",
+    exp.DataType.Type.BOOLEAN: "bool", exp.DataType.Type.BIGDECIMAL: "double",
 }
 
 
@@ -369,8 +371,20 @@ def _bigquery_schema(text: str) -> SchemaType:
     return _from_data_type(built)
 
 
+def _snowflake_type(text: str) -> SchemaType:
+    """Snowflake's 'OBJECT(name VARCHAR, year NUMBER, tags ARRAY(VARCHAR), …)' as a schema."""
+    try:
+        built = exp.DataType.build(text, dialect="snowflake")
+    except Exception as error:  # sqlglot raises its own ParseError and others on malformed types
+        raise ValueError(f"not an OBJECT(name TYPE, …) ({error})") from None
+    return _from_data_type(built)
+
+
 def _from_data_type(node: exp.DataType) -> SchemaType:
-    if node.this == exp.DataType.Type.STRUCT:
+    if node.this == exp.DataType.Type.DECIMAL:  # Snowflake's NUMBER is NUMBER(38, 0), whole; BigQuery's NUMERIC not
+        scale = node.expressions[1].this.this if len(node.expressions) > 1 else None
+        return SchemaType("int" if str(scale) == "0" else "double")
+    if node.this in (exp.DataType.Type.STRUCT, exp.DataType.Type.OBJECT):
         fields = []
         for column in node.expressions:
             if not isinstance(column, exp.ColumnDef) or not isinstance(column.args.get("kind"), exp.DataType):

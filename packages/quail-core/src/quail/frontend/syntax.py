@@ -74,6 +74,7 @@ def parse_one(text: str, dialect: Dialect) -> exp.Expression:
         raise CompileError(f"the query must be a string, got {type(text).__name__}")
     _refuse_other_statements(text)
     try:
+        text = _type_literals(text, dialect)
         statements = [s for s in sqlglot.parse(text, read=DIALECTS[dialect]) if s is not None]
     except ParseError as error:
         first = error.errors[0] if error.errors else {}
@@ -110,6 +111,29 @@ def _refuse_other_statements(text: str) -> None:
     if word in STATEMENTS:
         raise CompileError(f"{word} is not a query: Quail runs one SELECT statement (tables come from "
                            "Session.register or --table, never from the statement)", line=1, column=1)
+
+
+def _type_literals(text: str, dialect: Dialect) -> str:
+    """Snowflake's `TYPE OBJECT(name VARCHAR, …)` (AI_COMPLETE's response_format), which sqlglot cannot parse, as the
+    string literal 'TYPE OBJECT(…)' that `forms` reads as a schema. Found by tokens, so text inside a string or a
+    comment is never touched."""
+    if dialect != "snowflake" or "OBJECT" not in text.upper():
+        return text
+    tokens = DIALECTS[dialect]().tokenize(text)
+    spans = []
+    for index in range(len(tokens) - 2):
+        first, second, third = tokens[index:index + 3]
+        if first.text.upper() != "TYPE" or second.text.upper() != "OBJECT" or third.text != "(":
+            continue
+        depth = 0
+        for closing in tokens[index + 2:]:
+            depth += (closing.text == "(") - (closing.text == ")")
+            if depth == 0:
+                spans.append((first.start, closing.end))
+                break
+    for start, end in reversed(spans):
+        text = text[:start] + "'" + text[start:end + 1].replace("'", "''") + "'" + text[end + 1:]
+    return text
 
 
 _MISSING_ARGUMENT = re.compile(r"Required keyword: '(\w+)' missing for <class 'sqlglot\.expressions[\w.]*\.(\w+)'>")
