@@ -59,6 +59,7 @@ def test_question_first_takes_auto_on_or_off():
 
 
 @pytest.mark.slow
+@pytest.mark.plugins  # the native backend and an embedded model
 def test_a_rubric_score_over_short_reviews_costs_a_third_of_the_tokens_on_a_real_model():
     bodies = [f"Review {i}: the acting was fine and the plot moved quickly." for i in range(40)]
     fresh = {}
