@@ -71,7 +71,7 @@ def test_ai_aggregates_are_stored_like_every_generation(tmp_path: Path):
 
 
 @pytest.mark.parametrize(("sql", "message"), [
-    ("SELECT AI_AGG(r.body) FROM r", "missing its expression argument"),
+    ("SELECT AI_AGG(r.body) FROM r", "AI_AGG is missing its expression argument"),
     ("SELECT AI_AGG(r.body, r.film) FROM r", "the instruction is a string"),
     ("SELECT AI_AGG(r.body, 'a {b}') FROM r", "braces"),
     ("SELECT AI_SUMMARIZE_AGG(r.body, 'x') FROM r", "greater than the maximum number of supported arguments"),

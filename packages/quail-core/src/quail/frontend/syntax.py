@@ -146,7 +146,10 @@ def _readable(description: str, dialect: Dialect) -> str:
     if found is None:
         return description
     keyword, construct = found.groups()
-    return (f"{construct.upper()} is missing its {'first' if keyword == 'this' else keyword} argument as "
+    node = getattr(exp, construct, None)
+    names = node.sql_names() if isinstance(node, type) and issubclass(node, exp.Func) else []
+    name = names[0] if names else construct.upper()  # AI_AGG, not the class AIAgg
+    return (f"{name} is missing its {'first' if keyword == 'this' else keyword} argument as "
             f"{dialect.capitalize()} SQL reads it (is it a function of another SQL dialect?)")
 
 
