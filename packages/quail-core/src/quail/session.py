@@ -19,10 +19,9 @@ from quail.data.tokenizer import Tokenizer
 from quail.data.tokens import TokenStore
 from quail.errors import CompileError, GeneralRuleError, GeneralRuleOnly, QuailError, Refusal, RefusalError
 from quail.frontend.builder import Docs
-from quail.frontend.forms import named_models
+from quail.frontend.forms import NamedModel
 from quail.frontend.spec import QuerySpec, TableSpec
-from quail.frontend.sql import Dialect, parse_sql, parse_statement
-from quail.frontend.syntax import DIALECTS, fail_at, parse_one
+from quail.frontend.sql import Dialect, ParsedStatement, parse_statement, read_parsed
 from quail.plugins.registry import ExtensionRegistry
 from quail.runtime.coordinator import Query
 from quail.runtime.lookups import LookupQuery
@@ -106,33 +105,33 @@ class Session:
         self.check_open()
         self.database.refresh()
         text = text_argument("the query given to sql()", text)
-        self._check_named_models(text, dialect)
+        parsed = parse_statement(text, self.database, dialect)
+        self._check_named_models(parsed.models)
         try:
-            return Query(self, parse_sql(text, self.database, dialect), order)
+            return Query(self, read_parsed(parsed, text, self.database, dialect), order)
         except GeneralRuleOnly:
-            return LookupQuery(self, self._query_of, parse_statement(text, self.database, dialect), dialect, order)
+            return LookupQuery(self, self._query_of, parsed, dialect, order)
         except GeneralRuleError as refused:
-            answered = self._by_lookups(text, dialect, order)
+            answered = self._by_lookups(parsed, dialect, order)
             if answered is None:
                 raise refused from None
             return answered
 
-    def _check_named_models(self, text: str, dialect: Dialect) -> None:
+    def _check_named_models(self, models: tuple[NamedModel, ...]) -> None:
         """A generation call that names one of Quail's catalog models other than the session's is refused: it would
         be answered by the session's model (a model per call is not supported yet). A name the catalog does not
         know (a warehouse's model, `llama3.1-8b`) is answered by the session's model, and explain() says so."""
-        if dialect not in DIALECTS:
-            return  # the reader says which dialects there are
         known = self.registry.models
-        for spelling, name, node in named_models(parse_one(text, dialect)):
-            if name in known and name != self.model.name:
-                raise fail_at(f"{spelling} names model {name!r}, a catalog model other than this session's "
-                              f"({self.model.name!r}); a model per call is not supported yet: run the query in a "
-                              f"session with EngineConfig(model={name!r}) (--model {name})", node)
+        for model in models:
+            if model.name in known and model.name != self.model.name:
+                raise CompileError(f"{model.spelling} names model {model.name!r}, a catalog model other than this "
+                                   f"session's ({self.model.name!r}); a model per call is not supported yet: run the "
+                                   f"query in a session with EngineConfig(model={model.name!r}) (--model "
+                                   f"{model.name})", line=model.where.line, column=model.where.column)
 
-    def _by_lookups(self, text: str, dialect: Dialect, order: OrderRule | None) -> LookupQuery | None:
+    def _by_lookups(self, parsed: ParsedStatement, dialect: Dialect, order: OrderRule | None) -> LookupQuery | None:
         try:
-            return LookupQuery(self, self._query_of, parse_statement(text, self.database, dialect), dialect, order)
+            return LookupQuery(self, self._query_of, parsed, dialect, order)
         except CompileError:
             return None
 

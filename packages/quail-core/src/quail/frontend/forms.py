@@ -11,11 +11,21 @@ Options Quail has no use for are accepted and dropped; those it cannot honour ar
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from sqlglot import exp
 
 from quail.frontend.calls import struct_field
-from quail.frontend.syntax import AiCall, ai_call, fail_at, refuse_other_ai_functions, safe_sql, unsupported
+from quail.frontend.spec import Where
+from quail.frontend.syntax import (
+    AiCall,
+    ai_call,
+    fail_at,
+    refuse_other_ai_functions,
+    safe_sql,
+    unsupported,
+    where_of,
+)
 from quail.schemas import Kind, SchemaField, SchemaType, from_json_schema, json_schema, struct
 
 IGNORED = frozenset({"connection_id", "max_error_ratio", "optimization_mode"})
@@ -152,10 +162,10 @@ def unused_options(statement: exp.Expression) -> tuple[str, ...]:
     """A remark per named argument that Quail accepts and has no use for (`connection_id => …`), for explain()."""
     remarks = []
     for call in [c for c in (ai_call(n) for n in statement.walk()) if c is not None]:
-        model = _named_model(call) if call.kind == "generate" else None
+        model = _model_argument(call) if call.kind == "generate" else None
         if model is not None:
-            remarks.append(f"{call.spelling}: model {model} is answered by the session's model (EngineConfig.model "
-                           "/ --model); a model per call is not supported yet")
+            remarks.append(f"{call.spelling}: model {model.sql()} is answered by the session's model "
+                           "(EngineConfig.model / --model); a model per call is not supported yet")
         for argument in call.arguments:
             if isinstance(argument, exp.Kwarg) and argument.this.name.lower() in IGNORED:
                 remarks.append(f"{call.spelling}: {argument.this.name} => {argument.expression.sql()} accepted and "
@@ -221,8 +231,6 @@ GENERATE_NAMES = {"prompt": 1, "model": 0, "endpoint": 0, "model_parameters": 2,
                   "response_format": 3, "output_schema": 3}
 """AI_COMPLETE(model, prompt, model_parameters, response_format)'s places for the named arguments of both warehouses
 (BigQuery's AI.GENERATE has no positional model: its prompt comes first)."""
-STRUCTURED = ("structured output (response_format / output_schema) is not supported yet: AI.GENERATE and AI_COMPLETE "
-              "return text")
 
 
 def _generate_arguments(call: AiCall) -> list[exp.Expression] | None:
@@ -423,27 +431,35 @@ def _literal(node: exp.Expression) -> object:
 _SLOT_NAMES = {0: "model", 1: "prompt", 2: "model parameters", 3: "response format"}
 
 
-def named_models(statement: exp.Expression) -> list[tuple[str, str, exp.Expression]]:
-    """(spelling, model name, node) of every generation call that names a model, as written (quotes removed)."""
+@dataclass(frozen=True)
+class NamedModel:
+    """A model a generation call names as a string (`AI_COMPLETE('llama3.1-8b', …)`, `endpoint => '…'`)."""
+
+    spelling: str
+    name: str
+    where: Where
+
+
+def named_models(statement: exp.Expression) -> tuple[NamedModel, ...]:
+    """Every model the statement's generation calls name as a string, before the calls are respelled (the PROMPT
+    form drops the model)."""
     found = []
     for call in [c for c in (ai_call(n) for n in statement.walk()) if c is not None and c.kind == "generate"]:
-        for index, argument in enumerate(call.arguments):
-            named = isinstance(argument, exp.Kwarg) and argument.this.name.lower() in ("model", "endpoint")
-            value = argument.expression if isinstance(argument, exp.Kwarg) else argument
-            first = not isinstance(argument, exp.Kwarg) and index == 0 and call.spelling.startswith("AI_")
-            if (named or first) and _is_text(value):
-                found.append((call.spelling, str(value.this), value))
-    return found
+        model = _model_argument(call)
+        if model is not None and _is_text(model):
+            found.append(NamedModel(call.spelling, str(model.this), where_of(model)))
+    return tuple(found)
 
 
-def _named_model(call: AiCall) -> str | None:
-    """The model a generation call names (`'llama3.1-8b'`, `model => …`, `endpoint => …`), as written."""
+def _model_argument(call: AiCall) -> exp.Expression | None:
+    """The model a generation call names: `model =>` / `endpoint =>`, or AI_COMPLETE's first argument when it is a
+    string (BigQuery's AI.GENERATE has no positional model)."""
     offset = 0 if call.spelling.startswith("AI_") else 1
     for index, argument in enumerate(call.arguments):
         if isinstance(argument, exp.Kwarg) and argument.this.name.lower() in ("model", "endpoint"):
-            return argument.expression.sql()
+            return argument.expression
         if not isinstance(argument, exp.Kwarg) and index + offset == 0 and _is_text(argument):
-            return argument.sql()
+            return argument
     return None
 
 

@@ -41,7 +41,7 @@ from quail.frontend.calls import (
     selectivity,
     string_option,
 )
-from quail.frontend.forms import canonical_calls, unused_options
+from quail.frontend.forms import NamedModel, canonical_calls, named_models, unused_options
 from quail.frontend.relational import (
     INTERNAL_PREFIX,
     OUTPUTS_RELATION,
@@ -125,13 +125,20 @@ class ParsedStatement:
     statement: exp.Query
     remarks: tuple[str, ...] = ()
     """Options accepted and of no use to Quail (`connection_id => …`), for explain()."""
+    models: tuple[NamedModel, ...] = ()
+    """The models its generation calls name (read before the calls are respelled: the PROMPT form has none)."""
 
 
 def parse_sql(text: str, catalog: RelationalCatalog, dialect: Dialect = "snowflake") -> QuerySpec:
     """Read one SELECT statement into a QuerySpec, or raise CompileError."""
-    parsed = parse_statement(text, catalog, dialect)
+    return read_parsed(parse_statement(text, catalog, dialect), text, catalog, dialect)
+
+
+def read_parsed(parsed: ParsedStatement, text: str, catalog: RelationalCatalog, dialect: Dialect) -> QuerySpec:
+    """A parsed user statement (`parse_statement`) read into a QuerySpec by the planner of one block; the reader
+    rewrites the tree it reads, so it reads a copy (the general rule may take the statement next)."""
     try:
-        return replace(_Reader(dialect, catalog, parsed.statement, text).read(), remarks=parsed.remarks)
+        return replace(_Reader(dialect, catalog, parsed.statement.copy(), text).read(), remarks=parsed.remarks)
     except RecursionError:
         raise CompileError("the query nests too deeply") from None
 
@@ -142,11 +149,12 @@ def parse_statement(text: str, catalog: RelationalCatalog, dialect: Dialect = "s
         raise CompileError(f"unknown SQL dialect {dialect!r}; use 'snowflake' or 'bigquery'")
     parsed = parse_one(text, dialect)
     remarks = unused_options(parsed)
+    models = named_models(parsed)
     statement = _known_case(canonical_calls(parsed), catalog)
     _refuse_internal_names(statement)
     if not isinstance(statement, exp.Query):
         raise CompileError(_not_a_query(text))
-    return ParsedStatement(statement, remarks)
+    return ParsedStatement(statement, remarks, models)
 
 
 def read_statement(statement: exp.Expression, catalog: RelationalCatalog, dialect: Dialect) -> QuerySpec:
