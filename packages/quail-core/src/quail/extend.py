@@ -51,6 +51,7 @@ from quail.backends.base import (
 )
 from quail.backends.default import CHECKPOINT_FILES, Backend, checkpoint_tokenizer
 from quail.backends.shapes import (
+    Finish,
     choose_label,
     empty_answers,
     filter_answers,
@@ -175,6 +176,7 @@ __all__ = [
     "EngineRequest",
     "ExecutionMetrics",
     "FilterStage",
+    "Finish",
     "ForgetsKV",
     "Frames",
     "GeneratesText",

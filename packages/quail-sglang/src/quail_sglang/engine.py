@@ -129,7 +129,7 @@ class SGLangEngine:
         outputs = self.engine.generate(input_ids=[list(p) for p in prompts], sampling_params=params)
         if not isinstance(outputs, list) or len(outputs) != len(prompts):
             raise RuntimeError(f"SGLang answered a batch of {len(prompts)} with {type(outputs).__name__}")
-        return [_generation(output, frozenset(stop)) for output in outputs]
+        return [_generation(output, stop) for output in outputs]
 
     def forget_cached_prefixes(self) -> None:
         """Flush the radix cache (`Engine.flush_cache`): the next requests compute every prefix again."""
@@ -163,16 +163,13 @@ def _answer(request: EngineRequest, output: Output) -> EngineAnswer:
     return EngineAnswer(request.key, margin, int(meta["prompt_tokens"]), int(meta.get("cached_tokens") or 0))
 
 
-def _generation(output: Output, stop: frozenset[int]) -> EngineGeneration:
-    """The tokens before the first stop token (SGLang keeps a matched stop token id in `output_ids`), how the
-    generation ended (meta_info's finish_reason type: stop or length) and the prompt's cache counters."""
+def _generation(output: Output, stop: TokenIds) -> EngineGeneration:
+    """SGLang's output (it keeps a matched stop token id in `output_ids`; meta_info's finish_reason says stop or
+    length) as a generation, with the prompt's cache counters."""
     meta = output.get("meta_info")
     ids = output.get("output_ids")
     if not isinstance(meta, Mapping) or not isinstance(ids, list):
         raise RuntimeError("SGLang returned a generation without output_ids or meta_info")
     reason = meta.get("finish_reason")
-    kind = reason.get("type") if isinstance(reason, Mapping) else None
-    ended = next((i for i, token in enumerate(ids) if token in stop), None)
-    kept = tuple(int(t) for t in (ids if ended is None else ids[:ended]))
-    return EngineGeneration(kept, "stop" if ended is not None or kind == "stop" else "length",
-                            int(meta["prompt_tokens"]), int(meta.get("cached_tokens") or 0))
+    stopped = isinstance(reason, Mapping) and reason.get("type") == "stop"
+    return EngineGeneration.cut(ids, stop, stopped, int(meta["prompt_tokens"]), int(meta.get("cached_tokens") or 0))

@@ -132,7 +132,9 @@ class VLLMEngine:
                                 skip_special_tokens=False, detokenize=False, structured_outputs=held)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
                                     use_tqdm=False)
-        return [_generation(output, frozenset(stop)) for output in outputs]
+        return [EngineGeneration.cut(list(output.outputs[0].token_ids), stop, output.outputs[0].finish_reason == "stop",
+                                     len(output.prompt_token_ids or ()), output.num_cached_tokens or 0)
+                for output in outputs]
 
     def close(self) -> None:
         """Shut the engine core down and drop the model, so a later engine gets the memory back."""
@@ -156,12 +158,3 @@ class VLLMEngine:
         prompt = len(output.prompt_token_ids or ())
         cached = output.num_cached_tokens or 0
         return EngineAnswer(key, margin, prompt, cached)
-
-
-def _generation(output: RequestOutput, stop: frozenset[int]) -> EngineGeneration:
-    completion = output.outputs[0]
-    tokens = list(completion.token_ids)
-    ended = next((i for i, token in enumerate(tokens) if token in stop), None)
-    finish = "stop" if ended is not None or completion.finish_reason == "stop" else "length"
-    kept = tuple(tokens if ended is None else tokens[:ended])
-    return EngineGeneration(kept, finish, len(output.prompt_token_ids or ()), output.num_cached_tokens or 0)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
+from quail.backends.shapes import Finish
 from quail.data.tokenizer import TokenIds
 from quail.prompts import AnswerTokens
 
@@ -80,9 +81,18 @@ class EngineGeneration:
     """One greedy generation: the tokens before the first stop token, how it ended, and the prompt's counters."""
 
     tokens: TokenIds
-    finish: Literal["stop", "length"]
+    finish: Finish
     prompt_tokens: int
     cached_tokens: int
+
+    @classmethod
+    def cut(cls, written: Sequence[int], stop: Sequence[int], stopped: bool, prompt_tokens: int,
+            cached_tokens: int) -> EngineGeneration:
+        """What an engine wrote, cut before its first stop token (engines differ on whether they keep a matched
+        one); it ended by itself when a stop token was written or the engine says it `stopped`, else at the bound."""
+        ended = next((i for i, token in enumerate(written) if token in stop), None)
+        kept = tuple(int(t) for t in (written if ended is None else written[:ended]))
+        return cls(kept, "stop" if ended is not None or stopped else "length", prompt_tokens, cached_tokens)
 
 
 @runtime_checkable

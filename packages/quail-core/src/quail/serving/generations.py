@@ -44,7 +44,8 @@ class Generation:
 def answer_generations(node: ph.AiGenerate, inputs: NodeInputs, run: NodeRun) -> pa.Table:
     documents = inputs.tokens(node.alias)
     groups = representatives(inputs.rows(node.alias), documents)
-    keys = {row: run.keys.generation(node.document_prompt(documents[row]), node.max_tokens, node.stop, node.grammar)
+    grammar = node.grammar  # a JSON text written per access: once per node, not per document
+    keys = {row: run.keys.generation(node.document_prompt(documents[row]), node.max_tokens, node.stop, grammar)
             for row in groups}
     stored = run.lookup(list(keys.values()))
     found = {row: g for row, key in keys.items() if key in stored

@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 
+from quail.extend import Finish
 from quail_native.executor.grammar import Constraint
 from quail_native.executor.packing import Item, ItemResult
 from quail_native.executor.state import Batch, SharedState, Tokens, drop, run_passes
@@ -44,7 +44,7 @@ class GenerationLayout:
 class Generated:
     row: int
     tokens: tuple[int, ...]
-    finish: Literal["stop", "length"]
+    finish: Finish
     """`stop` when the model wrote a stop token, `length` at the token bound."""
 
 
@@ -71,9 +71,8 @@ def run_generation(state: SharedState, alias: str, rows: Sequence[int], document
     """Every row's generation, in the order they finished; `constrain` gives each sequence its grammar matcher.
     A document whose KV an earlier node kept (a filter's survivor, an earlier generation's document) computes only
     its tail; with `layout.retain` each document's KV is kept for a later node."""
-    run = _GenerationRun(state, alias, layout, choose)
-    run.fresh.extend(_Sequence(r, documents[r], documents[r] + layout.tail,
-                               constraint=constrain() if constrain else None) for r in rows)
+    run = _GenerationRun(state, alias, layout, choose, constrain)
+    run.fresh.extend(_Sequence(r, documents[r], documents[r] + layout.tail) for r in rows)
     run.total = len(rows)
     run_passes(state, run.fill, run.done, run.after_pass)
     return run.out
@@ -85,6 +84,8 @@ class _GenerationRun:
     alias: str
     layout: GenerationLayout
     choose: Chooser
+    constrain: Callable[[], Constraint] | None
+    """A new sequence's grammar matcher, made when it is admitted (None: free text)."""
     fresh: deque[_Sequence] = field(default_factory=deque)
     stepping: list[_Sequence] = field(default_factory=list)
     """Sequences with a token chosen and not yet fed back."""
@@ -136,6 +137,7 @@ class _GenerationRun:
         """[document][tail] after the preamble — or the tail alone over the document's kept KV — with the KV kept
         (the document's apart when it is kept for a later node)."""
         sequence.lent = self.state.take((self.layout.preamble, sequence.document))
+        sequence.constraint = self.constrain() if self.constrain is not None else None
         tail = self.layout.tail
         if sequence.lent is not None:
             return Item(tail, self.start + len(sequence.document), (self.pre, sequence.lent), (len(tail) - 1,),
@@ -198,7 +200,7 @@ class _GenerationRun:
         self.state.retain(self.alias, (self.layout.preamble, sequence.document), document)
         return joined
 
-    def _end(self, sequence: _Sequence, finish: Literal["stop", "length"]) -> None:
+    def _end(self, sequence: _Sequence, finish: Finish) -> None:
         drop(self.state, sequence.block)
         sequence.block = None
         self.promised -= sequence.promised

@@ -23,13 +23,18 @@ class Grammars:
     tokenizer_file: Path
     vocabulary: int
     _tokenizers: dict[tuple[int, ...], LLTokenizer] = field(default_factory=dict)
+    _compiled: dict[str, str] = field(default_factory=dict)
+    """JSON Schema text → the grammar llguidance compiles from it: once per schema, not once per sequence."""
 
     def matcher(self, grammar: str, stop: tuple[int, ...]) -> Constraint:
         tokenizer = self._tokenizers.get(stop)
         if tokenizer is None:
             tokenizer = self._tokenizers[stop] = LLTokenizer(str(self.tokenizer_file), n_vocab=self.vocabulary,
                                                              eos_token=list(stop))
-        matcher = LLMatcher(tokenizer, LLMatcher.grammar_from_json_schema(grammar), log_level=0)
+        compiled = self._compiled.get(grammar)
+        if compiled is None:
+            compiled = self._compiled[grammar] = LLMatcher.grammar_from_json_schema(grammar)
+        matcher = LLMatcher(tokenizer, compiled, log_level=0)
         if matcher.is_error():
             raise ValueError(f"the grammar library refused the output schema: {matcher.get_error()}")
         return Constraint(matcher)
