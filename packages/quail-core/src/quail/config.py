@@ -42,14 +42,14 @@ class EngineConfig:
     prefix_sharing: Switch = "auto"
     calibration: Switch = "auto"
     early_limit: Switch = "auto"
+    """A LIMIT the first documents can meet is met early: the model reads documents in rounds and stops once
+    the rows are there ("auto" and "on"); "off" reads every document, as a plan without the LIMIT would."""
     join_conditions: Switch = "auto"
     """Conditions between joined tables (`r1.id < r2.id`) restrict the pairs an AI join asks ("auto", "on"); "off"
     applies them after the model only, as before they were pushed down (the rows are the same)."""
     question_first: Switch = "auto"
     """A node asking each document one long question (a rubric over short documents) states it once, before the
     documents ("auto": when that is clearly cheaper in tokens; "on": for every such node; "off": never)."""
-    """A LIMIT the first documents can meet is met early: the model reads documents in rounds and stops once
-    the rows are there ("auto" and "on"); "off" reads every document, as a plan without the LIMIT would."""
     oversized_documents: OversizedPolicy = "refuse"
     """A document too long for one forward pass with its prompt: "refuse" the query (the default),
     "skip" that document (it leaves the query), or "truncate" it to the tokens that fit. Skipped and

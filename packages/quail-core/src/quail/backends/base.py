@@ -77,9 +77,9 @@ class PlanningContext:
     kv_page_tokens: int = 16
     prefix_sharing: Switch = "auto"
     question_first: Switch = "auto"
+    """Whether a node asking one question may state it before the documents (`EngineConfig.question_first`)."""
     join_conditions: Switch = "auto"
     """Whether conditions between joined tables restrict the pairs the model is asked (`EngineConfig`)."""
-    """Whether a node asking one question may state it before the documents (`EngineConfig.question_first`)."""
     document_shared_prefix_tokens: Mapping[str, int] = field(default_factory=dict)
     """Per alias: Σ whole pages each document shares with its predecessor in token order."""
     calibration: Switch = "auto"

@@ -189,10 +189,10 @@ class QuerySpec:
     predicates: tuple[PredicateSpec, ...] = ()
     equalities: tuple[EqualitySpec, ...] = ()
     pair_conditions: tuple[PairCondition, ...] = ()
+    """Conditions over two tables' columns in WHERE or an inner ON: they also restrict the pairs a join asks."""
     scan_order: tuple[str, str] | None = None
     """(alias, DuckDB ORDER BY keys) when the query's ORDER BY reads only the one table the model reads: its scan is
     numbered in that order, so the LIMIT after it may stop the model early."""
-    """Conditions over two tables' columns in WHERE or an inner ON: they also restrict the pairs a join asks."""
     classifies: tuple[ClassifySpec, ...] = ()
     label_filters: tuple[LabelFilterSpec, ...] = ()
     scores: tuple[ScoreSpec, ...] = ()

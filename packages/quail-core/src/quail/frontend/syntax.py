@@ -256,9 +256,8 @@ WAREHOUSE_FUNCTIONS = {name: kind for kind, names in NOT_YET.items() for name in
 
 def _not_offered(name: str) -> str:
     kind = WAREHOUSE_FUNCTIONS.get(name)
-    need = {"generation": "it is a form of generation Quail does not offer yet (typed, structured, aggregated or "
-            "translated output)", "embeddings":
-            "it needs embeddings, which Quail does not offer yet"}.get(kind or "", "")
+    need = {"generation": "it is a form of generation Quail does not offer yet (translated or redacted text)",
+            "embeddings": "it needs embeddings, which Quail does not offer yet"}.get(kind or "", "")
     offered = ("Quail offers AI.IF / AI_FILTER, AI.CLASSIFY / AI_CLASSIFY, AI.SCORE / AI_SCORE and text from "
                "AI.GENERATE / AI_COMPLETE")
     return f"{need}; {offered}" if need else offered

@@ -28,6 +28,7 @@ from quail.planner.filters import selectivity_of
 from quail.planner.optimizer import Decisions, optimize
 from quail.prompts import (
     AnswerTokens,
+    ExamplesLayout,
     PromptStyle,
     bind_classify,
     bind_filters,
@@ -87,7 +88,7 @@ class _GraphBuilder:
         later = self.join_order[self.join_order.index(position) + 1:]
         return any(self.decisions.anchors.get(p) == anchor for p in later)
 
-    def generated_later(self, alias: str, layout: str = "document_first") -> bool:
+    def generated_later(self, alias: str, layout: ExamplesLayout = "document_first") -> bool:
         """Whether a generation over `alias` runs after the node laid out now: its documents' KV is then kept for
         it (a generation's preamble is the document-first one: a node laid out otherwise has other KV)."""
         return layout == "document_first" and self.generations.get(alias, 0) > 0

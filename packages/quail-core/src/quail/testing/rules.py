@@ -58,9 +58,9 @@ def generated_text(document: str) -> str:
     return SENTENCE_END.split(document.strip(), maxsplit=1)[0]
 
 
-def generated_value(kind: str, document: str, item: object = None) -> object:
-    """A field's value: text the first sentence, an integer the number of words, a number a tenth of it, a boolean
-    whether it says "great", a list its first word's value; `item` is a list's element kind."""
+def generated_value(kind: str, document: str) -> object:
+    """A scalar field's value: text the first sentence, an integer the number of words, a number a tenth of it, a
+    boolean whether it says "great" (lists and objects are filled field by field, `KeywordExecution.generated`)."""
     found = WORD.findall(document.lower())
     if kind == "int":
         return len(found)
@@ -68,6 +68,4 @@ def generated_value(kind: str, document: str, item: object = None) -> object:
         return len(found) / 10
     if kind == "bool":
         return "great" in found
-    if kind == "list":
-        return [generated_value(str(item), found[0] if found else "")]
     return generated_text(document)

@@ -122,8 +122,8 @@ def run_generation(model: str, precision: str, out: Path, backends: Sequence[str
     with session_on(model, precision, "native", chunk_tokens) as session:
         single = decode_rate(session, 1, tokens)
         batched = decode_rate(session, documents, tokens)
-        limit = bandwidth / weight_bytes_per_step(spec, bytes_per_weight)
         step = weight_bytes_per_step(spec, bytes_per_weight)
+        limit = bandwidth / step
         lines.append(f"decode, 1 sequence: {single.per_second:.2f} tokens/s; weight-bandwidth limit {limit:.2f} "
                      f"tokens/s ({bandwidth / 1e9:.1f} GB/s measured, {step / 1e6:.0f} MB a step in "
                      f"{chosen.dtype}); measured / limit {single.per_second / limit:.2f}")
