@@ -310,3 +310,11 @@ def test_snowflakes_type_object_response_format_is_read_as_a_schema():
                  "'TYPE OBJECT(' AS untouched FROM r ORDER BY r.id")
     assert found[0]["x"] == {"words": 7, "share": 0.7, "great": True, "note": "Great film.", "tags": [7]}
     assert found[0]["untouched"] == "TYPE OBJECT(", "text inside a string is not a type"
+
+
+def test_a_bare_column_prompt_with_a_schema_names_the_fields_apart_from_the_document():
+    with session() as opened:
+        node = next(n for n in opened.sql("SELECT AI_COMPLETE('m', r.body, {}, {'type': 'json', 'schema': {'type': "
+                                          "'object', 'properties': {'n': {'type': 'integer'}}}}) AS g FROM r")
+                    .plan().graph.nodes if n.kind == "AiGenerate")
+    assert ByteTokenizer().decode(node.tail) == "\n\nAnswer with a JSON object with these fields: n (integer).\nANSWER:"

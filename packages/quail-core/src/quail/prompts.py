@@ -397,7 +397,7 @@ def generate_tail(prompt: Prompt, style: PromptStyle = BASE_STYLE, schema: Schem
     model continues from."""
     fields = f"\nAnswer with a JSON object with these fields: {describe(schema)}." if schema is not None else ""
     if prompt.template.strip() == "{0}":  # the column is the whole prompt (AI_COMPLETE('m', r.prompt)): no instruction
-        return f"{fields.lstrip()}{style.cue}" if fields else style.cue
+        return f"\n\n{fields.strip()}{style.cue}" if fields else style.cue
     return f"\n\n{INSTRUCTION_LABEL}{question_text(prompt, {0: DOCUMENT_PLACEHOLDER})}{fields}{style.cue}"
 
 
