@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from support.cases import empty_keyword_session
 
 import quail
-from quail.testing import BASE_MODEL, ByteTokenizer, KeywordBackend
 from quail.testing.rules import generated_text
 
 FILMS = ["a", "a", "b", "c", "b"]
@@ -19,11 +19,7 @@ BODIES = ["Great film. Loved it.", "Dull. Long.", "A slow, long story! Meh.", No
 
 def session(bodies: list[str | None] = BODIES, films: list[str] = FILMS, chunk: int = 1024,
             cache: str = "off") -> quail.Session:
-    tokenizer = ByteTokenizer()
-    registry = quail.ExtensionRegistry.with_built_ins()
-    registry.register_backend(KeywordBackend(tokenizer))
-    config = quail.EngineConfig(model=BASE_MODEL, backend="keyword", cache=cache, chunk_tokens=chunk)
-    opened = quail.Session(config, registry=registry, tokenizer=tokenizer)
+    opened = empty_keyword_session(cache=cache, chunk_tokens=chunk)
     opened.register("r", pa.table({"id": list(range(len(bodies))), "film": films, "body": bodies}))
     return opened
 

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from support.cases import empty_keyword_session
 
 import quail
 from quail.presentation import format_report
-from quail.testing import BASE_MODEL, ByteTokenizer, KeywordBackend
+from quail.testing import BASE_MODEL, ByteTokenizer
 from quail.testing.rules import generated_text
 
 BODIES = ["Great film. The acting by Ann Lee is superb.", None, "A slow, long story! The ending drags.",
@@ -20,11 +21,7 @@ BODIES = ["Great film. The acting by Ann Lee is superb.", None, "A slow, long st
 
 
 def session(cache: str = "off") -> quail.Session:
-    tokenizer = ByteTokenizer()
-    registry = quail.ExtensionRegistry.with_built_ins()
-    registry.register_backend(KeywordBackend(tokenizer))
-    opened = quail.Session(quail.EngineConfig(model=BASE_MODEL, backend="keyword", cache=cache), registry=registry,
-                           tokenizer=tokenizer)
+    opened = empty_keyword_session(cache=cache)
     opened.register("r", pa.table({"id": list(range(len(BODIES))), "body": BODIES,
                                    "stars": [5, 3, 2, 4, 1, 3]}))
     return opened

@@ -9,9 +9,9 @@ import itertools
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.cases import empty_keyword_session
 
 import quail
-from quail.testing import BASE_MODEL, ByteTokenizer, KeywordBackend
 from quail.testing.rules import predicate_margin
 
 SHARE = "PROMPT('Do {0} and {1} share a word?', r1.body, r2.body)"
@@ -25,14 +25,15 @@ CONDITIONS = {
 }
 
 
+def session(rows: list[dict[str, object]]) -> quail.Session:
+    opened = empty_keyword_session(cache="off")
+    opened.register("reviews", pa.Table.from_pylist(rows))
+    return opened
+
+
 def run(rows: list[dict[str, object]], sql: str) -> quail.QueryResult:
-    tokenizer = ByteTokenizer()
-    registry = quail.ExtensionRegistry.with_built_ins()
-    registry.register_backend(KeywordBackend(tokenizer))
-    with quail.Session(quail.EngineConfig(model=BASE_MODEL, backend="keyword", cache="off"), registry=registry,
-                       tokenizer=tokenizer) as session:
-        session.register("reviews", pa.Table.from_pylist(rows))
-        return session.sql(sql).run()
+    with session(rows) as opened:
+        return opened.sql(sql).run()
 
 
 reviews = st.lists(st.tuples(st.lists(st.sampled_from(WORDS), min_size=1, max_size=3).map(" ".join),
@@ -57,13 +58,8 @@ def test_the_model_is_asked_exactly_the_pairs_that_satisfy_the_condition(written
 
 def test_explain_shows_the_condition_on_the_candidate_pairs():
     rows = [{"id": i, "body": "acting plot", "stars": i, "movie": 1} for i in range(4)]
-    tokenizer = ByteTokenizer()
-    registry = quail.ExtensionRegistry.with_built_ins()
-    registry.register_backend(KeywordBackend(tokenizer))
-    with quail.Session(quail.EngineConfig(model=BASE_MODEL, backend="keyword", cache="off"), registry=registry,
-                       tokenizer=tokenizer) as session:
-        session.register("reviews", pa.Table.from_pylist(rows))
-        text = session.sql(f"SELECT r1.id FROM reviews r1 JOIN reviews r2 ON r1.id < r2.id "
+    with session(rows) as opened:
+        text = opened.sql(f"SELECT r1.id FROM reviews r1 JOIN reviews r2 ON r1.id < r2.id "
                            f"WHERE AI_FILTER({SHARE})").explain()
     assert 'HashJoin "r1.id" < "r2.id"' in text
 

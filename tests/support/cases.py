@@ -62,14 +62,15 @@ KEPT_ENGINES = 8
 
 
 def empty_keyword_session(registry: quail.ExtensionRegistry | None = None,
-                          backend: str = "keyword") -> quail.Session:
-    """A session on the keyword test backend with no table: what compiling and planning need, and no model."""
+                          backend: str = "keyword", **settings: Any) -> quail.Session:
+    """A session on the keyword test backend with no table: what compiling and planning need, and no model;
+    `settings` are further EngineConfig fields (cache="off", chunk_tokens=…)."""
     tokenizer = ByteTokenizer()
     if registry is None:
         registry = quail.ExtensionRegistry.with_built_ins()
         registry.register_backend(KeywordBackend(tokenizer))
-    return quail.Session(quail.EngineConfig(model=BASE_MODEL, backend=backend, engines_per_device=KEPT_ENGINES),
-                         registry=registry, tokenizer=tokenizer)
+    config = quail.EngineConfig(model=BASE_MODEL, backend=backend, engines_per_device=KEPT_ENGINES, **settings)
+    return quail.Session(config, registry=registry, tokenizer=tokenizer)
 
 
 def keyword_session(registry: quail.ExtensionRegistry | None = None, backend: str = "keyword") -> quail.Session:
