@@ -92,10 +92,9 @@ def test_an_argument_quail_cannot_honour_is_refused_by_name(session, sql, names)
 @pytest.mark.parametrize(("dialect", "sql", "names"), [
     ("bigquery", "SELECT AI.GENERATE_TABLE(('Count ', r.body)) FROM reviews r", "AI.GENERATE_TABLE is not "
                                                                                   "supported; Quail offers"),
-    ("bigquery", "SELECT AI.SIMILARITY(r.body, r.title) FROM reviews r", "AI.SIMILARITY is not supported; it needs "
-                                                                         "embeddings"),
+    ("bigquery", "SELECT * FROM VECTOR_SEARCH(TABLE reviews, 'v', (SELECT 1))", "VECTOR_SEARCH is not supported; it "
+                                                                              "searches a vector index"),
     ("snowflake", "SELECT AI_TRANSLATE(r.body, 'en', 'de') FROM reviews r", "AI_TRANSLATE is not supported; it is"),
-    ("snowflake", "SELECT AI_EMBED('e5', r.body) FROM reviews r", "AI_EMBED is not supported; it needs embeddings"),
 ])
 def test_the_warehouses_other_ai_functions_are_refused_by_their_own_names(session, dialect, sql, names):
     with pytest.raises(quail.CompileError, match=names):

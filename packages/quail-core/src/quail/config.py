@@ -16,6 +16,7 @@ PRECISIONS = ("auto", "fp32", "bf16")
 OVERSIZED_POLICIES = ("refuse", "skip", "truncate")
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_EMBEDDING_MODEL = "all-minilm-l6-v2"
 DEFAULT_DEVICE = "cpu"
 DEFAULT_BACKEND = "native"
 DEFAULT_COMPUTE = "local"
@@ -32,6 +33,8 @@ class EngineConfig:
     """
 
     model: str = DEFAULT_MODEL
+    embedding_model: str = DEFAULT_EMBEDDING_MODEL
+    """The embedding model of AI.EMBED / AI.SIMILARITY when a call names none (or names one Quail does not have)."""
     device: str = DEFAULT_DEVICE
     backend: str = DEFAULT_BACKEND
     gpus: int = 1
@@ -81,7 +84,7 @@ class EngineConfig:
     user has it."""
 
     def __post_init__(self) -> None:
-        for name in ("model", "device", "backend"):
+        for name in ("model", "embedding_model", "device", "backend"):
             _require_name(name, getattr(self, name))
         _require_count("gpus", self.gpus, 1)
         _require_count("chunk_tokens", self.chunk_tokens, 16)
@@ -135,8 +138,8 @@ class EngineConfig:
 
         Two configs with equal engine settings can share one booted engine.
         """
-        return replace(self, prefix_sharing="auto", calibration="auto", early_limit="auto", question_first="auto",
-                       join_conditions="auto",
+        return replace(self, embedding_model=DEFAULT_EMBEDDING_MODEL, prefix_sharing="auto", calibration="auto",
+                       early_limit="auto", question_first="auto", join_conditions="auto",
                        oversized_documents="refuse", compute=DEFAULT_COMPUTE, worker_setup=None, engines_per_device=1,
                        cache=DEFAULT_CACHE, cache_limit=DEFAULT_CACHE_LIMIT, address=None, workers=None,
                        worker_cpus=1.0, worker_gpus=None, external_access=False)

@@ -7,10 +7,11 @@ are held to that by a test). docs/backends.md walks through writing a backend wi
   override `start`), `ModelExecution` (a booted engine answering one model node at a time), the values they
   exchange, and the optional roles (`TokenizerSource`, `ModelIdentitySource`, `ForgetsKV`, `DescribesEngine`).
 * **Node kinds** — the model nodes an engine answers (`AiFilter`, `AiJoin`, `AiScore`, `AiClassify`,
-  `AiGenerate`), each laying out its own prompts (`prefix`, `question`, `document_prompt`, `anchor_prefix`, ...).
+  `AiGenerate`, and `AiEmbed` for an embedding model), each laying out its own prompts (`prefix`, `question`,
+  `document_prompt`, `anchor_prefix`, ...).
 * **Answer shapes** — the Arrow tables a model node returns (`filter_answers`, `join_answers`, `score_answers`,
-  `label_answers`, `generation_answers`), and the rules that read margins (`predicate_holds`, `choose_label`,
-  `sigmoid`).
+  `label_answers`, `generation_answers`, `embedding_answers`), and the rules that read margins (`predicate_holds`,
+  `choose_label`, `sigmoid`).
 * **Prompt layout and answers** — `PromptStyle`/`style_for`, `AnswerTokens`/`answer_tokens`; a TRUE/FALSE
   margin is max over the TRUE-like ids minus max over the FALSE-like ids of the next-token log-probabilities
   (`margin_of`); an AI.CLASSIFY label scores the summed log-probability of its whole continuation.
@@ -53,6 +54,7 @@ from quail.backends.default import CHECKPOINT_FILES, Backend, checkpoint_tokeniz
 from quail.backends.shapes import (
     Finish,
     choose_label,
+    embedding_answers,
     empty_answers,
     filter_answers,
     generation_answers,
@@ -110,6 +112,7 @@ from quail.errors import ComputeError, ModelFileError, QuailError, Refusal, Refu
 from quail.physical.graph import PhysicalGraph
 from quail.physical.nodes import (
     AiClassify,
+    AiEmbed,
     AiFilter,
     AiGenerate,
     AiJoin,
@@ -152,6 +155,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "TOKENS_SCHEMA",
     "AiClassify",
+    "AiEmbed",
     "AiFilter",
     "AiGenerate",
     "AiJoin",
@@ -242,6 +246,7 @@ __all__ = [
     "decode_request",
     "decode_response",
     "document_columns",
+    "embedding_answers",
     "empty_answers",
     "encode_error",
     "encode_request",

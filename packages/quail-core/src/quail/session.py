@@ -17,8 +17,9 @@ from quail.data.providers import TableSchema
 from quail.data.sources import as_source
 from quail.data.tokenizer import Tokenizer
 from quail.data.tokens import TokenStore
-from quail.errors import CompileError, GeneralRuleError, GeneralRuleOnly, QuailError, Refusal, RefusalError
+from quail.errors import CompileError, ConfigError, GeneralRuleError, GeneralRuleOnly, QuailError, Refusal, RefusalError
 from quail.frontend.builder import Docs
+from quail.frontend.embedding_forms import EmbeddingModel
 from quail.frontend.forms import NamedModel
 from quail.frontend.spec import QuerySpec, TableSpec
 from quail.frontend.sql import Dialect, ParsedStatement, parse_statement, read_parsed
@@ -41,6 +42,7 @@ class Session:
         self._tokenizer = tokenizer
         self.registry = registry if registry is not None else ExtensionRegistry.with_built_ins()
         self.model: ModelSpec = self.registry.model(self.config.model)
+        self._check_model_kinds()
         self.device: DeviceSpec = self.registry.device(self.config.device)
         check_device_count(self.config, self.device)
         self.backend: ModelBackend = self.registry.backend(self.config.backend)
@@ -49,6 +51,21 @@ class Session:
         self.database = Database(external_access=self.config.external_access)
         self.token_store = TokenStore()
         self._closed = False
+
+    def _check_model_kinds(self) -> None:
+        """The session's model answers and writes; its embedding model embeds: each must be of its kind."""
+        if self.model.kind != "generative":
+            raise ConfigError(f"EngineConfig.model {self.model.name!r} is an embedding model: name a generative model "
+                              f"there, and embedding models in EngineConfig.embedding_model (--embedding-model)")
+        embedding = self.registry.model(self.config.embedding_model)
+        if embedding.kind != "embedding":
+            raise ConfigError(f"EngineConfig.embedding_model {embedding.name!r} is not an embedding model; the "
+                              f"catalog's embedding models: {', '.join(self.embedding_models) or 'none'}")
+
+    @property
+    def embedding_models(self) -> list[str]:
+        """The catalog's embedding models (AI.EMBED / AI.SIMILARITY), by name."""
+        return sorted(name for name, spec in self.registry.models.items() if spec.kind == "embedding")
 
     def _check_support(self) -> None:
         verdict = self.backend.supports(self.model, self.device, self.config.gpus)
@@ -107,6 +124,7 @@ class Session:
         text = text_argument("the query given to sql()", text)
         parsed = parse_statement(text, self.database, dialect)
         self._check_named_models(parsed.models)
+        self._check_embedding_models(parsed.embedding_models)
         try:
             return Query(self, read_parsed(parsed, text, self.database, dialect), order)
         except GeneralRuleOnly:
@@ -128,6 +146,17 @@ class Session:
                                    f"session's ({self.model.name!r}); a model per call is not supported yet: run the "
                                    f"query in a session with EngineConfig(model={model.name!r}) (--model "
                                    f"{model.name})", line=model.where.line, column=model.where.column)
+
+    def _check_embedding_models(self, models: tuple[EmbeddingModel, ...]) -> None:
+        """An embedding call may name any of the catalog's embedding models (it answers with that one); naming one of
+        its generative models is a mistake said at once. A name the catalog does not know (a warehouse's model) is
+        answered by EngineConfig.embedding_model, and explain() says so."""
+        known = self.registry.models
+        for model in models:
+            if model.name in known and known[model.name].kind != "embedding":
+                raise CompileError(f"{model.spelling} names model {model.name!r}, which is not an embedding model; the "
+                                   f"catalog's embedding models: {', '.join(self.embedding_models) or 'none'}",
+                                   line=model.where.line, column=model.where.column)
 
     def _by_lookups(self, parsed: ParsedStatement, dialect: Dialect, order: OrderRule | None) -> LookupQuery | None:
         try:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from quail import DeviceSpec, EngineConfig, ModelSpec
 from quail.extend import Backend, GpuContext, ModelExecution, ModelIdentity, SupportResult, Tokenizer, answer_tokens
+from quail_native.embedding import embedding_identity, embedding_support, embedding_tokenizer, start_embedding
 from quail_native.precision_record import recall, record_path
 from quail_native.precision_rule import unmeasured_precision
 
@@ -24,6 +25,8 @@ class NativeBackend(Backend):
     name: str = "native"
 
     def supports(self, model: ModelSpec, device: DeviceSpec, gpu_count: int) -> SupportResult:
+        if model.kind == "embedding":
+            return embedding_support(model, device)
         if model.architecture not in ARCHITECTURES:
             return SupportResult.reject(
                 f"architecture {model.architecture!r} is not implemented; native runs {', '.join(ARCHITECTURES)}"
@@ -35,6 +38,8 @@ class NativeBackend(Backend):
         return SupportResult.accept()
 
     def tokenizer(self, model: ModelSpec) -> Tokenizer:
+        if model.kind == "embedding":
+            return embedding_tokenizer(model)
         from quail_native.models.locate import model_directory
         from quail_native.models.tokenizer import load_tokenizer
 
@@ -42,6 +47,8 @@ class NativeBackend(Backend):
 
     def model_identity(self, model: ModelSpec, device: DeviceSpec, config: EngineConfig) -> ModelIdentity:
         """The checkpoint's files, the precision it runs in and the device kind (kernels round differently)."""
+        if model.kind == "embedding":
+            return embedding_identity(model, device)
         from quail_native.models.locate import model_directory
 
         directory = model_directory(model)
@@ -49,6 +56,8 @@ class NativeBackend(Backend):
         return ModelIdentity(files, (("precision", precision_name(config, device, model)), ("device", device.kind)))
 
     def start(self, context: GpuContext) -> ModelExecution:
+        if context.model.kind == "embedding":
+            return start_embedding(context)
         import torch
 
         from quail_native.execution import NativeExecution

@@ -118,6 +118,16 @@ def generation_answers(alias: str, rows: Sequence[int], tokens: Sequence[Sequenc
     return _with_kind(table, "generations", {"alias": alias})
 
 
+EMBEDDING = pa.list_(pa.float32())
+
+
+def embedding_answers(alias: str, rows: Sequence[int], vectors: Sequence[Sequence[float]]) -> pa.Table:
+    """Each row's vector (float32, every one as long as the model's dimensions)."""
+    table = pa.table({alias: pa.array(rows, pa.int32()),
+                      "embedding": pa.array([list(map(float, v)) for v in vectors], EMBEDDING)})
+    return _with_kind(table, "embeddings", {"alias": alias})
+
+
 def empty_answers(node: ph.PhysicalNode) -> pa.Table | None:
     """The answers of a standard model node that has no row to read (None for any other node)."""
     if isinstance(node, ph.AiFilter):
@@ -133,6 +143,8 @@ def empty_answers(node: ph.PhysicalNode) -> pa.Table | None:
         return score_answers(node.alias, node.output, [], [])
     if isinstance(node, ph.AiGenerate):
         return generation_answers(node.alias, [], [], [])
+    if isinstance(node, ph.AiEmbed):
+        return embedding_answers(node.alias, [], [])
     return None
 
 
@@ -174,4 +186,6 @@ def _expected_columns(node: ph.PhysicalNode) -> tuple[str, dict[str, pa.DataType
         return "scores", {node.alias: row, node.output: pa.float64(), "margin": pa.float64()}
     if isinstance(node, ph.AiGenerate):
         return "generations", {node.alias: row, "tokens": pa.list_(pa.int32()), "finish": pa.string()}
+    if isinstance(node, ph.AiEmbed):
+        return "embeddings", {node.alias: row, "embedding": EMBEDDING}
     return None

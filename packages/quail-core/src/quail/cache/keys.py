@@ -12,7 +12,9 @@ Kinds:
 * `calibration` — one predicate's mean margin over its content-free prompts (one float; the key
   covers every one of those prompts);
 * `generation` — a greedy generation after a prompt: how it ended, then its token ids (whole numbers,
-  exact as floats; the key covers the token bound and the stop tokens too).
+  exact as floats; the key covers the token bound and the stop tokens too);
+* `embedding` — an embedding model's vector of a text's token ids (its floats; the model identity is the embedding
+  model's, so the key is of that model and those ids).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from typing import Literal
 
 from quail.data.tokenizer import TokenIds
 
-ReadoutKind = Literal["margin", "labels", "calibration", "generation"]
+ReadoutKind = Literal["margin", "labels", "calibration", "generation", "embedding"]
+READOUT_KINDS: tuple[ReadoutKind, ...] = ("margin", "labels", "calibration", "generation", "embedding")
 Key = bytes
 
 KEY_BYTES = 16
@@ -60,7 +63,7 @@ class Keys:
 
     def __init__(self, model: str) -> None:
         self.model = model
-        self._starts = {kind: _start(model, kind) for kind in ("margin", "labels", "calibration", "generation")}
+        self._starts = {kind: _start(model, kind) for kind in READOUT_KINDS}
 
     def prompt(self, kind: ReadoutKind, tokens: Sequence[int] = ()) -> PromptHash:
         return PromptHash(self._starts[kind].copy()).then(tokens)
@@ -77,6 +80,9 @@ class Keys:
         of them is another generation."""
         held = tuple(grammar.encode()) if grammar is not None else ()
         return self.prompt("generation", _framed([(max_tokens,), stop, held])).then(prompt).key()
+
+    def embedding(self, document: Sequence[int]) -> Key:
+        return self.prompt("embedding", document).key()
 
     def calibration(self, prompts: Sequence[TokenIds]) -> Key:
         return self.prompt("calibration", _framed(prompts)).key()

@@ -65,7 +65,7 @@ TOKEN_LIST_BYTES = 256 << 20
 ROW_OVERHEAD = 48
 """Bytes a token list's row costs besides its key and ids (its `used` time, index entry, record header)."""
 _ROW_BYTES = f"length(key) + length(ids) + {ROW_OVERHEAD}"
-KIND_CODES: dict[ReadoutKind, int] = {"margin": 1, "labels": 2, "calibration": 3, "generation": 4}
+KIND_CODES: dict[ReadoutKind, int] = {"margin": 1, "labels": 2, "calibration": 3, "generation": 4, "embedding": 5}
 KIND_NAMES: dict[int, ReadoutKind] = {code: kind for kind, code in KIND_CODES.items()}
 Readout = tuple[float, ...]
 Value = TypeVar("Value", Readout, TokenIds)

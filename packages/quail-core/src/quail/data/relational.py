@@ -232,6 +232,11 @@ def add_generations(rows: pa.Table, answers: pa.Table, alias: str, output: str) 
     return _add_column(rows, answers.select([alias, "tokens"]).rename_columns([alias, output]), alias, output)
 
 
+def add_embeddings(rows: pa.Table, answers: pa.Table, alias: str, output: str) -> pa.Table:
+    """Each row's vector as column `output` (NULL for a row the model did not answer)."""
+    return _add_column(rows, answers.select([alias, "embedding"]).rename_columns([alias, output]), alias, output)
+
+
 def decode_texts(rows: pa.Table, outputs: Mapping[str, SchemaType | None],
                  decode: Callable[[Sequence[int]], str]) -> pa.Table:
     """`rows` with each generation column's token ids decoded to text (the whitespace around it dropped: the answer

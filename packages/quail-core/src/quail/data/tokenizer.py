@@ -93,6 +93,8 @@ class HuggingFaceTokenizer:
             raise ModelFileError(f"the tokenizer file {self._path} cannot be read: {error}; restore the model's "
                                  "tokenizer.json (or convert the model again)") from None
         parsed.encode_special_tokens = True
+        parsed.no_truncation()  # a file may ask for truncation or padding (BERT's do): Quail decides lengths itself
+        parsed.no_padding()
         return parsed
 
     @property
@@ -117,7 +119,7 @@ class HuggingFaceTokenizer:
         return None if found is None else int(found)
 
 
-ENCODING_SETTINGS = b"add_special_tokens=False;encode_special_tokens=True"
+ENCODING_SETTINGS = b"add_special_tokens=False;encode_special_tokens=True;no_truncation;no_padding"
 """How `HuggingFaceTokenizer` encodes: part of its identity, like the library's version."""
 
 

@@ -145,7 +145,10 @@ def call_value(call: AiCall, output: exp.Expression) -> exp.Expression:
       ('' for a row answered, else why its output did not parse);
     * Snowflake's AI_EXTRACT: `{response: {fields}, error}`, `error` NULL when the output parsed;
     * AI_COMPLETE with a response format: the object of fields, NULL where the output did not parse;
+    * BigQuery's AI.EMBED: `{result: the vector, status: ''}`;
     * every other call: its output itself."""
+    if call.kind == "embed" and call.spelling.startswith("AI."):
+        return _struct([("result", output), ("status", exp.Literal.string(""))])
     if call.kind != "generate":
         return output
     _, _, schema = generate_arguments(call)
@@ -167,6 +170,8 @@ def call_value(call: AiCall, output: exp.Expression) -> exp.Expression:
 def value_type(call: AiCall) -> pa.DataType:
     """The type of what the call reads as in the statement (`call_value`)."""
     output = output_type(call)
+    if call.kind == "embed" and call.spelling.startswith("AI."):
+        return pa.struct([pa.field("result", output), pa.field("status", pa.string())])
     if call.kind != "generate":
         return output
     _, _, schema = generate_arguments(call)
@@ -197,7 +202,8 @@ def duckdb_type(kind: pa.DataType) -> str:
                                      for i in range(kind.num_fields)) + ")"
     if pa.types.is_list(kind):
         return f"{duckdb_type(kind.value_type)}[]"
-    return {pa.bool_(): "BOOLEAN", pa.float64(): "DOUBLE", pa.int64(): "BIGINT", pa.string(): "VARCHAR"}[kind]
+    return {pa.bool_(): "BOOLEAN", pa.float64(): "DOUBLE", pa.int64(): "BIGINT", pa.string(): "VARCHAR",
+            pa.float32(): "FLOAT"}[kind]
 
 
 def _max_tokens(node: exp.Expression | None, default: int) -> int:

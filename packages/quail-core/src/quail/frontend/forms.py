@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from quail.frontend.calls import struct_field
+from quail.frontend.embedding_forms import canonical_embeddings
 from quail.frontend.spec import Where
 from quail.frontend.syntax import (
     AiCall,
@@ -181,8 +182,9 @@ def canonical_calls(statement: exp.Expression) -> exp.Expression:
         node.replace(_sentiment(node))
     for node in [n for n in statement.walk() if isinstance(n, exp.JSONExtract) and _structured(n.this)]:
         node.replace(_field_path(node))
+    canonical_embeddings(statement)
     refuse_other_ai_functions(statement)
-    for call in [c for c in (ai_call(n) for n in list(statement.walk())) if c is not None]:
+    for call in [c for c in (ai_call(n) for n in list(statement.walk())) if c is not None and c.kind != "embed"]:
         if not _within(call.node, statement):
             continue  # inside a call already respelled
         arguments = _generate_arguments(call) if call.kind == "generate" else _positional(call)

@@ -112,8 +112,11 @@ def next_stage(statement: exp.Expression, relations: Describer, prefix: str, cou
         lookup = _lookup(call, source, ctes, relations, f"{prefix}{next(counter)}")
         if lookup is None:
             continue
-        lookups.append(lookup)
-        replacements.append((call.node, _reading(lookup, _keys(call))))  # `v` is the call's value already
+        same = next((o for o in lookups if isinstance(o, Lookup) and o.value == lookup.value
+                     and o.inner.sql() == lookup.inner.sql()), None)
+        if same is None:  # the same call over the same rows twice (AI_EMBED(x) beside AI_SIMILARITY(x, …)): once
+            lookups.append(lookup)
+        replacements.append((call.node, _reading(same or lookup, _keys(call))))  # `v` is the call's value already
     for node, replacement in replacements:
         node.replace(replacement)
     return Stage(tuple(lookups), statement)
@@ -217,7 +220,7 @@ def _documents(call: AiCall) -> list[exp.Expression]:
     first = call.arguments[0]
     if isinstance(first, exp.Anonymous) and str(first.name).upper() == "PROMPT":
         return list(first.expressions[1:])
-    if call.kind == "classify":
+    if call.kind in ("classify", "embed"):
         return [first]
     raise fail_at(f"{call.spelling} over {safe_sql(first)}: write {call.spelling}(PROMPT('…{{0}}…', column))",
                   call.node)

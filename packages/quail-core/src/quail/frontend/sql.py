@@ -41,6 +41,7 @@ from quail.frontend.calls import (
     selectivity,
     string_option,
 )
+from quail.frontend.embedding_forms import EmbeddingModel, embedding_models
 from quail.frontend.forms import NamedModel, canonical_calls, named_models, unused_options
 from quail.frontend.relational import (
     INTERNAL_PREFIX,
@@ -127,6 +128,8 @@ class ParsedStatement:
     """Options accepted and of no use to Quail (`connection_id => …`), for explain()."""
     models: tuple[NamedModel, ...] = ()
     """The models its generation calls name (read before the calls are respelled: the PROMPT form has none)."""
+    embedding_models: tuple[EmbeddingModel, ...] = ()
+    """The models its embedding calls name."""
 
 
 def parse_sql(text: str, catalog: RelationalCatalog, dialect: Dialect = "snowflake") -> QuerySpec:
@@ -154,7 +157,7 @@ def parse_statement(text: str, catalog: RelationalCatalog, dialect: Dialect = "s
     _refuse_internal_names(statement)
     if not isinstance(statement, exp.Query):
         raise CompileError(_not_a_query(text))
-    return ParsedStatement(statement, remarks, models)
+    return ParsedStatement(statement, remarks, models, embedding_models(statement))
 
 
 def read_statement(statement: exp.Expression, catalog: RelationalCatalog, dialect: Dialect) -> QuerySpec:
@@ -275,6 +278,8 @@ class _Reader:
             raise GeneralRuleError("the query has no FROM clause")
         if has_aggregates(statement):
             raise GeneralRuleOnly("AI aggregates answer per group: the general rule reads them")
+        if any(call.kind == "embed" for call in ai_calls(statement)):
+            raise GeneralRuleOnly("embeddings are values of distinct texts: the general rule reads them")
         self.block = ai_block(statement)
         allowed = BLOCK_ARGS | ({"with_", "with"} if self.block is statement else set())
         refuse_unknown_args(self.block, allowed, "write it in a query around the AI block, or in a CTE")

@@ -22,12 +22,14 @@ from quail.errors import CompileError, GeneralRuleError
 from quail.frontend.spec import Where
 
 Dialect = Literal["snowflake", "bigquery"]
-AiKind = Literal["filter", "classify", "score", "generate"]
+AiKind = Literal["filter", "classify", "score", "generate", "embed"]
+EMBEDDING = pa.list_(pa.float32())
+"""An embedding's column type: DuckDB's FLOAT[] (the encoder computes in float32)."""
 OUTPUT_TYPES: dict[str, pa.DataType] = {"filter": pa.bool_(), "score": pa.float64(), "classify": pa.string(),
-                                        "generate": pa.string()}
+                                        "generate": pa.string(), "embed": EMBEDDING}
 """The column type of each AI call's output: AI_FILTER a BOOLEAN, AI.SCORE a DOUBLE, AI.CLASSIFY and AI.GENERATE /
 AI_COMPLETE a VARCHAR (BigQuery's AI.GENERATE reads it as the `result` of a STRUCT, `calls.call_value`; a structured
-generation is a STRUCT, `calls.output_type`)."""
+generation is a STRUCT, `calls.output_type`), AI.EMBED / AI_EMBED a FLOAT[] (BigQuery's as the `result` of a STRUCT)."""
 
 
 class QuailBigQuery(BigQuery):
@@ -48,10 +50,10 @@ class QuailBigQuery(BigQuery):
 
 DIALECTS: dict[str, type[sqlglot.Dialect]] = {"snowflake": Snowflake, "bigquery": QuailBigQuery}
 SNOWFLAKE_NAMES: dict[str, AiKind] = {"AI_FILTER": "filter", "AI_CLASSIFY": "classify", "AI_SCORE": "score",
-                                      "AI_COMPLETE": "generate", "AI_EXTRACT": "generate"}
+                                      "AI_COMPLETE": "generate", "AI_EXTRACT": "generate", "AI_EMBED": "embed"}
 BIGQUERY_NAMES: dict[str, AiKind] = {"IF": "filter", "CLASSIFY": "classify", "SCORE": "score", "GENERATE": "generate",
                                      "GENERATE_BOOL": "generate", "GENERATE_INT": "generate",
-                                     "GENERATE_DOUBLE": "generate"}
+                                     "GENERATE_DOUBLE": "generate", "EMBED": "embed"}
 CLAUSE_NAMES = {
     "with_": "WITH (common table expressions)", "with": "WITH (common table expressions)",
     "group": "GROUP BY", "having": "HAVING", "order": "ORDER BY", "distinct": "DISTINCT",
@@ -211,12 +213,16 @@ def ai_call(node: exp.Expression) -> AiCall | None:
     if isinstance(node, exp.AIClassify):
         args = [node.this, node.args.get("categories"), node.args.get("config")]
         return AiCall("classify", "AI_CLASSIFY", tuple(a for a in args if a is not None), node)
+    if isinstance(node, exp.AIEmbed) and not isinstance(node.parent, exp.Dot):
+        return AiCall("embed", "AI_EMBED", _arguments(node), node)
     if isinstance(node, exp.Anonymous) and str(node.name).upper() in SNOWFLAKE_NAMES:
         name = str(node.name).upper()
         return AiCall(SNOWFLAKE_NAMES[name], name, tuple(node.expressions), node)
     if isinstance(node, exp.Dot) and isinstance(node.this, exp.Identifier) and node.this.name.upper() == "AI":
         inner = node.expression
         name = _function_name(inner)
+        if name == "SIMILARITY":
+            return None  # two embeddings and a cosine: `embedding_forms` rewrites it before any call is read
         if name not in BIGQUERY_NAMES:
             raise unsupported(f"AI.{name or safe_sql(inner)}", node, _not_offered(f"AI.{name}"))
         arguments = tuple(inner.expressions) if isinstance(inner, exp.Anonymous) else _arguments(inner)
@@ -248,7 +254,7 @@ def _function_name(node: exp.Expression) -> str:
 NOT_YET = {
     "generation": ("AI.EXTRACT",
                    "AI_TRANSLATE", "AI_REDACT", "SNOWFLAKE.CORTEX.COMPLETE"),
-    "embeddings": ("AI.EMBED", "AI_EMBED", "AI.SIMILARITY", "AI_SIMILARITY", "VECTOR_SEARCH"),
+    "vector search": ("VECTOR_SEARCH",),
 }
 """The warehouses' other AI functions: named in the refusal with what they need, never an unknown function."""
 WAREHOUSE_FUNCTIONS = {name: kind for kind, names in NOT_YET.items() for name in names}
@@ -257,9 +263,10 @@ WAREHOUSE_FUNCTIONS = {name: kind for kind, names in NOT_YET.items() for name in
 def _not_offered(name: str) -> str:
     kind = WAREHOUSE_FUNCTIONS.get(name)
     need = {"generation": "it is a form of generation Quail does not offer yet (translated or redacted text)",
-            "embeddings": "it needs embeddings, which Quail does not offer yet"}.get(kind or "", "")
-    offered = ("Quail offers AI.IF / AI_FILTER, AI.CLASSIFY / AI_CLASSIFY, AI.SCORE / AI_SCORE and text from "
-               "AI.GENERATE / AI_COMPLETE")
+            "vector search": "it searches a vector index table, which Quail does not offer yet: write ORDER BY "
+                             "AI.SIMILARITY(column, 'query') DESC LIMIT k"}.get(kind or "", "")
+    offered = ("Quail offers AI.IF / AI_FILTER, AI.CLASSIFY / AI_CLASSIFY, AI.SCORE / AI_SCORE, text from "
+               "AI.GENERATE / AI_COMPLETE and embeddings from AI.EMBED / AI_EMBED and AI.SIMILARITY / AI_SIMILARITY")
     return f"{need}; {offered}" if need else offered
 
 

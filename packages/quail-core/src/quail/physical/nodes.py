@@ -42,6 +42,7 @@ class PortType(Enum):
     LABELS = "labels"
     SCORES = "scores"
     GENERATIONS = "generations"
+    EMBEDDINGS = "embeddings"
     TABLE = "table"
 
 
@@ -316,6 +317,28 @@ class AiGenerate(DocumentNode):
 
 
 @dataclass(frozen=True, kw_only=True)
+class AiEmbed(DocumentNode):
+    """One vector per row from an embedding model: the encoder reads the document's ids (the first its model's
+    context holds, with the special tokens it adds itself) and pools them into `dimensions` numbers."""
+
+    output: str
+    dimensions: int
+    context: int
+    """Positions the encoder reads at most, its special tokens included: a longer document is embedded from its
+    first `context - special_tokens` ids."""
+    special_tokens: int
+
+    OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(answers=PortType.EMBEDDINGS)
+
+    def positions(self, document: TokenIds) -> int:
+        """The positions the encoder computes for one document."""
+        return min(len(document) + self.special_tokens, self.context)
+
+    def describe(self) -> str:
+        return f"AiEmbed {self.alias} AS {self.output} ({self.dimensions} dimensions)"
+
+
+@dataclass(frozen=True, kw_only=True)
 class HashJoin(PhysicalNode):
     """Rows of left and right whose columns are equal (Acero hash join on the equalities)."""
 
@@ -411,6 +434,20 @@ class RecombineTexts(PhysicalNode):
 
 
 @dataclass(frozen=True, kw_only=True)
+class RecombineEmbeddings(PhysicalNode):
+    """Adds an embedding column (NULL where unanswered)."""
+
+    alias: str
+    output: str
+
+    INPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS, answers=PortType.EMBEDDINGS)
+    OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(rows=PortType.ROWS)
+
+    def describe(self) -> str:
+        return f"Recombine embeddings {self.output}"
+
+
+@dataclass(frozen=True, kw_only=True)
 class RecombineVerdicts(PhysicalNode):
     """Adds a one-stage filter's answers as a BOOLEAN column (NULL where it did not answer); drops no row."""
 
@@ -478,6 +515,7 @@ class Barrier(PhysicalNode):
 
 MODEL_NODE_TYPES: tuple[type[PhysicalNode], ...] = (AiFilter, AiJoin, AiClassify, AiScore, AiGenerate)
 CORE_NODE_TYPES: tuple[type[PhysicalNode], ...] = (
-    Scan, AiFilter, AiJoin, AiClassify, AiScore, AiGenerate, HashJoin, RecombineFilter, RecombineJoin,
-    RecombineLabels, RecombineScores, RecombineTexts, RecombineVerdicts, DropNullDocuments, Project, Limit, Barrier,
+    Scan, AiFilter, AiJoin, AiClassify, AiScore, AiGenerate, AiEmbed, HashJoin, RecombineFilter, RecombineJoin,
+    RecombineLabels, RecombineScores, RecombineTexts, RecombineEmbeddings, RecombineVerdicts, DropNullDocuments,
+    Project, Limit, Barrier,
 )

@@ -120,7 +120,7 @@ class Partition:
 
 def key_alias(node: ph.PhysicalNode) -> str | None:
     """The alias a model node's answers divide by: the document it reads, or a join's anchor."""
-    if isinstance(node, ph.AiFilter | ph.AiClassify | ph.AiScore | ph.AiGenerate):
+    if isinstance(node, ph.AiFilter | ph.AiClassify | ph.AiScore | ph.AiGenerate | ph.AiEmbed):
         return node.alias
     if isinstance(node, ph.AiJoin):
         return node.anchor.alias

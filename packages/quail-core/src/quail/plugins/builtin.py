@@ -8,7 +8,7 @@ the core has no private back door.
 from __future__ import annotations
 
 from quail.catalog.devices import BUILT_IN_DEVICES
-from quail.catalog.models import BUILT_IN_MODELS
+from quail.catalog.models import BUILT_IN_EMBEDDING_MODELS, BUILT_IN_MODELS
 from quail.compute.local import LocalProvider
 from quail.compute.process import ProcessProvider
 from quail.logical.rules import BUILT_IN_RULES
@@ -17,7 +17,7 @@ from quail.plugins.hookspecs import Registrar, hookimpl
 
 @hookimpl
 def quail_register(registry: Registrar) -> None:
-    for model in BUILT_IN_MODELS:
+    for model in (*BUILT_IN_MODELS, *BUILT_IN_EMBEDDING_MODELS):
         registry.register_model(model)
     for device in BUILT_IN_DEVICES:
         registry.register_device(device)

@@ -151,7 +151,7 @@ class Query:
             plan.validate()
             candidate = replace(candidate, graph=plan)
         _check_plan_matches(self.aliases, candidate.graph)
-        return _run(self.session, self.order, candidate, self.prepared())
+        return run_candidate(self.session, self.order, candidate, self.prepared())
 
     def collect(self) -> pa.Table:
         return self.run().collect()
@@ -260,7 +260,7 @@ def _fan_out(listeners: tuple[ProgressListener, ...]) -> ProgressListener | None
     return progress
 
 
-def _run(session: QuerySession, order: OrderRule, candidate: PhysicalCandidate,
+def run_candidate(session: QuerySession, order: OrderRule, candidate: PhysicalCandidate,
          prepared: PreparedQuery) -> QueryResult:
     """The model part on the compute provider, the relational part here over its answers, the report."""
     graph, tokens, registry = candidate.graph, prepared.tokens, session.registry

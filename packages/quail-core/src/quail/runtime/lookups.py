@@ -21,17 +21,21 @@ from sqlglot.errors import SqlglotError
 from quail.backends.base import ModelBackend, OrderRule, PhysicalCandidate
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
+from quail.compute.base import ComputeProvider
 from quail.compute.request import sum_known
 from quail.config import EngineConfig
 from quail.data.database import Database
 from quail.data.tokenizer import Tokenizer
+from quail.data.tokens import TokenStore
 from quail.errors import CompileError
 from quail.frontend.aggregates import aggregates
 from quail.frontend.lookups import VALUE, Block, Lookup, has_ai_calls, next_stage
 from quail.frontend.relational import relocated
 from quail.frontend.spec import QuerySpec
 from quail.frontend.sql import Dialect, ParsedStatement, read_statement
+from quail.plugins.registry import ExtensionRegistry
 from quail.runtime.aggregates import reduce_groups
+from quail.runtime.embeddings import EmbeddingQuery
 from quail.runtime.report import QueryReport
 from quail.runtime.results import QueryResult
 
@@ -46,6 +50,9 @@ class Session(Protocol):
     model: ModelSpec
     device: DeviceSpec
     config: EngineConfig
+    registry: ExtensionRegistry
+    compute: ComputeProvider
+    token_store: TokenStore
 
     @property
     def tokenizer(self) -> Tokenizer: ...
@@ -178,6 +185,12 @@ class LookupQuery:
                 return self.planner(spec, self.order).run()
         return run
 
+    def _query(self, lookup: Lookup | Block) -> Query:
+        """An embedding lookup's query embeds its distinct texts; every other lookup's is planned by the planner."""
+        if isinstance(lookup, Lookup) and lookup.kind == "embed":
+            return EmbeddingQuery(self.session, lookup)
+        return self.planner(read_statement(lookup.inner, self.session.database, self.dialect), self.order)
+
     def _work(self, run: bool) -> _Worked:
         """Every round's lookups, planned (and run when `run`), then the statement on DuckDB (when `run`) or
         bound there (when not): a wrong name or type is a CompileError before any model work."""
@@ -198,8 +211,7 @@ class LookupQuery:
                         raise CompileError("the AI calls of this statement read tables that are AI results of "
                                            "each other; write them in order, one CTE per step")
                     break
-                queries = tuple(self.planner(read_statement(lookup.inner, session.database, self.dialect),
-                                             self.order) for lookup in stage.lookups)
+                queries = tuple(self._query(lookup) for lookup in stage.lookups)
                 for lookup, query in zip(stage.lookups, queries, strict=True):
                     if run:
                         result = query.run()

@@ -115,6 +115,9 @@ def minimum_tokens(graph: PhysicalGraph, answers: Mapping[str, pa.Table], tokens
             rows = pc.unique(table.column(node.alias).combine_chunks())
             counter.document_prefixes(node.preamble, node.alias, rows)
             counter.total += len(node.tail) * len(rows) + _fed_back(node, table)
+        elif isinstance(node, ph.AiEmbed):  # bidirectional attention: no prefix is shared, each document whole
+            rows = pc.unique(table.column(node.alias).combine_chunks()).to_pylist()
+            counter.total += sum(node.positions(tokens[node.alias].row(r)) for r in rows)
     return counter.finish()
 
 

@@ -50,8 +50,10 @@ class EngineKey:
     settings: EngineConfig
 
     @property
-    def device_slot(self) -> tuple[str, int]:
-        return (self.device.name, self.device_index)
+    def device_slot(self) -> tuple[str, int, str]:
+        """Engines of one device and model kind: an embedding engine (a small encoder) is kept beside the generative
+        one rather than in its place."""
+        return (self.device.name, self.device_index, self.model.kind)
 
 
 @dataclass
@@ -132,7 +134,7 @@ def started_execution(backend: ModelBackend, key: EngineKey,
     return execution, boot_s, "cold"
 
 
-def make_room(state: RuntimeState, slot: tuple[str, int], keep: int) -> None:
+def make_room(state: RuntimeState, slot: tuple[str, int, str], keep: int) -> None:
     """Close the least recently used engines on a device until at most `keep` remain there."""
     engines = sorted(((k, v) for k, v in state.items() if isinstance(k, EngineKey) and isinstance(v, StartedEngine)
                       and k.device_slot == slot), key=lambda item: item[1].last_used)

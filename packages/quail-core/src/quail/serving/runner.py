@@ -191,6 +191,8 @@ class Runner:
             return relational.add_verdicts(inputs["rows"], inputs["answers"], node.alias, node.output)
         if isinstance(node, ph.RecombineTexts):
             return relational.add_generations(inputs["rows"], inputs["answers"], node.alias, node.output)
+        if isinstance(node, ph.RecombineEmbeddings):
+            return relational.add_embeddings(inputs["rows"], inputs["answers"], node.alias, node.output)
         if isinstance(node, ph.DropNullDocuments):
             present = relational.with_documents(self.inputs.tokens, node.aliases)
             return relational.present_documents(inputs["rows"], present, node.distinct)

@@ -21,6 +21,7 @@ from quail.backends.base import ModelExecution, NodeInputs, NodeOutput
 from quail.cache.access import StoredAnswerAccess
 from quail.physical import nodes as ph
 from quail.progress import reporting
+from quail.serving.embeddings import answer_embeddings
 from quail.serving.filters import answer_filter
 from quail.serving.generations import answer_generations
 from quail.serving.joins import answer_join
@@ -65,6 +66,8 @@ class CachedExecution:
             table = answer_outputs(node, inputs, run)
         elif isinstance(node, ph.AiGenerate):
             table = answer_generations(node, inputs, run)
+        elif isinstance(node, ph.AiEmbed):
+            table = answer_embeddings(node, inputs, run)
         else:  # a backend's own model node: its items are not known here, so it runs as it is
             backend = self.backend()
             with reporting(backend, self.progress):

@@ -29,7 +29,13 @@ from quail.errors import Refusal, RefusalError
 from quail.physical import nodes as ph
 from quail.prompts import BASE_STYLE, AnswerTokens, PromptStyle
 from quail.schemas import SchemaType
-from quail.testing.rules import classify_margins, generated_text, generated_value, predicate_margin
+from quail.testing.rules import (
+    classify_margins,
+    embedded_vector,
+    generated_text,
+    generated_value,
+    predicate_margin,
+)
 from quail.testing.tokenizer import ByteTokenizer
 
 RULE_VERSION = "keyword-1"
@@ -113,6 +119,8 @@ class KeywordExecution:
             table, tokens = self.score(node, inputs)
         elif isinstance(node, ph.AiGenerate):
             table, tokens = self.generate(node, inputs)
+        elif isinstance(node, ph.AiEmbed):
+            table, tokens = self.embed(node, inputs)
         else:
             raise RefusalError(Refusal(f"the keyword backend cannot run {node.kind}"))
         if self.progress is not None:
@@ -202,6 +210,12 @@ class KeywordExecution:
         tokens = sum(len(node.document_prompt(documents[r])) for r in rows)
         return shapes.score_answers(node.alias, node.output, rows, margins), tokens
 
+
+    def embed(self, node: ph.AiEmbed, inputs: NodeInputs) -> tuple[pa.Table, int]:
+        documents = inputs.tokens(node.alias)
+        rows = sorted(documents)
+        vectors = [embedded_vector(self.tokenizer.decode(documents[row]), node.dimensions) for row in rows]
+        return shapes.embedding_answers(node.alias, rows, vectors), sum(node.positions(documents[r]) for r in rows)
 
     def generate(self, node: ph.AiGenerate, inputs: NodeInputs) -> tuple[pa.Table, int]:
         """The document's first sentence, token by token until the bound ('length') or its end ('stop')."""

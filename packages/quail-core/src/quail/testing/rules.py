@@ -5,13 +5,15 @@
 * Otherwise, over two or more documents: margin = shared words − 0.5 (TRUE iff they share a word).
 * Otherwise: a hash of the template and the document, spread over [−2, 2).
 Words are lower-case runs of three or more letters. A generation is the document's first sentence
-(`generated_text`); a structured one fills each field from the document by its type (`generated_value`).
+(`generated_text`); a structured one fills each field from the document by its type (`generated_value`). An
+embedding is the document's words hashed into a unit vector (`embedded_vector`): texts sharing words are similar.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import struct
 from collections.abc import Sequence
 
 WORD = re.compile(r"[a-z]{3,}")
@@ -69,3 +71,16 @@ def generated_value(kind: str, document: str) -> object:
     if kind == "bool":
         return "great" in found
     return generated_text(document)
+
+
+def embedded_vector(document: str, dimensions: int) -> list[float]:
+    """A unit vector of `dimensions` numbers: one count per word at its hashed position, normalised (a text without
+    words is the first axis), in float32 as an encoder's are."""
+    counts = [0.0] * dimensions
+    for word in WORD.findall(document.lower()):
+        digest = hashlib.blake2b(word.encode(), digest_size=4).digest()
+        counts[int.from_bytes(digest, "big") % dimensions] += 1.0
+    norm = sum(c * c for c in counts) ** 0.5
+    if norm == 0:
+        counts[0], norm = 1.0, 1.0
+    return [float(struct.unpack("f", struct.pack("f", c / norm))[0]) for c in counts]
