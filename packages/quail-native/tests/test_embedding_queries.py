@@ -33,7 +33,7 @@ QUERY = "wonderful performances by the actors"
 
 @pytest.fixture(scope="module")
 def reference() -> object:
-    from quail_native.models.embedding_models import minilm_directory
+    from quail.catalog.packaged import minilm_directory
 
     return sentence_transformers.SentenceTransformer(str(minilm_directory()), device="cpu")
 

