@@ -18,12 +18,14 @@ from quail.data.sources import as_source
 from quail.data.tokenizer import Tokenizer
 from quail.data.tokens import TokenStore
 from quail.errors import CompileError, ConfigError, GeneralRuleError, GeneralRuleOnly, QuailError, Refusal, RefusalError
+from quail.frontend.blocking import blocked_joins
 from quail.frontend.builder import Docs
 from quail.frontend.embedding_forms import EmbeddingModel
 from quail.frontend.forms import NamedModel
 from quail.frontend.spec import QuerySpec, TableSpec
 from quail.frontend.sql import Dialect, ParsedStatement, parse_statement, read_parsed
 from quail.plugins.registry import ExtensionRegistry
+from quail.runtime.blocking import BlockedQuery
 from quail.runtime.coordinator import Query
 from quail.runtime.lookups import LookupQuery
 
@@ -115,7 +117,8 @@ class Session:
 
     # -- queries ------------------------------------------------------------------------------
 
-    def sql(self, text: str, dialect: Dialect = "snowflake", order: OrderRule | None = None) -> Query | LookupQuery:
+    def sql(self, text: str, dialect: Dialect = "snowflake",
+            order: OrderRule | None = None) -> Query | LookupQuery | BlockedQuery:
         """The statement planned as one query block (filters, joins, KV reuse) where it is one; otherwise by the
         general rule, each AI call a lookup over its table (`quail.frontend.lookups`). When neither can run it,
         the planner's CompileError says why."""
@@ -125,6 +128,8 @@ class Session:
         parsed = parse_statement(text, self.database, dialect)
         self._check_named_models(parsed.models)
         self._check_embedding_models(parsed.embedding_models)
+        if blocked_joins(parsed.statement):
+            return self._blocked(parsed, text, dialect, order)
         try:
             return Query(self, read_parsed(parsed, text, self.database, dialect), order)
         except GeneralRuleOnly:
@@ -157,6 +162,14 @@ class Session:
                 raise CompileError(f"{model.spelling} names model {model.name!r}, which is not an embedding model; the "
                                    f"catalog's embedding models: {', '.join(self.embedding_models) or 'none'}",
                                    line=model.where.line, column=model.where.column)
+
+    def _blocked(self, parsed: ParsedStatement, text: str, dialect: Dialect, order: OrderRule | None) -> BlockedQuery:
+        """A statement whose AI join asks only the pairs its embeddings keep (`quail.frontend.blocking`)."""
+        try:
+            return BlockedQuery(self, self._query_of, parsed, text, dialect, order)
+        except GeneralRuleError as error:
+            raise CompileError(f"similarity blocking applies to an AI join the planner of one query block plans: "
+                               f"{error.detail}", line=error.line, column=error.column) from None
 
     def _by_lookups(self, parsed: ParsedStatement, dialect: Dialect, order: OrderRule | None) -> LookupQuery | None:
         try:

@@ -180,7 +180,32 @@ def _cheapest_plan(query: Query, prepared: PreparedQuery) -> PhysicalCandidate:
     if not offered:
         raise RefusalError(Refusal(f"backend {session.backend.name!r} offered no plan"))
     cheapest = min(offered, key=lambda c: c.estimated_seconds)
-    return replace(cheapest, remarks=(*cheapest.remarks, *prepared.oversized.remarks()))
+    return replace(cheapest, remarks=(*cheapest.remarks, *prepared.oversized.remarks(),
+                                      *blocking_proposals(cheapest.graph, prepared)))
+
+
+BLOCKING_PROPOSED_PAIRS = 10_000
+"""An AI join asking at least this many pairs of two tables gets a remark proposing similarity blocking."""
+PROPOSED_K = 20
+
+
+def blocking_proposals(graph: PhysicalGraph, prepared: PreparedQuery) -> list[str]:
+    """For each AI join of two tables that asks every pair and asks many: what similarity blocking would ask instead
+    (`quail.frontend.blocking`; it changes which pairs are asked, so it is the user's choice, never made silently)."""
+    remarks = []
+    for node in graph.nodes:
+        if not isinstance(node, ph.AiJoin) or len(node.partners) != 1 or "candidates" in graph.inputs_of(node.id):
+            continue
+        anchors, partners = (len(prepared.tokens[ref.alias]) for ref in (node.anchor, node.partners[0]))
+        if anchors * partners < BLOCKING_PROPOSED_PAIRS:
+            continue
+        first, second = (anchors, partners) if node.predicate.prompt.columns[0].alias == node.anchor.alias else (
+            partners, anchors)
+        kept = first * min(PROPOSED_K, second)
+        remarks.append(f"AI join #{node.predicate.position} asks {anchors * partners:,} pairs: similarity blocking "
+                       f"would ask about {kept:,} — add {{'blocking': 'top_k', 'k': {PROPOSED_K}}} to its options "
+                       "(each {0} text keeps its nearest {1} texts by embedding; the run estimates the recall)")
+    return remarks
 
 
 def _check_plan_matches(aliases: Mapping[str, str], graph: PhysicalGraph) -> None:

@@ -165,6 +165,19 @@ def _join_tails(node: ph.AiJoin, table: pa.Table, counter: _PrefixCounter, token
 
 
 @dataclass(frozen=True)
+class BlockingReport:
+    """A blocked AI join: pairs of distinct texts before and after blocking, and the recall estimated from the
+    pairs left out that a sample of them says would have held."""
+
+    pairs_before: int
+    pairs_after: int
+    sampled: int
+    sampled_true: int
+    inside_true: int
+    estimated_recall: float | None
+
+
+@dataclass(frozen=True)
 class QueryReport:
     backend: str
     model: str
@@ -189,6 +202,8 @@ class QueryReport:
     null_inputs: Mapping[str, int] | None = None
     """Per model node: input rows skipped because their document is NULL (no model work; the answer is NULL)."""
     unparsed: Mapping[str, int] | None = None
+    blocking: BlockingReport | None = None
+    """What similarity blocking of an AI join did (None without blocking)."""
     """Per structured generation (its output name): rows whose output did not parse as the schema (their fields are
     NULL, their status says why)."""
 
@@ -242,6 +257,7 @@ class QueryReport:
             "retries": sum(s.retries for s in self.shards),
             "null_inputs": dict(self.null_inputs or {}),
             "unparsed": dict(self.unparsed or {}),
+            "blocking": None if self.blocking is None else asdict(self.blocking),
         }
 
 
