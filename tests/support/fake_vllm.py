@@ -7,22 +7,50 @@ returns real `vllm.outputs.RequestOutput` / `CompletionOutput` / `Logprob` objec
 silently different answer. It refuses requests the adapter must never send (more than one output
 token, sampling, no label log-probabilities), and a `generate` while submitted requests are
 still running (the real LLM would return them mixed in).
+
+Booted as an encoder (`pooling=Pooling(...)`, vLLM's pooling runner), it answers `embed` instead, with real
+`EmbeddingRequestOutput`s: each vector a deterministic function of the exact prompt ids (`fake_embedding`), so
+a document framed or cut wrongly gets another vector; like vLLM it refuses a prompt longer than
+`max_model_len`, and `get_tokenizer()` names the [CLS] / [SEP] ids as a BERT tokenizer does.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from vllm import SamplingParams
 from vllm.logprobs import Logprob
-from vllm.outputs import CompletionOutput, RequestOutput
+from vllm.outputs import CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 
 from quail.prompts import AnswerTokens
 
 BLOCK = 16
 OTHER_LABEL = -30.0
+BATCHED_TOKENS = 8192
+
+
+@dataclass(frozen=True)
+class Pooling:
+    """What a fake encoder is booted with: its tokenizer's [CLS] / [SEP] ids, its vectors' length, its context."""
+
+    cls_id: int
+    sep_id: int
+    dimensions: int
+    max_model_len: int
+
+
+def fake_embedding(ids: Sequence[int], dimensions: int) -> list[float]:
+    """A unit vector that depends on every id and its position (a different framing or cut, a different vector)."""
+    vector = [0.0] * dimensions
+    for position, token in enumerate(ids):
+        vector[(token * 31 + position * 7) % dimensions] += 1.0 + (token % 13) / 13
+        vector[(token + position) % dimensions] -= 0.5
+    norm = math.sqrt(sum(x * x for x in vector)) or 1.0
+    return [x / norm for x in vector]
 
 
 @dataclass
@@ -37,7 +65,8 @@ class FakeEngine:
     def __post_init__(self) -> None:
         cache = SimpleNamespace(kv_cache_size_tokens=self.llm.capacity, num_gpu_blocks=self.llm.capacity // BLOCK,
                                 block_size=BLOCK)
-        self.vllm_config = SimpleNamespace(cache_config=cache)
+        scheduler = SimpleNamespace(max_num_batched_tokens=BATCHED_TOKENS)
+        self.vllm_config = SimpleNamespace(cache_config=cache, scheduler_config=scheduler)
         self.engine_core = SimpleNamespace(shutdown=self.llm.shutdown)
 
     def add_request(self, request_id: str, prompt: dict[str, list[int]], params: SamplingParams) -> str:
@@ -58,13 +87,17 @@ class FakeEngine:
 
 
 class FakeLLM:
-    def __init__(self, margins: dict[tuple[int, ...], float], labels: AnswerTokens, capacity: int = 1 << 20) -> None:
+    def __init__(self, margins: dict[tuple[int, ...], float], labels: AnswerTokens, capacity: int = 1 << 20,
+                 pooling: Pooling | None = None) -> None:
         self.margins = margins
         self.labels = labels
         self.capacity = capacity
+        self.pooling = pooling
         self.cached_blocks: set[tuple[int, ...]] = set()
         self.llm_engine = FakeEngine(self)
         self.prompts: list[tuple[int, ...]] = []
+        self.embedded: list[tuple[int, ...]] = []
+        self.embed_calls = 0
         self.closed = False
 
     def shutdown(self) -> None:
@@ -74,6 +107,39 @@ class FakeLLM:
         """As `LLM.reset_prefix_cache`: every cached block is dropped."""
         self.cached_blocks.clear()
         return True
+
+    def get_tokenizer(self) -> SimpleNamespace:
+        """The parts of a BERT tokenizer the encoder adapter reads (an encoder's only)."""
+        pooling = self.encoder()
+        return SimpleNamespace(cls_token_id=pooling.cls_id, sep_token_id=pooling.sep_id,
+                               num_special_tokens_to_add=lambda pair=False: 4 if pair else 2)
+
+    def encoder(self) -> Pooling:
+        if self.pooling is None:
+            raise ValueError("embed() needs a pooling model (runner='pooling'); this engine generates")
+        return self.pooling
+
+    def embed(self, prompts: Sequence[dict[str, list[int]]], *, use_tqdm: bool = True,
+              pooling_params: object = None) -> list[EmbeddingRequestOutput]:
+        """As `LLM.embed` on token-id prompts: one pooled, normalised vector per prompt, in the prompts' order."""
+        pooling = self.encoder()
+        if self.closed:
+            raise RuntimeError("the engine was shut down")
+        if pooling_params is not None:
+            raise AssertionError("the adapter must leave pooling to the model's own config")
+        self.embed_calls += 1
+        outputs = []
+        for index, prompt in enumerate(prompts):
+            ids = prompt["prompt_token_ids"]
+            if not ids or not all(isinstance(i, int) for i in ids):
+                raise ValueError("prompt_token_ids must be a non-empty list of ints")
+            if len(ids) > pooling.max_model_len:
+                raise ValueError(f"This model's maximum context length is {pooling.max_model_len} tokens. However, "
+                                 f"your prompt contains at least {len(ids)} input tokens")
+            self.embedded.append(tuple(ids))
+            outputs.append(EmbeddingRequestOutput(str(index), EmbeddingOutput(fake_embedding(ids, pooling.dimensions)),
+                                                  list(ids), 0, True))
+        return outputs
 
     def check(self, prompt: dict[str, list[int]], params: SamplingParams) -> tuple[int, ...]:
         if self.closed:

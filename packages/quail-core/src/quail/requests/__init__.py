@@ -8,6 +8,7 @@ engine in an adapter that plays `RequestEngine`, and answers model nodes one by 
 
 from quail.requests.backend import RequestBackend
 from quail.requests.engine import (
+    EmbedsText,
     EngineAnswer,
     EngineGeneration,
     EngineRequest,
@@ -20,6 +21,7 @@ from quail.requests.execution import RequestModelExecution
 from quail.requests.strategies import FilterStrategy, JoinStrategy, RequestStrategy
 
 __all__ = [
+    "EmbedsText",
     "EngineAnswer",
     "EngineGeneration",
     "EngineRequest",

@@ -4,7 +4,9 @@ A request backend (vLLM, SGLang) differs from another only in how it boots its e
 asks of the machine. Planning (the native planner's decisions, so comparisons between backends
 compare execution), the checkpoint's tokenizer and the shared worker side come from `Backend`; the
 node-by-node execution as TRUE/FALSE requests is here, so an adapter package is a `supports` check,
-a boot function and an engine adapter.
+a boot function and an engine adapter. An embedding model (a sentence-transformers folder) gets its own
+tokenizer and identity here too: its ids carry no special tokens (the engine adds them), and its vectors are
+a function of the weights, the tokenizer and the pooling settings the folder holds.
 """
 
 from __future__ import annotations
@@ -15,9 +17,15 @@ from importlib.metadata import PackageNotFoundError, version
 from quail.backends.base import (
     GpuContext,
     ModelExecution,
+    ModelIdentity,
 )
 from quail.backends.default import Backend
-from quail.errors import Refusal
+from quail.catalog.devices import DeviceSpec
+from quail.catalog.locations import local_model_directory
+from quail.catalog.models import ModelSpec
+from quail.config import EngineConfig
+from quail.data.tokenizer import HuggingFaceTokenizer, Tokenizer
+from quail.errors import Refusal, RefusalError
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
 from quail.requests.engine import RequestEngine
@@ -25,6 +33,12 @@ from quail.requests.execution import GENERATION_NODES, LABEL_NODES, REQUEST_NODE
 from quail.requests.strategies import RequestStrategy
 
 EngineFactory = Callable[[GpuContext], RequestEngine]
+EMBEDDING_FILES = ("config.json", "*.safetensors", "tokenizer.json", "tokenizer_config.json", "modules.json",
+                   "sentence_bert_config.json", "1_Pooling/config.json")
+"""What an embedding model's vectors are a function of besides the ids: the weights, the tokenizer (the engine
+reads its special tokens there) and the sentence-transformers modules that say how to pool and normalise."""
+EMBEDDING_SETTINGS = (("precision", "fp32"), ("runner", "pooling"))
+"""How a request engine runs an embedding model: float32 weights, pooled as the folder's modules say."""
 
 
 def installed(distribution: str) -> bool:
@@ -65,9 +79,28 @@ class RequestBackend(Backend):
         runs = (*(LABEL_NODES if self.reads_labels else REQUEST_NODES), *(GENERATION_NODES if self.generates else ()))
         return _refusal(graph, runs)
 
+    def tokenizer(self, model: ModelSpec) -> Tokenizer:
+        """The checkpoint's tokenizer; an embedding model's tokenizer.json without special tokens (the engine frames
+        each document itself) and without the truncation the file asks for (the engine truncates)."""
+        if model.kind == "embedding":
+            return HuggingFaceTokenizer(local_model_directory(model) / "tokenizer.json", bos_id=None)
+        return super().tokenizer(model)
+
+    def model_identity(self, model: ModelSpec, device: DeviceSpec, config: EngineConfig) -> ModelIdentity | None:
+        """The checkpoint's files and settings; an embedding model's `EMBEDDING_FILES` run as `EMBEDDING_SETTINGS`
+        (whatever precision the session asks of its generative model) on this device kind."""
+        if model.kind != "embedding":
+            return super().model_identity(model, device, config)
+        try:
+            directory = local_model_directory(model)
+        except RefusalError:
+            return None
+        files = tuple(sorted({p for pattern in EMBEDDING_FILES for p in directory.glob(pattern)}))
+        return ModelIdentity(files, (*EMBEDDING_SETTINGS, ("device", device.kind)))
+
     def start(self, context: GpuContext) -> ModelExecution:
         """Boot the engine (timed as the query's boot); it lives as long as the worker keeps it."""
-        return RequestModelExecution(self.boot(context), self.strategy)
+        return RequestModelExecution(self.boot(context), self.strategy, self.name)
 
 
 def _refusal(graph: PhysicalGraph, runs: tuple[type[ph.PhysicalNode], ...]) -> Refusal | None:

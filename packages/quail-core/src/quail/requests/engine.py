@@ -4,6 +4,8 @@ An adapter (VLLMEngine, SGLangEngine) turns its engine's outputs into `EngineAns
 schedulers in `quail.requests.strategies` never see an engine type. Every request asks for one
 output token at temperature 0 with the TRUE-like and FALSE-like label log-probabilities; the
 margin is max(TRUE) − max(FALSE), the same number the native backend reads from its logits.
+The optional roles below add label scores (`ReadsContinuations`), generations (`GeneratesText`)
+and, for an engine booted on an embedding model, sentence vectors (`EmbedsText`).
 """
 
 from __future__ import annotations
@@ -103,6 +105,21 @@ class GeneratesText(Protocol):
 
     def greedy_generations(self, prompts: Sequence[TokenIds], max_tokens: int, stop: TokenIds,
                            grammar: str | None) -> list[EngineGeneration]: ...
+
+
+@runtime_checkable
+class EmbedsText(Protocol):
+    """Optional for a RequestEngine booted on an embedding model: one sentence vector per document, pooled and
+    normalised as the model's own pooling config says (what sentence-transformers computes). An engine with it
+    runs AiEmbed nodes.
+
+    Each document is word-piece ids WITHOUT special tokens (an empty one is valid). The engine keeps its first
+    `context - special_tokens` ids and frames them with its encoder's special tokens ([CLS] … [SEP] for BERT), read
+    from its own tokenizer, so the encoder reads at most `context` positions — `AiEmbed.context` and
+    `AiEmbed.special_tokens`, the numbers the plan counted. An engine whose tokenizer adds another number of
+    special tokens raises rather than embed what the plan did not count. Vectors come back in `documents`' order."""
+
+    def embeddings(self, documents: Sequence[TokenIds], context: int, special_tokens: int) -> list[Sequence[float]]: ...
 
 
 def margin_of(logprobs: dict[int, float], true_ids: Sequence[int], false_ids: Sequence[int]) -> float:

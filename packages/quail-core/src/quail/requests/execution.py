@@ -3,7 +3,8 @@
 The generic runner hands it one AiFilter, AiJoin or AiScore node at a time (with the rows and
 documents the node reads); the node lays out its own prompts, the schedules of
 `quail.requests.strategies` feed them to the engine, and the answers come back in the standard
-shapes. Calibration asks the node's content-free prompts as one batch first.
+shapes. Calibration asks the node's content-free prompts as one batch first. An AiClassify, AiGenerate
+or AiEmbed node goes to the engine's optional role for it, and is refused when the engine lacks it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from quail.errors import Refusal, RefusalError
 from quail.logical.expressions import AiPredicate
 from quail.physical import nodes as ph
 from quail.prompts import AnswerTokens
-from quail.requests.engine import EngineRequest, GeneratesText, ReadsContinuations, RequestEngine
+from quail.requests.engine import EmbedsText, EngineRequest, GeneratesText, ReadsContinuations, RequestEngine
 from quail.requests.strategies import (
     AnchorWork,
     FilterWork,
@@ -43,11 +44,13 @@ GENERATION_NODES = (ph.AiGenerate,)
 
 
 class RequestModelExecution:
-    """One booted engine; each model node's prompts go to it as requests, answers come back as tables."""
+    """One booted engine; each model node's prompts go to it as requests, answers come back as tables.
+    `backend` is the name a refusal gives."""
 
-    def __init__(self, engine: RequestEngine, strategy: RequestStrategy) -> None:
+    def __init__(self, engine: RequestEngine, strategy: RequestStrategy, backend: str = "request") -> None:
         self.engine = engine
         self.strategy = strategy
+        self.backend = backend
 
     def execute(self, node: ph.PhysicalNode, inputs: NodeInputs) -> NodeOutput:
         started = time.perf_counter()
@@ -55,6 +58,14 @@ class RequestModelExecution:
             return _classified(self.engine, node, inputs, started)
         if isinstance(node, ph.AiGenerate) and isinstance(self.engine, GeneratesText):
             return _generated(self.engine, node, inputs, started)
+        if isinstance(node, ph.AiEmbed):
+            if not isinstance(self.engine, EmbedsText):
+                raise RefusalError(Refusal(
+                    f"backend {self.backend!r} cannot run {node.describe()}",
+                    (f"its engine ({type(self.engine).__name__}) does not embed text: it has no `embeddings` "
+                     "(the EmbedsText role)",),
+                    hints=("run embeddings on the native backend, or on an engine that plays EmbedsText",)))
+            return _embedded(self.engine, node, inputs, started)
         if not isinstance(node, REQUEST_NODES):
             raise RefusalError(Refusal(f"a request backend cannot run {node.kind} {node.id!r}",
                                        hints=("plan the query on this backend; AI.CLASSIFY runs on native",)))
@@ -106,6 +117,23 @@ def _generated(engine: GeneratesText, node: ph.AiGenerate, inputs: NodeInputs, s
     metrics = NodeMetrics(time.perf_counter() - started, rows_in=inputs.rows_in, rows_out=table.num_rows,
                           fresh_tokens=sum(g.prompt_tokens - g.cached_tokens for g in found) + fed,
                           cached_tokens=sum(g.cached_tokens for g in found))
+    return NodeOutput({"answers": table}, metrics)
+
+
+def _embedded(engine: EmbedsText, node: ph.AiEmbed, inputs: NodeInputs, started: float) -> NodeOutput:
+    """Every row's vector, one batch for the engine; fresh tokens are the positions the encoder computes (its
+    special tokens included, a long document cut to the context), none cached."""
+    rows, documents = inputs.rows(node.alias), inputs.tokens(node.alias)
+    vectors = engine.embeddings([documents[row] for row in rows], node.context, node.special_tokens)
+    if len(vectors) != len(rows):
+        raise RuntimeError(f"the engine answered {len(rows)} embedding requests with {len(vectors)} vectors")
+    wrong = [len(v) for v in vectors if len(v) != node.dimensions]
+    if wrong:
+        raise RuntimeError(f"the engine returned vectors of {wrong[0]} numbers; {node.describe()} expects "
+                           f"{node.dimensions}")
+    table = shapes.embedding_answers(node.alias, rows, vectors)
+    metrics = NodeMetrics(time.perf_counter() - started, rows_in=inputs.rows_in, rows_out=table.num_rows,
+                          fresh_tokens=sum(node.positions(documents[row]) for row in rows), cached_tokens=0)
     return NodeOutput({"answers": table}, metrics)
 
 
