@@ -4,6 +4,7 @@ pairs, the report counts the pairs and estimates the recall from a judged sample
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import numpy as np
@@ -154,3 +155,14 @@ def test_blocking_outside_an_ai_join_is_refused(session):
     with pytest.raises(quail.CompileError, match="compares two qualified columns"):
         session.sql("SELECT r.id FROM reviews r JOIN aspects a ON AI_FILTER(PROMPT('Is {0} {1} {2}?', r.body, "
                     "a.aspect, r.title), {'blocking': 'top_k', 'k': 2})")
+
+
+def test_the_blocked_join_keeps_the_unblocked_joins_anchor_so_each_pair_gets_the_same_prompt(session):
+    """Which document an AI join anchors decides each pair's prompt layout; the pairs relation changes the costs, so
+    the blocked join is pinned to the anchor the planner gives the join without blocking."""
+    anchor = re.compile(r"anchors #0 on (\w+)")
+    plain = anchor.search(session.sql(JOIN.replace("{options}", "")).explain())
+    blocked = anchor.search(session.sql(JOIN.replace("{options}", ", {'blocking': 'top_k', 'k': 2}")).explain())
+    assert plain is not None and blocked is not None and plain.group(1) == blocked.group(1)
+    pinned = JOIN.replace("{options}", ", {'blocking': 'top_k', 'k': 2, 'anchor': 'r'}")
+    assert "anchors #0 on r" in session.sql(pinned).explain()  # the user's own anchor stands

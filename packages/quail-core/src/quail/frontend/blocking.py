@@ -67,9 +67,10 @@ def blocked_joins(statement: exp.Expression) -> list[tuple[exp.Expression, Block
     return found
 
 
-def without_blocking(statement: exp.Expression, pairs: str) -> exp.Expression:
-    """The statement reading the blocked pairs from relation `pairs`: the call's blocking options dropped, the
-    pairs joined between the two tables by equality with each document (one blocked join per statement)."""
+def without_blocking(statement: exp.Expression, pairs: str, condition: exp.Expression) -> exp.Expression:
+    """The statement reading the blocked pairs from relation `pairs`: the call replaced by `condition` (itself
+    without the blocking options), the pairs joined between the two tables by equality with each document (one
+    blocked join per statement)."""
     statement = statement.copy()
     located = blocked_joins(statement)
     if len(located) != 1:
@@ -78,7 +79,7 @@ def without_blocking(statement: exp.Expression, pairs: str) -> exp.Expression:
     join = node.find_ancestor(exp.Join)
     select = node.find_ancestor(exp.Select)
     assert join is not None and select is not None
-    node.replace(blocked.condition.copy())
+    node.replace(condition.copy())
     joined = _joined_alias(join, blocked)
     earlier, later = (blocked.left, blocked.right) if joined == _alias(blocked.right) else (blocked.right,
                                                                                                 blocked.left)
@@ -92,6 +93,31 @@ def without_blocking(statement: exp.Expression, pairs: str) -> exp.Expression:
     select.set("joins", joins)
     _expand_star(select)
     return statement
+
+
+def unblocked(statement: exp.Expression) -> exp.Expression:
+    """The statement as it would be without blocking: every pair asked (what the blocked join is measured against)."""
+    statement = statement.copy()
+    for node, blocked in blocked_joins(statement):
+        node.replace(blocked.condition.copy())
+    return statement
+
+
+def anchored(condition: exp.Expression, alias: str) -> exp.Expression:
+    """The call with `'anchor': alias` among its options (unless it names one): the blocked join then lays out each
+    pair's prompt as the unblocked join does, so it asks the model exactly what the unblocked join would."""
+    node = condition.copy()
+    call = ai_call(node)
+    assert call is not None
+    if len(call.arguments) > 1 and "anchor" in _options(call.arguments[1]):
+        return node
+    entry = exp.PropertyEQ(this=exp.to_identifier("anchor"), expression=exp.Literal.string(alias))
+    if len(call.arguments) > 1 and isinstance(call.arguments[1], exp.Struct):
+        call.arguments[1].append("expressions", entry)
+        return node
+    inner = call.node.expression if isinstance(call.node, exp.Dot) else call.node
+    inner.append("expressions", exp.Struct(expressions=[entry]))
+    return node
 
 
 def pairs_relation(name: str) -> exp.Expression:

@@ -30,15 +30,18 @@ from quail.frontend.blocking import (
     PAIRS_ALIAS,
     RIGHT,
     BlockedJoin,
+    anchored,
     blocked_joins,
     pairs_relation,
+    unblocked,
     without_blocking,
 )
 from quail.frontend.embedding_forms import MODEL_OPTION
 from quail.frontend.lookups import LOOKUP_ALIAS, VALUE, Lookup
 from quail.frontend.spec import QuerySpec
 from quail.frontend.sql import Dialect, ParsedStatement, read_parsed
-from quail.frontend.syntax import EMBEDDING
+from quail.frontend.syntax import EMBEDDING, ai_call
+from quail.physical import nodes as ph
 from quail.runtime.embeddings import EmbeddingQuery, Session
 from quail.runtime.report import BlockingReport
 from quail.runtime.results import QueryResult
@@ -92,9 +95,11 @@ class BlockedQuery:
         if len(located) != 1:
             raise CompileError(f"a statement may block one AI join; this one blocks {len(located)}")
         self.session = session
-        self.blocked = located[0][1]
+        blocked = located[0][1]
+        anchor = _unblocked_anchor(planner, parsed, text, dialect, order, blocked, session)
+        self.blocked = replace(blocked, condition=anchored(blocked.condition, anchor))
         self.name = f"__quail_pairs_{uuid.uuid4().hex[:8]}"
-        self.statement = without_blocking(parsed.statement, self.name)
+        self.statement = without_blocking(parsed.statement, self.name, self.blocked.condition)
         self.dialect = dialect
         with session.database.registered({self.name: PAIRS.empty_table()}):
             spec = read_parsed(replace(parsed, statement=self.statement), text, session.database, dialect)
@@ -139,6 +144,25 @@ class BlockedQuery:
 
     def collect(self) -> pa.Table:
         return self.run().collect()
+
+
+def _unblocked_anchor(planner: Planner, parsed: ParsedStatement, text: str, dialect: Dialect,
+                      order: OrderRule | None, blocked: BlockedJoin, session: Session) -> str:
+    """The anchor the planner gives the join without blocking (planned, not run): the blocked join keeps it, so the
+    same pair gets the same prompt — and the same answer — blocked or not."""
+    spec = read_parsed(replace(parsed, statement=unblocked(parsed.statement)), text, session.database, dialect)
+    graph = planner(spec, order).plan().graph
+    template = blocked_template(blocked)
+    for node in graph.nodes:
+        if isinstance(node, ph.AiJoin) and node.predicate.prompt.template == template:
+            return node.anchor.alias
+    return blocked.left.table
+
+
+def blocked_template(blocked: BlockedJoin) -> str:
+    call = ai_call(blocked.condition.copy())
+    assert call is not None and isinstance(call.arguments[0], exp.Anonymous)
+    return str(call.arguments[0].expressions[0].this)
 
 
 def block(session: Session, blocked: BlockedJoin, name: str) -> Pairs:
