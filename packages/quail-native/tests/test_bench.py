@@ -154,3 +154,15 @@ def test_generation_bench_measures_decoding_against_its_limit_and_extraction_bes
     assert float(lines[1].split("(")[1].split("×")[0]) > 1.0, "four sequences decode faster than one"
     assert "naive transformers loop" in lines[3] and "× slower" in lines[3]
     assert (tmp_path / "generation.md").read_text().count("\n* ") == 4
+
+
+def test_blocking_bench_asks_fewer_pairs_and_measures_the_recall_of_the_unblocked_answer(tmp_path, capsys):
+    from quail_native.benchmark.blocking import run_blocking
+
+    assert run_blocking("gemma-3-270m", "fp32", tmp_path, left=40, right=20, only=["review sentences"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("reviews × review sentences (800 pairs, k 2): model calls 800 → 80 + 32 sampled")
+    (result,) = json.loads((tmp_path / "blocking.json").read_text())
+    assert result["blocked"]["calls"] == 80 and result["unblocked"]["calls"] == 800
+    assert result["recall"] is None or 0.0 <= result["recall"] <= 1.0
+    assert (tmp_path / "blocking.md").read_text().count("\n* ") == 1

@@ -121,6 +121,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="register a table: Parquet, CSV, JSONL or Arrow (the id column defaults to 'id'), "
                              "or NAME=DATABASE.duckdb:TABLE for a table of a DuckDB database")
     parser.add_argument("--model")
+    parser.add_argument("--embedding-model", help="the embedding model of AI.EMBED / AI.SIMILARITY and blocking "
+                                                  "(default: all-minilm-l6-v2)")
     parser.add_argument("--device")
     parser.add_argument("--backend")
     parser.add_argument("--compute", help="where model work runs: local (default), process, or a plugin's (ray)")
@@ -162,8 +164,8 @@ def query_text(args: argparse.Namespace) -> str:
 
 
 def config_of(args: argparse.Namespace) -> EngineConfig:
-    keys = ("model", "device", "backend", "cache", "chunk_tokens", "compute", "workers", "address", "worker_cpus",
-            "worker_gpus", "external_access")
+    keys = ("model", "embedding_model", "device", "backend", "cache", "chunk_tokens", "compute", "workers", "address",
+            "worker_cpus", "worker_gpus", "external_access")
     chosen = {key: getattr(args, key) for key in keys if getattr(args, key, None) is not None}
     try:
         return EngineConfig(**chosen, oversized_documents=args.oversized_documents)

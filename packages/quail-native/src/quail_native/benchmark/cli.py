@@ -60,10 +60,23 @@ def add_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
                         help="measure generation instead: decode tokens/s at 1 and 32 sequences beside the weight-"
                              "bandwidth limit measured here, AI_EXTRACT on each of --backends beside a naive "
                              "transformers loop, and AI_AGG; written to generation.md in --out")
+    parser.add_argument("--blocking", action="store_true",
+                        help="measure similarity blocking instead: the bundled AI joins and a --pairs one, each "
+                             "with every pair asked and with {'blocking': 'top_k'} — model calls, wall, recall of the "
+                             "unblocked answer; written to blocking.md in --out")
+    parser.add_argument("--pairs", default="1000x100",
+                        help="the large join of --blocking, LEFTxRIGHT texts (default: %(default)s)")
     parser.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.blocking:
+        from quail_native.benchmark.blocking import run_blocking
+
+        ExtensionRegistry.with_built_ins().model(args.model)  # an unknown name is refused before any run
+        left, right = _pairs(args.pairs)
+        only = [part for part in args.workloads.split(",") if part] if args.workloads else None
+        return run_blocking(args.model, args.precision, args.out, left, right, only)
     if args.generation:
         from quail_native.benchmark.generation import run_generation
 
@@ -93,3 +106,11 @@ def _run(args: argparse.Namespace) -> int:
     from quail_native.benchmark.command import run
 
     return run(args)
+
+
+def _pairs(text: str) -> tuple[int, int]:
+    """`1000x100` as (1000, 100)."""
+    left, separator, right = text.lower().partition("x")
+    if not (separator and left.isdigit() and right.isdigit()):
+        raise RefusalError(Refusal(f"--pairs must be LEFTxRIGHT, like 1000x100; got {text!r}"))
+    return int(left), int(right)
