@@ -104,6 +104,8 @@ def test_progress_bar_is_drawn_on_stderr(files, capsys):
     ([FILTER, "--backend", "nope"], "unknown backend 'nope'"),
     ([FILTER, "--compute", "nope"], "unknown compute provider 'nope'"),
     ([FILTER, "--compute", "ray", "--workers", "0"], "--workers must be None or at least 1, got 0"),
+    ([FILTER, "--embedding-model", "gemma-3-270m"], "(--embedding-model) 'gemma-3-270m' is not an embedding model"),
+    ([FILTER, "--model", "all-minilm-l6-v2"], "is an embedding model"),
 ])
 @pytest.mark.plugins
 def test_user_errors_exit_2_with_a_message_and_no_traceback(files, capsys, argv, message):

@@ -57,12 +57,14 @@ class Session:
     def _check_model_kinds(self) -> None:
         """The session's model answers and writes; its embedding model embeds: each must be of its kind."""
         if self.model.kind != "generative":
-            raise ConfigError(f"EngineConfig.model {self.model.name!r} is an embedding model: name a generative model "
-                              f"there, and embedding models in EngineConfig.embedding_model (--embedding-model)")
+            raise ConfigError(f"EngineConfig.model (--model) {self.model.name!r} is an embedding model: name a "
+                              "generative model there, and embedding models in EngineConfig.embedding_model "
+                              "(--embedding-model)")
         embedding = self.registry.model(self.config.embedding_model)
         if embedding.kind != "embedding":
-            raise ConfigError(f"EngineConfig.embedding_model {embedding.name!r} is not an embedding model; the "
-                              f"catalog's embedding models: {', '.join(self.embedding_models) or 'none'}")
+            raise ConfigError(f"EngineConfig.embedding_model (--embedding-model) {embedding.name!r} is not an "
+                              f"embedding model; the catalog's embedding models: "
+                              f"{', '.join(self.embedding_models) or 'none'}")
 
     @property
     def embedding_models(self) -> list[str]:

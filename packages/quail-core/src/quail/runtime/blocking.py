@@ -73,7 +73,6 @@ class Pairs:
     left_texts: int
     right_texts: int
     seconds: float
-    embeddings: tuple[QueryResult, ...]
     outside: Callable[[int], pa.Table]
     """Up to n pairs not in `table`, drawn at random (the same draw every time)."""
 
@@ -103,15 +102,17 @@ class BlockedQuery:
         self.dialect = dialect
         with session.database.registered({self.name: PAIRS.empty_table()}):
             spec = read_parsed(replace(parsed, statement=self.statement), text, session.database, dialect)
-            self.query = planner(spec, order)
+            planner(spec, order)  # compiled here: a wrong name or type is a CompileError before any model work
         self._planner, self._spec, self._order = planner, spec, order
-        self._pairs: Pairs | None = None
+        self._pairs: tuple[int, Pairs] | None = None
 
     def pairs(self) -> Pairs:
-        """The blocked pairs (embedding the texts the first time)."""
-        if self._pairs is None:
-            self._pairs = block(self.session, self.blocked, self.name)
-        return self._pairs
+        """The blocked pairs of the tables as they are now (embedding their texts the first time; stored vectors
+        make it cheap again after a table changes)."""
+        generation = self.session.database.generation
+        if self._pairs is None or self._pairs[0] != generation:
+            self._pairs = (generation, block(self.session, self.blocked, self.name))
+        return self._pairs[1]
 
     @contextmanager
     def _registered(self) -> Iterator[Planned]:
@@ -190,7 +191,7 @@ def block(session: Session, blocked: BlockedJoin, name: str) -> Pairs:
         return pa.table({LEFT: [left_texts[i] for i, _ in drawn], RIGHT: [right_texts[j] for _, j in drawn]},
                         schema=PAIRS)
 
-    return Pairs(table, len(left_texts), len(right_texts), time.perf_counter() - started, (left, right), outside)
+    return Pairs(table, len(left_texts), len(right_texts), time.perf_counter() - started, outside)
 
 
 def nearest(left: np.ndarray, right: np.ndarray, k: int | None, similarity: float | None) -> list[tuple[int, int]]:
