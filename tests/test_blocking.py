@@ -78,6 +78,9 @@ def test_a_blocked_join_asks_only_the_kept_pairs_and_returns_the_unblocked_rows_
     report = result.report["blocking"]
     assert report["pairs_before"] == 13 * 5 and report["pairs_after"] == 26
     assert report["sampled"] == 32 and 0 < report["estimated_recall"] <= 1
+    work = result.query_report.node_metrics  # the embeddings and the sample are the query's work too
+    assert {"blocking/left/embed_d", "blocking/right/embed_d"} <= set(work)
+    assert sum(m.computed_answers or 0 for name, m in work.items() if name.startswith("blocking/sample/")) == 32
 
 
 def test_the_kept_pairs_are_each_texts_nearest_by_cosine(session):
@@ -166,3 +169,57 @@ def test_the_blocked_join_keeps_the_unblocked_joins_anchor_so_each_pair_gets_the
     assert plain is not None and blocked is not None and plain.group(1) == blocked.group(1)
     pinned = JOIN.replace("{options}", ", {'blocking': 'top_k', 'k': 2, 'anchor': 'r'}")
     assert "anchors #0 on r" in session.sql(pinned).explain()  # the user's own anchor stands
+
+
+BLOCK = ", {'blocking': 'top_k', 'k': 2}"
+
+
+@pytest.mark.parametrize(("sql", "message"), [
+    (JOIN.replace("JOIN aspects", "LEFT JOIN aspects").replace("{options}", BLOCK), "applies to an inner join"),
+    ("WITH good AS (SELECT * FROM reviews WHERE stars >= 4) SELECT g.id FROM good g JOIN aspects a ON AI_FILTER("
+     "PROMPT('" + DISCUSS + "', g.body, a.aspect)" + BLOCK + ")", "reads two registered tables"),
+    (JOIN.replace("SELECT r.id, a.aspect_id", "SELECT * EXCLUDE (body)").replace(" ORDER BY r.id, a.aspect_id", "")
+     .replace("{options}", BLOCK), "name the columns you want"),
+    (JOIN.replace("{options}", ", {'blocking': 'top_k', 'k': 2, 'similarity': 0.5}"), "takes no 'similarity'"),
+])
+def test_blocking_where_it_would_change_the_answer_is_refused(session, sql, message):
+    with pytest.raises(quail.CompileError, match=message):
+        session.sql(sql)
+
+
+def test_repeated_texts_count_once_in_the_recall_estimate():
+    reviews = TABLES["reviews"]
+    repeated = pa.concat_tables([reviews.set_column(0, "id", pa.array([i * 1000 + r for r in
+                                                                         reviews.column("id").to_pylist()]))
+                                 for i in range(6)])
+    with keyword_session(reviews=repeated, aspects=TABLES["aspects"]) as opened:
+        every = opened.sql(JOIN.replace("{options}", ", {'blocking': 'top_k', 'k': 50}")).run().report["blocking"]
+        blocked = opened.sql(JOIN.replace("{options}", ", {'blocking': 'top_k', 'k': 1}")).run().report["blocking"]
+    assert every["pairs_before"] == every["pairs_after"] == 13 * 5 and every["estimated_recall"] == 1.0
+    assert every["inside_true"] == 20  # distinct text pairs that hold, not the 6 × as many row pairs
+    assert blocked["sampled_true"] <= blocked["sampled"] and 0.0 <= blocked["estimated_recall"] <= 1.0
+
+
+def test_the_blocks_are_chosen_among_the_rows_the_tables_own_conditions_keep(session):
+    sql = JOIN.replace(" ORDER BY", " WHERE r.stars >= 4 ORDER BY").replace("{options}", BLOCK)
+    result = session.sql(sql).run()
+    bodies = {r["body"] for r in TABLES["reviews"].to_pylist() if r["body"] is not None and (r["stars"] or 0) >= 4}
+    assert result.report["blocking"]["pairs_before"] == len(bodies) * 5
+    assert result.report["blocking"]["estimated_recall"] is not None
+
+
+def test_a_limit_that_stops_the_join_early_leaves_the_recall_unestimated(session):
+    sql = JOIN.replace(" ORDER BY r.id, a.aspect_id", " LIMIT 1").replace("{options}", BLOCK)
+    result = session.sql(sql).run()
+    assert result.report["blocking"]["estimated_recall"] is None
+    assert any("recall not estimated" in remark for remark in result.query_report.remarks)
+
+
+def test_the_pairs_relation_names_never_collide_with_the_users():
+    notes = pa.table({"id": [1, 2, 3], "l": ["the acting", "the plot twists", "music"],
+                      "r": ["x", "y", "z"]})
+    with keyword_session(blocked_pairs=notes, aspects=TABLES["aspects"]) as opened:
+        sql = ("SELECT l, r, a.aspect FROM blocked_pairs JOIN aspects a ON AI_FILTER(PROMPT('" + DISCUSS +
+               "', blocked_pairs.l, a.aspect)" + BLOCK + ") ORDER BY l, a.aspect")
+        rows = opened.sql(sql).run().to_rows()
+    assert rows and {row["r"] for row in rows} <= {"x", "y", "z"}

@@ -168,3 +168,14 @@ def _registry() -> quail.ExtensionRegistry:
     registry = quail.ExtensionRegistry.with_built_ins()
     registry.register_backend(KeywordBackend(ByteTokenizer()))
     return registry
+
+
+@pytest.mark.parametrize(("sql", "message"), [
+    ("SELECT AI_EMBED(r.body, {'dims': 3}) FROM reviews r", "its one option is"),
+    ("SELECT AI_EMBED(r.body, {'Model': 'gemma-3-270m'}) FROM reviews r", "not an embedding model"),
+    ("SELECT r.id FROM reviews r JOIN aspects a ON AI_FILTER(PROMPT('Is {0} about {1}?', r.body, a.aspect), "
+     "{'blocking': 'top_k', 'k': 2, 'model': 'gemma-3-270m'})", "not an embedding model"),
+])
+def test_embedding_options_are_checked(session, sql, message):
+    with pytest.raises(quail.CompileError, match=message):
+        session.sql(sql)

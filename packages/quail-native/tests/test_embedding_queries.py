@@ -33,9 +33,9 @@ QUERY = "wonderful performances by the actors"
 
 @pytest.fixture(scope="module")
 def reference() -> object:
-    from quail.catalog.packaged import minilm_directory
+    from quail.catalog.packaged import embedding_model_dir
 
-    return sentence_transformers.SentenceTransformer(str(minilm_directory()), device="cpu")
+    return sentence_transformers.SentenceTransformer(str(embedding_model_dir("all-minilm-l6-v2")), device="cpu")
 
 
 def native_session(cache: str = "off") -> quail.Session:

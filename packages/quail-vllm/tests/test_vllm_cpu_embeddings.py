@@ -56,9 +56,9 @@ def vllm_run() -> Iterator[tuple[quail.runtime.results.QueryResult, float]]:
 
 @pytest.fixture(scope="module")
 def reference() -> object:
-    from quail.catalog.packaged import minilm_directory
+    from quail.catalog.packaged import embedding_model_dir
 
-    return sentence_transformers.SentenceTransformer(str(minilm_directory()), device="cpu")
+    return sentence_transformers.SentenceTransformer(str(embedding_model_dir("all-minilm-l6-v2")), device="cpu")
 
 
 def vectors(result: quail.runtime.results.QueryResult) -> dict[int, tuple[np.ndarray, float]]:

@@ -50,7 +50,7 @@ from quail.backends.base import (
     SupportResult,
     TokenizerSource,
 )
-from quail.backends.default import CHECKPOINT_FILES, Backend, checkpoint_tokenizer
+from quail.backends.default import CHECKPOINT_FILES, Backend, checkpoint_tokenizer, embedding_identity
 from quail.backends.shapes import (
     Finish,
     choose_label,
@@ -249,6 +249,7 @@ __all__ = [
     "decode_response",
     "document_columns",
     "embedding_answers",
+    "embedding_identity",
     "empty_answers",
     "encode_error",
     "encode_request",

@@ -24,6 +24,7 @@ from quail.frontend.embedding_forms import EmbeddingModel
 from quail.frontend.forms import NamedModel
 from quail.frontend.spec import QuerySpec, TableSpec
 from quail.frontend.sql import Dialect, ParsedStatement, parse_statement, read_parsed
+from quail.frontend.syntax import where_of
 from quail.plugins.registry import ExtensionRegistry
 from quail.runtime.blocking import BlockedQuery
 from quail.runtime.coordinator import Query
@@ -130,7 +131,10 @@ class Session:
         parsed = parse_statement(text, self.database, dialect)
         self._check_named_models(parsed.models)
         self._check_embedding_models(parsed.embedding_models)
-        if blocked_joins(parsed.statement):
+        blocked = blocked_joins(parsed.statement)
+        if blocked:
+            self._check_embedding_models(tuple(EmbeddingModel("blocking", b.model, where_of(node))
+                                               for node, b in blocked if b.model is not None))
             return self._blocked(parsed, text, dialect, order)
         try:
             return Query(self, read_parsed(parsed, text, self.database, dialect), order)

@@ -7,8 +7,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quail import DeviceSpec, EngineConfig, ModelSpec
-from quail.extend import Backend, GpuContext, ModelExecution, ModelIdentity, SupportResult, Tokenizer, answer_tokens
-from quail_native.embedding import embedding_identity, embedding_support, embedding_tokenizer, start_embedding
+from quail.extend import (
+    Backend,
+    GpuContext,
+    ModelExecution,
+    ModelIdentity,
+    SupportResult,
+    Tokenizer,
+    answer_tokens,
+    checkpoint_tokenizer,
+    embedding_identity,
+)
+from quail_native.embedding import embedding_support, start_embedding
 from quail_native.precision_record import recall, record_path
 from quail_native.precision_rule import unmeasured_precision
 
@@ -39,13 +49,13 @@ class NativeBackend(Backend):
 
     def tokenizer(self, model: ModelSpec) -> Tokenizer:
         if model.kind == "embedding":
-            return embedding_tokenizer(model)
+            return checkpoint_tokenizer(model)
         from quail_native.models.locate import model_directory
         from quail_native.models.tokenizer import load_tokenizer
 
         return load_tokenizer(model_directory(model))
 
-    def model_identity(self, model: ModelSpec, device: DeviceSpec, config: EngineConfig) -> ModelIdentity:
+    def model_identity(self, model: ModelSpec, device: DeviceSpec, config: EngineConfig) -> ModelIdentity | None:
         """The checkpoint's files, the precision it runs in and the device kind (kernels round differently)."""
         if model.kind == "embedding":
             return embedding_identity(model, device)

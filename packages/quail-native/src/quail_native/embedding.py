@@ -10,22 +10,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from quail import DeviceSpec, ModelSpec, Refusal, RefusalError
 from quail.extend import (
     AiEmbed,
     GpuContext,
-    HuggingFaceTokenizer,
     ModelExecution,
-    ModelIdentity,
     NodeInputs,
     NodeMetrics,
     NodeOutput,
     PhysicalNode,
     SupportResult,
-    Tokenizer,
     embedding_answers,
     local_model_directory,
 )
@@ -34,41 +30,19 @@ if TYPE_CHECKING:
     from quail_native.models.bert import SentenceEncoder
 
 ENCODER_ARCHITECTURES = ("bert",)
-IDENTITY_FILES = ("config.json", "model.safetensors", "tokenizer.json", "sentence_bert_config.json",
-                  "1_Pooling/config.json")
-"""What an embedding is a function of besides the ids: the weights, the tokenizer, the encoder's settings."""
 
 
 def embedding_support(model: ModelSpec, device: DeviceSpec) -> SupportResult:
     if model.architecture not in ENCODER_ARCHITECTURES:
         return SupportResult.reject(f"embedding architecture {model.architecture!r} is not implemented; native runs "
                                     f"{', '.join(ENCODER_ARCHITECTURES)} encoders")
-    if device.kind != "cpu":
-        return SupportResult.reject("the native sentence encoder runs on the CPU (a small encoder: the CPU keeps "
-                                    "the GPU for the generative model)")
-    return SupportResult.accept()
-
-
-def embedding_directory(model: ModelSpec) -> Path:
-    return local_model_directory(model)
-
-
-def embedding_tokenizer(model: ModelSpec) -> Tokenizer:
-    """The encoder's WordPiece tokenizer, without special tokens (the encoder adds them) and without the truncation
-    its file asks for (the encoder truncates)."""
-    return HuggingFaceTokenizer(embedding_directory(model) / "tokenizer.json", bos_id=None)
-
-
-def embedding_identity(model: ModelSpec, device: DeviceSpec) -> ModelIdentity:
-    directory = embedding_directory(model)
-    return ModelIdentity(tuple(directory / name for name in IDENTITY_FILES),
-                         (("precision", "fp32"), ("device", device.kind), ("pooling", "mean, normalised")))
+    return SupportResult.accept()  # on any device: the encoder runs on the host CPU, beside a GPU's generative model
 
 
 def start_embedding(context: GpuContext) -> ModelExecution:
     from quail_native.models.bert import SentenceEncoder
 
-    directory = embedding_directory(context.model)
+    directory = local_model_directory(context.model)
     encoder = SentenceEncoder.load(directory)
     if encoder.dimensions != context.model.dimensions or encoder.max_tokens != context.model.context_length:
         raise RefusalError(Refusal(

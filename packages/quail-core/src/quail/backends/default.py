@@ -48,9 +48,30 @@ CHECKPOINT_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "g
 """What an engine reads of a checkpoint directory: the files its answers are a function of."""
 
 
+EMBEDDING_FILES = ("config.json", "*.safetensors", "tokenizer.json", "tokenizer_config.json", "modules.json",
+                   "sentence_bert_config.json", "1_Pooling/config.json")
+"""What an embedding model's vectors are a function of besides the ids: the weights, the tokenizer (an engine
+reads its special tokens there) and the sentence-transformers modules that say how to pool and normalise."""
+
+
+def embedding_identity(model: ModelSpec, device: DeviceSpec) -> ModelIdentity | None:
+    """An embedding model's `EMBEDDING_FILES`, run in float32 (whatever precision the session asks of its generative
+    model) on this device kind; None when its package is not here."""
+    try:
+        directory = local_model_directory(model)
+    except RefusalError:
+        return None
+    files = tuple(sorted({p for pattern in EMBEDDING_FILES for p in directory.glob(pattern)}))
+    return ModelIdentity(files, (("precision", "fp32"), ("pooling", "as the modules say"), ("device", device.kind)))
+
+
 def checkpoint_tokenizer(model: ModelSpec) -> Tokenizer:
-    """The checkpoint's tokenizer.json; Gemma puts its BOS token first, as Quail's executor does."""
+    """The checkpoint's tokenizer.json; Gemma puts its BOS token first, as Quail's executor does. An embedding
+    model's without special tokens (its engine frames each document itself) and without the truncation the file
+    asks for (the engine truncates)."""
     directory = local_model_directory(model)
+    if model.kind == "embedding":
+        return HuggingFaceTokenizer(directory / "tokenizer.json", bos_id=None)
     config = json.loads((directory / "config.json").read_text())
     bos = config.get("bos_token_id") if model.architecture == "gemma3" else None
     return HuggingFaceTokenizer(directory / "tokenizer.json", bos if isinstance(bos, int) else None)
@@ -101,6 +122,8 @@ class Backend:
 
     def model_identity(self, model: ModelSpec, device: DeviceSpec, config: EngineConfig) -> ModelIdentity | None:
         """The checkpoint's files and `identity_settings`; None (no answer store) when the checkpoint is not here."""
+        if model.kind == "embedding":
+            return embedding_identity(model, device)
         try:
             directory = local_model_directory(model)
         except RefusalError:

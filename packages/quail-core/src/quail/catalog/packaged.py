@@ -94,11 +94,6 @@ def embedding_source_dir(source: EmbeddingSource) -> Path:
     return directory
 
 
-def minilm_directory() -> Path:
-    """The verified all-MiniLM-L6-v2 directory (what `SentenceEncoder.load` reads)."""
-    return embedding_model_dir(ALL_MINILM_L6_V2.name)
-
-
 def _file_sha256(path: Path) -> str:
     """The SHA-256 of `path`, from this process's cache when its size and modification time are unchanged."""
     status = path.stat()

@@ -18,15 +18,48 @@ from sqlglot import exp
 
 from quail.frontend.calls import number, struct_field
 from quail.frontend.embedding_forms import MODEL_OPTION
-from quail.frontend.syntax import AiCall, ai_call, fail_at, safe_sql, unsupported
+from quail.frontend.syntax import AiCall, ai_call, conjuncts, fail_at, safe_sql, unsupported
 
 BlockingMode = Literal["top_k", "threshold"]
 MODES: tuple[BlockingMode, ...] = ("top_k", "threshold")
 OPTIONS = frozenset({"blocking", "k", "similarity", MODEL_OPTION})
 MAX_K = 10_000
 LEFT, RIGHT = "l", "r"
-"""The pairs relation's columns: a text of `{0}` and a text of `{1}`."""
-PAIRS_ALIAS = "blocked_pairs"
+"""The registered pairs relation's columns: a text of `{0}` and a text of `{1}`."""
+MAX_THRESHOLD_PAIRS = 10_000_000
+"""Pairs a similarity threshold may keep: beyond it the threshold asks nearly every pair, and says so."""
+
+
+@dataclass(frozen=True)
+class PairsRelation:
+    """The blocked pairs as a statement reads them: a derived table over the registered relation `name`, its alias
+    and columns named after it, so no name of the user's statement can collide with them."""
+
+    name: str
+
+    @property
+    def suffix(self) -> str:
+        return self.name.rsplit("_", 1)[-1]
+
+    @property
+    def alias(self) -> str:
+        return f"quail_pairs_{self.suffix}"
+
+    @property
+    def left(self) -> str:
+        return f"quail_l_{self.suffix}"
+
+    @property
+    def right(self) -> str:
+        return f"quail_r_{self.suffix}"
+
+    def table(self) -> exp.Expression:
+        select = exp.select(exp.alias_(exp.column(LEFT), self.left), exp.alias_(exp.column(RIGHT), self.right))
+        return exp.Subquery(this=select.from_(exp.to_table(self.name)),
+                            alias=exp.TableAlias(this=exp.to_identifier(self.alias)))
+
+    def column(self, side: str) -> exp.Column:
+        return exp.column(self.left if side == LEFT else self.right, table=self.alias)
 
 
 @dataclass(frozen=True)
@@ -42,6 +75,10 @@ class BlockedJoin:
     right: exp.Column
     left_table: exp.Expression
     right_table: exp.Expression
+    left_conditions: tuple[exp.Expression, ...]
+    """The top-level WHERE conditions of the call's block on `{0}`'s table alone: its texts are those of the rows
+    they keep (blocking chooses among the texts the join can meet)."""
+    right_conditions: tuple[exp.Expression, ...]
     mode: BlockingMode
     k: int | None
     similarity: float | None
@@ -67,7 +104,7 @@ def blocked_joins(statement: exp.Expression) -> list[tuple[exp.Expression, Block
     return found
 
 
-def without_blocking(statement: exp.Expression, pairs: str, condition: exp.Expression) -> exp.Expression:
+def without_blocking(statement: exp.Expression, pairs: PairsRelation, condition: exp.Expression) -> exp.Expression:
     """The statement reading the blocked pairs from relation `pairs`: the call replaced by `condition` (itself
     without the blocking options), the pairs joined between the two tables by equality with each document (one
     blocked join per statement)."""
@@ -84,14 +121,13 @@ def without_blocking(statement: exp.Expression, pairs: str, condition: exp.Expre
     earlier, later = (blocked.left, blocked.right) if joined == _alias(blocked.right) else (blocked.right,
                                                                                                 blocked.left)
     earlier_side, later_side = (LEFT, RIGHT) if earlier is blocked.left else (RIGHT, LEFT)
-    pairs_join = exp.Join(this=pairs_relation(pairs),
-                          on=exp.EQ(this=exp.column(earlier_side, table=PAIRS_ALIAS), expression=earlier.copy()))
-    condition = exp.EQ(this=later.copy(), expression=exp.column(later_side, table=PAIRS_ALIAS))
+    pairs_join = exp.Join(this=pairs.table(), on=exp.EQ(this=pairs.column(earlier_side), expression=earlier.copy()))
+    condition = exp.EQ(this=later.copy(), expression=pairs.column(later_side))
     join.set("on", exp.and_(condition, join.args["on"]))
     joins = select.args["joins"]
     joins.insert(joins.index(join), pairs_join)
     select.set("joins", joins)
-    _expand_star(select)
+    _expand_star(select, pairs)
     return statement
 
 
@@ -120,12 +156,6 @@ def anchored(condition: exp.Expression, alias: str) -> exp.Expression:
     return node
 
 
-def pairs_relation(name: str) -> exp.Expression:
-    """The pairs as the statement reads them: a derived table over Quail's relation (registered while it runs)."""
-    select = exp.select(exp.column(LEFT), exp.column(RIGHT)).from_(exp.to_table(name))
-    return exp.Subquery(this=select, alias=exp.TableAlias(this=exp.to_identifier(PAIRS_ALIAS)))
-
-
 def _joined_alias(join: exp.Join, blocked: BlockedJoin) -> str:
     """Which of the two tables the join clause holding the call brings in (the other came before it)."""
     alias = join.this.alias_or_name
@@ -138,16 +168,20 @@ def _alias(column: exp.Column) -> str:
     return column.table
 
 
-def _expand_star(select: exp.Select) -> None:
+def _expand_star(select: exp.Select, pairs: PairsRelation) -> None:
     """`SELECT *` reads every table of FROM: the pairs relation is not the user's, so each table's columns instead."""
     if not any(isinstance(e, exp.Star) for e in select.expressions):
         return
-    source = select.args.get("from_") or select.args.get("from")
-    items = [source.this] if source is not None else []
-    items += [j.this for j in select.args.get("joins") or [] if j.this.alias_or_name != PAIRS_ALIAS]
+    items = [item for item in _sources(select) if item.alias_or_name != pairs.alias]
     stars = [exp.column(exp.Star(), table=item.alias_or_name) for item in items]
     expanded = [s for e in select.expressions for s in (stars if isinstance(e, exp.Star) else [e])]
     select.set("expressions", expanded)
+
+
+def _sources(select: exp.Select) -> list[exp.Expression]:
+    """The FROM and JOIN items of a block, in order."""
+    source = select.args.get("from_") or select.args.get("from")
+    return ([source.this] if source is not None else []) + [j.this for j in select.args.get("joins") or []]
 
 
 def _options(node: exp.Expression) -> dict[str, exp.Expression]:
@@ -158,9 +192,19 @@ def _options(node: exp.Expression) -> dict[str, exp.Expression]:
 
 def _blocked(call: AiCall, options: dict[str, exp.Expression]) -> BlockedJoin:
     node = call.node
-    if node.find_ancestor(exp.Join) is None:
+    join = node.find_ancestor(exp.Join)
+    if join is None:
         raise fail_at(f"{call.spelling}: blocking chooses the pairs of an AI join; write the call in the join's ON",
                       node)
+    if join.args.get("side") or join.args.get("kind") not in (None, "", "INNER"):
+        raise unsupported(f"blocking in a {join.args.get('side') or join.args.get('kind')} JOIN", join,
+                          "blocking drops the pairs it does not keep, so it applies to an inner join")
+    block = node.find_ancestor(exp.Select)
+    if block is not None and any(isinstance(e, exp.Star) and any(e.args.get(k) for k in ("except_", "replace",
+                                                                                        "rename"))
+                                 for e in block.expressions):
+        raise unsupported("SELECT * EXCLUDE / REPLACE beside a blocked AI join", block,
+                          "name the columns you want")
     mode = options["blocking"]
     if not (isinstance(mode, exp.Literal) and mode.is_string and mode.this in MODES):
         raise unsupported(f"blocking {safe_sql(mode)}", mode, "write 'blocking': 'top_k' (with 'k') or "
@@ -173,14 +217,29 @@ def _blocked(call: AiCall, options: dict[str, exp.Expression]) -> BlockedJoin:
     left, right = documents
     if left.table == right.table:
         raise fail_at(f"{call.spelling}: blocking compares two tables; both documents read {left.table}", node)
-    k = _count(options.get("k"), str(mode.this) == "top_k", mode)
-    similarity = _similarity(options.get("similarity"), str(mode.this) == "threshold", mode)
+    top_k = str(mode.this) == "top_k"
+    other = "similarity" if top_k else "k"
+    if other in options:
+        raise fail_at(f"blocking '{mode.this}' takes no '{other}'", options[other])
+    k = _count(options.get("k"), top_k, mode)
+    similarity = _similarity(options.get("similarity"), not top_k, mode)
     model = options.get(MODEL_OPTION)
     if model is not None and not (isinstance(model, exp.Literal) and model.is_string):
         raise unsupported(f"blocking model {safe_sql(model)}", model, "name the embedding model as a string")
     chosen: BlockingMode = "top_k" if str(mode.this) == "top_k" else "threshold"
     return BlockedJoin(safe_sql(node), _stripped(call), left, right, _table_of(left, node), _table_of(right, node),
-                       chosen, k, similarity, None if model is None else str(model.this))
+                       _own_conditions(block, left.table), _own_conditions(block, right.table), chosen, k,
+                       similarity, None if model is None else str(model.this))
+
+
+def _own_conditions(block: exp.Select | None, alias: str) -> tuple[exp.Expression, ...]:
+    """The top-level AND terms of the block's WHERE that read only `alias` (no AI call, no subquery)."""
+    where = block.args.get("where") if block is not None else None
+    if where is None:
+        return ()
+    return tuple(c.copy() for c in conjuncts(where.this) if ai_call(c) is None and not any(
+        ai_call(n) is not None for n in c.walk()) and c.find(exp.Select) is None and
+        {col.table for col in c.find_all(exp.Column)} == {alias})
 
 
 def _stripped(call: AiCall) -> exp.Expression:
@@ -220,13 +279,15 @@ def _similarity(node: exp.Expression | None, needed: bool, mode: exp.Expression)
 
 
 def _table_of(column: exp.Column, node: exp.Expression) -> exp.Expression:
-    """The FROM / JOIN item the column's qualifier names, in the call's block."""
+    """The registered table the column's qualifier names in the call's block (a CTE or a subquery is refused: the
+    texts to embed are read from the table itself)."""
     block = node.find_ancestor(exp.Select)
     assert block is not None
-    source = block.args.get("from_") or block.args.get("from")
-    items = [source.this] if source is not None else []
-    items += [join.this for join in block.args.get("joins") or []]
-    for item in items:
+    ctes = {cte.alias.lower() for cte in block.root().find_all(exp.CTE)}
+    for item in _sources(block):
         if item.alias_or_name == column.table:
+            if not isinstance(item, exp.Table) or item.name.lower() in ctes:
+                raise unsupported(f"blocking over {safe_sql(item)}", item, "a blocked AI join reads two registered "
+                                  "tables; join a CTE or subquery around it instead")
             return item
     raise fail_at(f"{column.sql()} names no table of its block", column)

@@ -46,7 +46,19 @@ def canonical_embeddings(statement: exp.Expression) -> exp.Expression:
     for call in [c for c in (ai_call(n) for n in list(statement.walk())) if c is not None and c.kind == "embed"]:
         if not _is_canonical(call):
             call.node.replace(_respelled(call, *_embed_arguments(call)))
+        elif len(call.arguments) == 2:
+            _check_options(call, call.arguments[1])
     return statement
+
+
+def _check_options(call: AiCall, options: exp.Expression) -> None:
+    """An embedding call's options object holds a model and nothing else."""
+    for entry in options.expressions:
+        field = struct_field(entry)
+        if field is None or field[0].lower() != MODEL_OPTION:
+            raise unsupported(f"{call.spelling} option {safe_sql(entry)}", entry, "its one option is {'model': 'name'}")
+        if not (isinstance(field[1], exp.Literal) and field[1].is_string):
+            raise unsupported(f"{call.spelling} model {safe_sql(field[1])}", field[1], "name the model as a string")
 
 
 def embedding_models(statement: exp.Expression) -> tuple[EmbeddingModel, ...]:
@@ -66,7 +78,7 @@ def model_option(call: AiCall) -> str | None:
     options = call.arguments[1]
     for entry in options.expressions if isinstance(options, exp.Struct) else ():
         field = struct_field(entry)
-        if field is not None and field[0] == MODEL_OPTION and isinstance(field[1], exp.Literal):
+        if field is not None and field[0].lower() == MODEL_OPTION and isinstance(field[1], exp.Literal):
             return str(field[1].this)
     return None
 

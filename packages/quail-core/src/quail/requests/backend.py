@@ -17,15 +17,9 @@ from importlib.metadata import PackageNotFoundError, version
 from quail.backends.base import (
     GpuContext,
     ModelExecution,
-    ModelIdentity,
 )
 from quail.backends.default import Backend
-from quail.catalog.devices import DeviceSpec
-from quail.catalog.locations import local_model_directory
-from quail.catalog.models import ModelSpec
-from quail.config import EngineConfig
-from quail.data.tokenizer import HuggingFaceTokenizer, Tokenizer
-from quail.errors import Refusal, RefusalError
+from quail.errors import Refusal
 from quail.physical import nodes as ph
 from quail.physical.graph import PhysicalGraph
 from quail.requests.engine import RequestEngine
@@ -33,14 +27,6 @@ from quail.requests.execution import GENERATION_NODES, LABEL_NODES, REQUEST_NODE
 from quail.requests.strategies import RequestStrategy
 
 EngineFactory = Callable[[GpuContext], RequestEngine]
-EMBEDDING_FILES = ("config.json", "*.safetensors", "tokenizer.json", "tokenizer_config.json", "modules.json",
-                   "sentence_bert_config.json", "1_Pooling/config.json")
-"""What an embedding model's vectors are a function of besides the ids: the weights, the tokenizer (the engine
-reads its special tokens there) and the sentence-transformers modules that say how to pool and normalise."""
-EMBEDDING_SETTINGS = (("precision", "fp32"), ("runner", "pooling"))
-"""How a request engine runs an embedding model: float32 weights, pooled as the folder's modules say."""
-
-
 def installed(distribution: str) -> bool:
     """Whether a distribution is installed, without importing it (an engine import can take seconds)."""
     try:
@@ -78,25 +64,6 @@ class RequestBackend(Backend):
         """AI.CLASSIFY and any node kind beyond one TRUE/FALSE request per prompt are refused at planning."""
         runs = (*(LABEL_NODES if self.reads_labels else REQUEST_NODES), *(GENERATION_NODES if self.generates else ()))
         return _refusal(graph, runs)
-
-    def tokenizer(self, model: ModelSpec) -> Tokenizer:
-        """The checkpoint's tokenizer; an embedding model's tokenizer.json without special tokens (the engine frames
-        each document itself) and without the truncation the file asks for (the engine truncates)."""
-        if model.kind == "embedding":
-            return HuggingFaceTokenizer(local_model_directory(model) / "tokenizer.json", bos_id=None)
-        return super().tokenizer(model)
-
-    def model_identity(self, model: ModelSpec, device: DeviceSpec, config: EngineConfig) -> ModelIdentity | None:
-        """The checkpoint's files and settings; an embedding model's `EMBEDDING_FILES` run as `EMBEDDING_SETTINGS`
-        (whatever precision the session asks of its generative model) on this device kind."""
-        if model.kind != "embedding":
-            return super().model_identity(model, device, config)
-        try:
-            directory = local_model_directory(model)
-        except RefusalError:
-            return None
-        files = tuple(sorted({p for pattern in EMBEDDING_FILES for p in directory.glob(pattern)}))
-        return ModelIdentity(files, (*EMBEDDING_SETTINGS, ("device", device.kind)))
 
     def start(self, context: GpuContext) -> ModelExecution:
         """Boot the engine (timed as the query's boot); it lives as long as the worker keeps it."""

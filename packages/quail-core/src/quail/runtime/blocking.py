@@ -13,26 +13,26 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from sqlglot import exp
 
 from quail.backends.base import OrderRule, PhysicalCandidate
-from quail.errors import CompileError
+from quail.compute.request import NodeMetrics
+from quail.errors import CompileError, Refusal, RefusalError
 from quail.frontend.blocking import (
     LEFT,
-    PAIRS_ALIAS,
+    MAX_THRESHOLD_PAIRS,
     RIGHT,
     BlockedJoin,
+    PairsRelation,
     anchored,
     blocked_joins,
-    pairs_relation,
     unblocked,
     without_blocking,
 )
@@ -42,7 +42,8 @@ from quail.frontend.spec import QuerySpec
 from quail.frontend.sql import Dialect, ParsedStatement, read_parsed
 from quail.frontend.syntax import EMBEDDING, ai_call
 from quail.physical import nodes as ph
-from quail.runtime.embeddings import EmbeddingQuery, Session
+from quail.runtime.coordinator import PreparedQuery
+from quail.runtime.embeddings import TEXT, EmbeddingQuery, Session
 from quail.runtime.report import BlockingReport
 from quail.runtime.results import QueryResult
 
@@ -61,6 +62,8 @@ class Planned(Protocol):
 
     def run(self) -> QueryResult: ...
 
+    def prepared(self) -> PreparedQuery: ...
+
 
 Planner = Callable[[QuerySpec, OrderRule | None], Planned]
 
@@ -74,6 +77,8 @@ class Pairs:
     right_texts: int
     seconds: float
     outside: Callable[[int], pa.Table]
+    work: Mapping[str, NodeMetrics]
+    """The embedding runs' node metrics (`blocking/left/...`, `blocking/right/...`), for the report."""
     """Up to n pairs not in `table`, drawn at random (the same draw every time)."""
 
     @property
@@ -97,8 +102,9 @@ class BlockedQuery:
         blocked = located[0][1]
         anchor = _unblocked_anchor(planner, parsed, text, dialect, order, blocked, session)
         self.blocked = replace(blocked, condition=anchored(blocked.condition, anchor))
-        self.name = f"__quail_pairs_{uuid.uuid4().hex[:8]}"
-        self.statement = without_blocking(parsed.statement, self.name, self.blocked.condition)
+        self.pairs_relation = PairsRelation(f"__quail_pairs_{uuid.uuid4().hex[:8]}")
+        self.name = self.pairs_relation.name
+        self.statement = without_blocking(parsed.statement, self.pairs_relation, self.blocked.condition)
         self.dialect = dialect
         with session.database.registered({self.name: PAIRS.empty_table()}):
             spec = read_parsed(replace(parsed, statement=self.statement), text, session.database, dialect)
@@ -136,11 +142,13 @@ class BlockedQuery:
         started = time.perf_counter()
         with self._registered() as query:
             result = query.run()
+            asked = asked_pairs(query, result, self.blocked)
         pairs = self.pairs()
-        recall = estimate_recall(self.session, self._planner, self.blocked, pairs, result, self.dialect)
+        recall = estimate_recall(self.session, self._planner, self.blocked, pairs, asked, self.dialect)
         lines = _described(self.blocked, pairs, recall)
         report = replace(result.query_report, remarks=(*lines, *result.query_report.remarks),
-                         wall_s=time.perf_counter() - started, blocking=recall.report(pairs))
+                         wall_s=time.perf_counter() - started, blocking=recall.report(pairs),
+                         node_metrics={**result.query_report.node_metrics, **pairs.work, **recall.work})
         return QueryResult(result.collect(), result.answer_tables, report, "\n".join([*lines, result.explain()]))
 
     def collect(self) -> pa.Table:
@@ -167,37 +175,40 @@ def blocked_template(blocked: BlockedJoin) -> str:
 
 
 def block(session: Session, blocked: BlockedJoin, name: str) -> Pairs:
-    """Each `{0}` text's nearest `{1}` texts by the cosine of their embeddings."""
+    """Each `{0}` text's nearest `{1}` texts by the cosine of their embeddings (over the rows the statement's own
+    conditions on each table keep)."""
     started = time.perf_counter()
-    left = _embedded(session, blocked, blocked.left, blocked.left_table, f"{name}_left")
-    right = _embedded(session, blocked, blocked.right, blocked.right_table, f"{name}_right")
+    left = _embedded(session, blocked, blocked.left, blocked.left_table, blocked.left_conditions, f"{name}_left")
+    right = _embedded(session, blocked, blocked.right, blocked.right_table, blocked.right_conditions,
+                      f"{name}_right")
     left_texts, left_vectors = _texts_and_vectors(left.collect())
     right_texts, right_vectors = _texts_and_vectors(right.collect())
     chosen = nearest(left_vectors, right_vectors, blocked.k, blocked.similarity)
     table = pa.table({LEFT: [left_texts[i] for i, _ in chosen], RIGHT: [right_texts[j] for _, j in chosen]},
                      schema=PAIRS)
-    kept = {(i, j) for i, j in chosen}
+    kept = set(chosen)
 
     def outside(count: int) -> pa.Table:
+        """Pairs drawn uniformly until `count` lie outside the blocks (the caller asks for no more than there are)."""
         rng = np.random.default_rng(SEED)
-        total = len(left_texts) * len(right_texts)
-        drawn: list[tuple[int, int]] = []
-        for flat in rng.permutation(total)[: count + len(kept)]:
-            i, j = divmod(int(flat), len(right_texts))
-            if (i, j) not in kept:
-                drawn.append((i, j))
-            if len(drawn) == count:
-                break
+        drawn: dict[tuple[int, int], None] = {}
+        while len(drawn) < count:
+            pair = (int(rng.integers(len(left_texts))), int(rng.integers(len(right_texts))))
+            if pair not in kept:
+                drawn[pair] = None
         return pa.table({LEFT: [left_texts[i] for i, _ in drawn], RIGHT: [right_texts[j] for _, j in drawn]},
                         schema=PAIRS)
 
-    return Pairs(table, len(left_texts), len(right_texts), time.perf_counter() - started, outside)
+    work = {f"blocking/{side}/{node}": metrics for side, result in (("left", left), ("right", right))
+            for node, metrics in result.query_report.node_metrics.items()}
+    return Pairs(table, len(left_texts), len(right_texts), time.perf_counter() - started, outside, work)
 
 
 def nearest(left: np.ndarray, right: np.ndarray, k: int | None, similarity: float | None) -> list[tuple[int, int]]:
     """(left index, right index) of every kept pair: each left vector's `k` highest inner products with the right
-    vectors (ties to the earlier), or every pair at or above `similarity`. The vectors are unit length, so the inner
-    product is the cosine; faiss's flat index searches exactly."""
+    vectors, or every pair at or above `similarity`. The vectors are unit length, so the inner product is the
+    cosine; faiss's flat index searches exactly (docs/embeddings.md: an approximate index needs so wide a search
+    for recall 0.99 that it does not pay at the sizes measured here)."""
     import faiss
 
     if len(left) == 0 or len(right) == 0:
@@ -207,20 +218,34 @@ def nearest(left: np.ndarray, right: np.ndarray, k: int | None, similarity: floa
     queries = np.ascontiguousarray(left, np.float32)
     if k is not None:
         _, found = index.search(queries, min(k, len(right)))
-        return [(i, int(j)) for i, row in enumerate(found) for j in row if j >= 0]
+        rows = np.repeat(np.arange(len(left)), found.shape[1])
+        columns = found.reshape(-1)
+        present = columns >= 0
+        return list(zip(rows[present].tolist(), columns[present].tolist(), strict=True))
     assert similarity is not None
     limits, _, found = index.range_search(queries, float(np.nextafter(np.float32(similarity), np.float32(-2))))
-    return [(i, int(found[p])) for i in range(len(left)) for p in range(limits[i], limits[i + 1])]
+    if len(found) > MAX_THRESHOLD_PAIRS:
+        raise RefusalError(Refusal(
+            f"a similarity of {similarity:g} keeps {len(found):,} pairs, more than blocking asks "
+            f"({MAX_THRESHOLD_PAIRS:,})", (f"{len(left):,} × {len(right):,} texts",),
+            hints=("raise 'similarity', or keep each text's nearest with {'blocking': 'top_k', 'k': n}",)))
+    rows = np.repeat(np.arange(len(left)), np.diff(limits.astype(np.int64)))
+    return list(zip(rows.tolist(), found.astype(np.int64).tolist(), strict=True))
 
 
 @dataclass(frozen=True)
 class Recall:
-    """The estimate from the sample: blocked pairs the model said TRUE, sampled outside pairs it said TRUE."""
+    """The estimate, over pairs of distinct texts: the kept pairs the model said TRUE, and of a uniform sample of the
+    pairs left out, how many it said TRUE. None where the run did not ask every kept pair (a LIMIT stopped it, or a
+    condition between the tables removed some): the two counts would then measure different things."""
 
     inside_true: int
     sampled: int
     sampled_true: int
     outside: int
+    asked_all: bool
+    work: Mapping[str, NodeMetrics] = field(default_factory=dict)
+    """The sample's node metrics (`blocking/sample/...`), for the report."""
 
     @property
     def missed(self) -> float:
@@ -229,70 +254,105 @@ class Recall:
     @property
     def estimate(self) -> float | None:
         found = self.inside_true + self.missed
-        return None if found == 0 else self.inside_true / found
+        if not self.asked_all:
+            return None
+        return 1.0 if found == 0 else self.inside_true / found
+
+    def lower_bound(self) -> float | None:
+        """The estimate at the upper end of the Wilson 95 % interval of the share of left-out pairs that hold."""
+        if self.estimate is None or not self.sampled:
+            return self.estimate
+        z, n, share = 1.96, self.sampled, self.sampled_true / self.sampled
+        spread = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n))
+        high = (share + z * z / (2 * n) + spread) / (1 + z * z / n)
+        found = self.inside_true + high * self.outside
+        return 1.0 if found == 0 else self.inside_true / found
 
     def report(self, pairs: Pairs) -> BlockingReport:
         return BlockingReport(pairs.before, pairs.after, self.sampled, self.sampled_true, self.inside_true,
                               self.estimate)
 
     def describe(self) -> str:
-        if self.estimate is None:
-            return "estimated recall: no pair holds, inside the blocks or in the sample outside them"
-        margin = 1.96 * math.sqrt(max(self.sampled_true, 1) * (self.sampled - self.sampled_true) /
-                                  max(self.sampled, 1) ** 3) * self.outside if self.sampled else 0.0
-        low = self.inside_true / (self.inside_true + self.missed + margin) if self.inside_true else 0.0
-        return (f"estimated recall {self.estimate:.3f} (≥ {low:.3f} at 95 %): {self.sampled_true} of {self.sampled} "
-                f"sampled pairs outside the blocks hold, so about {self.missed:,.0f} of the {self.outside:,} left out "
-                f"would; {self.inside_true:,} held inside")
+        if not self.asked_all:
+            return ("recall not estimated: the run did not ask every kept pair (a LIMIT or a condition between the "
+                    "tables stopped it)")
+        return (f"estimated recall {self.estimate:.3f} (≥ {self.lower_bound():.3f} at 95 %): {self.sampled_true} of "
+                f"{self.sampled} sampled pairs outside the blocks hold, so about {self.missed:,.0f} of the "
+                f"{self.outside:,} left out would; {self.inside_true:,} held inside")
 
 
-def estimate_recall(session: Session, planner: Planner, blocked: BlockedJoin, pairs: Pairs, result: QueryResult,
+@dataclass(frozen=True)
+class Asked:
+    """The distinct text pairs the blocked join asked, and those it said TRUE."""
+
+    pairs: frozenset[tuple[str, str]]
+    true: frozenset[tuple[str, str]]
+
+
+def asked_pairs(query: Planned, result: QueryResult, blocked: BlockedJoin) -> Asked:
+    """The blocked join's own answers (its node found by its prompt) as pairs of the two documents' texts."""
+    template = blocked_template(blocked)
+    node = next(n for n in query.plan().graph.nodes
+                if isinstance(n, ph.AiJoin) and n.predicate.prompt.template == template)
+    table = result.answer_tables[node.id]
+    views = query.prepared().views
+    sides = []
+    for column in (blocked.left, blocked.right):
+        rows = table.column(column.table)
+        sides.append(views[column.table].take(rows, [column.name]).column(column.name).cast(pa.string()).to_pylist())
+    answers = table.column("answer").to_pylist()
+    pairs = list(zip(sides[0], sides[1], strict=True))
+    return Asked(frozenset(pairs), frozenset(p for p, holds in zip(pairs, answers, strict=True) if holds))
+
+
+def estimate_recall(session: Session, planner: Planner, blocked: BlockedJoin, pairs: Pairs, asked: Asked,
                     dialect: Dialect) -> Recall:
-    """The sampled pairs outside the blocks judged by the same join prompt (a statement of the two tables joined
-    through the sample), beside the TRUE answers of the blocked join."""
+    """A uniform sample of the pairs left out, asked with the blocked join's own prompt (the two tables joined
+    through the sample), beside the kept pairs the run said TRUE."""
     outside = pairs.before - pairs.after
-    sample = pairs.outside(min(RECALL_SAMPLE, outside))
-    inside_true = sum(int(pc.sum(table.column("answer")).as_py() or 0) for node, table in result.answer_tables.items()
-                      if "answer" in table.column_names and "join" in node)
+    asked_all = len(asked.pairs) >= pairs.after
+    sample = pairs.outside(min(RECALL_SAMPLE, outside) if asked_all else 0)
     if sample.num_rows == 0:
-        return Recall(inside_true, 0, 0, outside)
-    name = f"__quail_sample_{uuid.uuid4().hex[:8]}"
-    statement = _sample_statement(blocked, name)
-    with session.database.registered({name: sample}):
-        parsed = ParsedStatement(statement)
-        spec = read_parsed(parsed, statement.sql(dialect=dialect), session.database, dialect)
+        return Recall(len(asked.true), 0, 0, outside, asked_all)
+    relation = PairsRelation(f"__quail_sample_{uuid.uuid4().hex[:8]}")
+    statement = _sample_statement(blocked, relation)
+    with session.database.registered({relation.name: sample}):
+        spec = read_parsed(ParsedStatement(statement), statement.sql(dialect=dialect), session.database, dialect)
         judged = planner(spec, None).run()
-    return Recall(inside_true, sample.num_rows, judged.count(), outside)
+    work = {f"blocking/sample/{node}": metrics for node, metrics in judged.query_report.node_metrics.items()}
+    return Recall(len(asked.true), sample.num_rows, judged.count(), outside, asked_all, work)
 
 
-def _sample_statement(blocked: BlockedJoin, pairs: str) -> exp.Select:
-    """SELECT 1 FROM <{0}'s table> JOIN pairs ON … JOIN <{1}'s table> ON … AND <the call>: the join over a sample of
-    pairs, asked with the blocked join's own prompt."""
-    on_left = exp.EQ(this=exp.column(LEFT, table=PAIRS_ALIAS), expression=blocked.left.copy())
-    on_right = exp.and_(exp.EQ(this=blocked.right.copy(), expression=exp.column(RIGHT, table=PAIRS_ALIAS)),
-                        blocked.condition.copy())
-    return (exp.select(exp.Literal.number(1)).from_(blocked.left_table.copy())
-            .join(pairs_relation(pairs), on=on_left)
+def _sample_statement(blocked: BlockedJoin, pairs: PairsRelation) -> exp.Select:
+    """SELECT DISTINCT <the pair's texts> FROM <{0}'s table> JOIN pairs ON … JOIN <{1}'s table> ON … AND <the call>:
+    each sampled pair of texts that holds, once, asked with the blocked join's own prompt."""
+    on_left = exp.EQ(this=pairs.column(LEFT), expression=blocked.left.copy())
+    on_right = exp.and_(exp.EQ(this=blocked.right.copy(), expression=pairs.column(RIGHT)), blocked.condition.copy())
+    return (exp.select(pairs.column(LEFT), pairs.column(RIGHT)).distinct().from_(blocked.left_table.copy())
+            .join(pairs.table(), on=on_left)
             .join(blocked.right_table.copy(), on=on_right))
 
 
 def _embedded(session: Session, blocked: BlockedJoin, column: exp.Column, table: exp.Expression,
-              name: str) -> QueryResult:
-    """The distinct texts of one document and their vectors (an embedding lookup over its table)."""
-    distinct = exp.select(exp.alias_(exp.cast(column.copy(), "VARCHAR"), "doc0")).distinct().from_(table.copy())
+              conditions: tuple[exp.Expression, ...], name: str) -> QueryResult:
+    """The distinct texts of one document (over the rows its table's own conditions keep) and their vectors: an
+    embedding lookup over its table."""
+    distinct = exp.select(exp.alias_(exp.cast(column.copy(), "VARCHAR"), TEXT)).distinct().from_(table.copy())
+    if conditions:
+        distinct = distinct.where(exp.and_(*(c.copy() for c in conditions)))
     derived = exp.Subquery(this=distinct, alias=exp.TableAlias(this=exp.to_identifier(LOOKUP_ALIAS)))
-    arguments: list[exp.Expression] = [exp.column("doc0", table=LOOKUP_ALIAS)]
+    arguments: list[exp.Expression] = [exp.column(TEXT, table=LOOKUP_ALIAS)]
     if blocked.model is not None:
         arguments.append(exp.Struct(expressions=[exp.PropertyEQ(this=exp.to_identifier(MODEL_OPTION),
                                                                 expression=exp.Literal.string(blocked.model))]))
     call = exp.Anonymous(this="AI_EMBED", expressions=arguments)
-    inner = exp.select(exp.column("doc0", table=LOOKUP_ALIAS), exp.alias_(call, VALUE)).from_(derived)
+    inner = exp.select(exp.column(TEXT, table=LOOKUP_ALIAS), exp.alias_(call, VALUE)).from_(derived)
     lookup = Lookup(name, "embed", EMBEDDING, inner, 1, f"AI_EMBED({column.sql()})", table.sql(), ())
     return EmbeddingQuery(session, lookup).run()
 
 
 def _texts_and_vectors(table: pa.Table) -> tuple[list[str], np.ndarray]:
-    texts = table.column("doc0").to_pylist()
+    texts = table.column(TEXT).to_pylist()
     vectors = table.column(VALUE).to_pylist()
     dimensions = len(vectors[0]) if vectors else 0
     return texts, np.asarray(vectors, np.float32).reshape(len(vectors), dimensions)

@@ -194,7 +194,8 @@ def blocking_proposals(graph: PhysicalGraph, prepared: PreparedQuery) -> list[st
     (`quail.frontend.blocking`; it changes which pairs are asked, so it is the user's choice, never made silently)."""
     remarks = []
     for node in graph.nodes:
-        if not isinstance(node, ph.AiJoin) or len(node.partners) != 1 or "candidates" in graph.inputs_of(node.id):
+        if (not isinstance(node, ph.AiJoin) or node.semantics != "full" or len(node.partners) != 1
+                or "candidates" in graph.inputs_of(node.id)):
             continue
         anchors, partners = (len(prepared.tokens[ref.alias]) for ref in (node.anchor, node.partners[0]))
         if anchors * partners < BLOCKING_PROPOSED_PAIRS:
@@ -203,8 +204,8 @@ def blocking_proposals(graph: PhysicalGraph, prepared: PreparedQuery) -> list[st
             partners, anchors)
         kept = first * min(PROPOSED_K, second)
         remarks.append(f"AI join #{node.predicate.position} asks {anchors * partners:,} pairs: similarity blocking "
-                       f"would ask about {kept:,} — add {{'blocking': 'top_k', 'k': {PROPOSED_K}}} to its options "
-                       "(each {0} text keeps its nearest {1} texts by embedding; the run estimates the recall)")
+                       f"would ask about {kept:,} — give it the options blocking 'top_k' and k {PROPOSED_K} (each "
+                       "{0} text keeps its nearest {1} texts by embedding; the run estimates the recall)")
     return remarks
 
 

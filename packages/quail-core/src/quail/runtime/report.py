@@ -202,10 +202,10 @@ class QueryReport:
     null_inputs: Mapping[str, int] | None = None
     """Per model node: input rows skipped because their document is NULL (no model work; the answer is NULL)."""
     unparsed: Mapping[str, int] | None = None
-    blocking: BlockingReport | None = None
-    """What similarity blocking of an AI join did (None without blocking)."""
     """Per structured generation (its output name): rows whose output did not parse as the schema (their fields are
     NULL, their status says why)."""
+    blocking: BlockingReport | None = None
+    """What similarity blocking of an AI join did (None without blocking)."""
 
     def kv(self) -> dict[str, int | None]:
         metrics = [m for m in self.node_metrics.values()]

@@ -26,7 +26,7 @@ def answer_embeddings(node: ph.AiEmbed, inputs: NodeInputs, run: NodeRun) -> pa.
         if key in stored and len(stored[key]) == node.dimensions}
     pending = [row for row in groups if row not in found]
     run.begin(len(groups), len(groups) - len(pending))
-    for chunk in run.chunks(pending, lambda row: len(documents[row]) + 2):
+    for chunk in run.chunks(pending, lambda row: node.positions(documents[row])):
         table = run.compute(node, row_inputs(node.alias, chunk, inputs), len(chunk))
         for row, vector in _embedded(node, table):
             found[row] = (vector, False)

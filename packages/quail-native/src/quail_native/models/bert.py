@@ -1,10 +1,10 @@
 """A sentence encoder (a BERT with mean pooling, as sentence-transformers builds all-MiniLM-L6-v2) in plain torch.
 
-The native backend ranks and deduplicates documents by embedding them, and must not pull in transformers or
-sentence-transformers to do so: this module reads a sentence-transformers directory (`config.json`,
-`model.safetensors`, `tokenizer.json`, `sentence_bert_config.json`, `1_Pooling/config.json`) and computes the
-same vectors: [CLS] ids [SEP] through the BERT in float32, the last hidden state averaged over the real tokens,
-then L2-normalised. It takes word-piece ids, not text, so the caller's tokenizer (`tokenizers`) stays the one
+The native backend answers AI.EMBED / AI.SIMILARITY (and the embeddings of similarity blocking) with it, and must
+not pull in transformers or sentence-transformers to do so: this module reads a sentence-transformers directory
+(`config.json`, `model.safetensors`, `tokenizer.json`, `sentence_bert_config.json`, `1_Pooling/config.json`) and
+computes the same vectors: [CLS] ids [SEP] through the BERT in float32, the last hidden state averaged over the real
+tokens, then L2-normalised. It takes word-piece ids, not text, so the caller's tokenizer (`tokenizers`) stays the one
 place that turns text into ids.
 
 Documents are run in batches of similar length (sorted, padded only to the batch's longest, the padding masked
