@@ -198,3 +198,20 @@ def test_supports_only_bert_encoders_and_boots_them_on_the_pooling_runner():
     settings = encoder_settings_for(GpuContext(MODEL, cpu, 0, 1, quail.EngineConfig(kv_budget_bytes=1 << 33)))
     assert settings.max_model_len == MODEL.context_length and settings.kv_bytes == ENCODER_KV_BYTES
     assert settings.model_dir == local_model_directory(MODEL)
+
+
+class _NoEmbeddings(VLLMBackend):
+    embeds = False
+
+
+def test_a_request_backend_that_does_not_embed_refuses_the_embedding_plan_before_any_boot():
+    fakes = Fakes()
+    registry = quail.ExtensionRegistry.with_built_ins()
+    registry.register_backend(_NoEmbeddings("no_embeddings", PIPELINED, boot=fakes.boot))
+    with quail.Session(quail.EngineConfig(model=BASE_MODEL, backend="no_embeddings", cache="off"),
+                       registry=registry, tokenizer=TOKENIZER) as session:
+        session.register("texts", pa.table({"id": list(range(len(TEXTS))), "body": TEXTS}))
+        with pytest.raises(RefusalError, match="embeds no text"):
+            session.sql(SQL).run()
+        assert "embeds no text" in session.sql(SQL).explain()
+    assert fakes.boots == []

@@ -78,6 +78,7 @@ class VLLMBackend(RequestBackend):
     """A request backend on vLLM; `boot` makes the engine (a fake one in tests)."""
 
     generates = True
+    embeds = True
 
     def __init__(self, name: str = "vllm", strategy: RequestStrategy = PIPELINED,
                  boot: EngineFactory = boot_vllm) -> None:

@@ -47,6 +47,8 @@ class RequestBackend(Backend):
     """Whether the engine `ReadsContinuations`, so AI.CLASSIFY is planned rather than refused."""
     generates = False
     """Whether the engine `GeneratesText`, so AI.GENERATE / AI_COMPLETE are planned rather than refused."""
+    embeds = False
+    """Whether an embedding model's engine `EmbedsText`, so AI.EMBED / AI.SIMILARITY are planned rather than refused."""
 
     def __init__(self, name: str, strategy: RequestStrategy, boot: EngineFactory) -> None:
         self.name = name
@@ -62,7 +64,8 @@ class RequestBackend(Backend):
 
     def refuse(self, graph: PhysicalGraph) -> Refusal | None:
         """AI.CLASSIFY and any node kind beyond one TRUE/FALSE request per prompt are refused at planning."""
-        runs = (*(LABEL_NODES if self.reads_labels else REQUEST_NODES), *(GENERATION_NODES if self.generates else ()))
+        runs = (*(LABEL_NODES if self.reads_labels else REQUEST_NODES), *(GENERATION_NODES if self.generates else ()),
+                *((ph.AiEmbed,) if self.embeds else ()))
         return _refusal(graph, runs)
 
     def start(self, context: GpuContext) -> ModelExecution:
@@ -79,6 +82,9 @@ def _refusal(graph: PhysicalGraph, runs: tuple[type[ph.PhysicalNode], ...]) -> R
                  "which one TRUE/FALSE request per document cannot read",),
                 hints=("run classification on the native backend",),
             )
+        if isinstance(node, ph.AiEmbed) and ph.AiEmbed not in runs:
+            return Refusal(f"this request backend's engine embeds no text: {node.describe()}",
+                           hints=("run embeddings on the native backend",))
         if node.is_model_node and not isinstance(node, runs):
             return Refusal(f"the request backends cannot run {node.kind} {node.id!r}")
     return None

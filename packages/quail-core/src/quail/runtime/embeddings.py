@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from sqlglot import exp
 
 from quail.backends.base import ModelBackend, PhysicalCandidate, TokenizerSource
+from quail.backends.default import Backend
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
 from quail.compute.base import ComputeProvider
@@ -127,6 +128,10 @@ class EmbeddingQuery:
         seconds = encoder_seconds(model, device, positions)
         node = replace(node, estimate=ph.NodeEstimate(rows=len(lengths), tokens=positions, seconds=seconds))
         graph = _graph(node, self.lookup.name, self.call)
+        backend = self.session.backend
+        refused = backend.refuse(graph) if isinstance(backend, Backend) else None
+        if refused is not None:
+            raise RefusalError(refused)
         remarks = (*self.remarks, *_truncation(prepared, model))
         return PhysicalCandidate(self.session.backend.name, graph, self._scan(), seconds, seconds, remarks)
 
