@@ -179,3 +179,16 @@ def _registry() -> quail.ExtensionRegistry:
 def test_embedding_options_are_checked(session, sql, message):
     with pytest.raises(quail.CompileError, match=message):
         session.sql(sql)
+
+
+def test_one_text_is_embedded_once_whatever_the_spelling(session):
+    sql = ("SELECT r.id, AI.EMBED(r.body) AS e, AI.SIMILARITY(content1 => r.body, content2 => 'plot') AS s, "
+           "AI_EMBED(r.body) AS v FROM reviews r ORDER BY r.id")
+    query = session.sql(sql, dialect="bigquery")
+    assert len(query.lookups) == 2  # r.body once (three calls), 'plot' once
+    rows = query.run().collect().to_pylist()
+    for row in rows:
+        if row["v"] is None:
+            assert row["e"] is None and row["s"] is None
+        else:
+            assert row["e"] == {"result": row["v"], "status": ""}

@@ -23,7 +23,7 @@ from sqlglot import exp
 
 from quail.errors import CompileError
 from quail.frontend.calls import call_value, duckdb_type, output_type, value_type
-from quail.frontend.syntax import AiCall, AiKind, ai_call, ai_calls, conjuncts, fail_at, safe_sql
+from quail.frontend.syntax import OUTPUT_TYPES, AiCall, AiKind, ai_call, ai_calls, conjuncts, fail_at, safe_sql
 
 LOOKUP_ALIAS = "d"
 """The alias of the distinct inputs inside a lookup's AI query."""
@@ -116,7 +116,7 @@ def next_stage(statement: exp.Expression, relations: Describer, prefix: str, cou
                      and o.inner.sql() == lookup.inner.sql()), None)
         if same is None:  # the same call over the same rows twice (AI_EMBED(x) beside AI_SIMILARITY(x, …)): once
             lookups.append(lookup)
-        replacements.append((call.node, _reading(same or lookup, _keys(call))))  # `v` is the call's value already
+        replacements.append((call.node, _value(call, _reading(same or lookup, _keys(call)))))
     for node, replacement in replacements:
         node.replace(replacement)
     return Stage(tuple(lookups), statement)
@@ -193,7 +193,8 @@ def _lookup(call: AiCall, source: _Source | None, ctes: Mapping[str, exp.CTE], r
     keys = _keys(call)
     inner = _inner_query(call, keys, source, pushed, ctes)
     table = "constants" if source is None else f"{source.alias} ({safe_sql(source.node)})"
-    return Lookup(name, call.kind, value_type(call), inner, len(keys), safe_sql(call.node), table,
+    value = OUTPUT_TYPES["embed"] if call.kind == "embed" else value_type(call)
+    return Lookup(name, call.kind, value, inner, len(keys), safe_sql(call.node), table,
                   tuple(safe_sql(p) for p in pushed))
 
 
@@ -384,7 +385,7 @@ def _inner_query(call: AiCall, documents: Sequence[exp.Expression], source: _Sou
         if pushed:
             distinct = distinct.where(exp.and_(*pushed))
     derived = exp.Subquery(this=distinct, alias=exp.TableAlias(this=exp.to_identifier(LOOKUP_ALIAS)))
-    rewritten = call.node.copy()
+    rewritten = _one_spelling(call.node.copy()) if call.kind == "embed" else call.node.copy()
     copied = ai_call(rewritten)
     assert copied is not None
     if len(_documents(copied)) > len(documents):  # the prompt rendered whole is the one document
@@ -395,6 +396,23 @@ def _inner_query(call: AiCall, documents: Sequence[exp.Expression], source: _Sou
             document.replace(exp.column(f"doc{index}", table=LOOKUP_ALIAS))
     items = [exp.column(f"doc{i}", table=LOOKUP_ALIAS) for i in range(len(documents))]
     return _with_ctes(exp.select(*items, exp.alias_(rewritten, VALUE)).from_(derived), distinct, ctes)
+
+
+def _one_spelling(node: exp.Expression) -> exp.Expression:
+    """An embedding call as Snowflake spells it (its value is the vector): BigQuery's `AI.EMBED(x)` and Snowflake's
+    `AI_EMBED(x)` over the same rows are then one lookup, each text embedded once."""
+    call = ai_call(node)
+    assert call is not None
+    return exp.Anonymous(this="AI_EMBED", expressions=[a.copy() for a in call.arguments])
+
+
+def _value(call: AiCall, reading: exp.Expression) -> exp.Expression:
+    """What the call reads as, from its lookup's answer: the answer itself (a lookup's `v` is the call's value), except
+    an embedding's, which every spelling shares as the vector — BigQuery's STRUCT is made here, NULL for a NULL text."""
+    if call.kind != "embed" or not call.spelling.startswith("AI."):
+        return reading
+    present = exp.Not(this=exp.Is(this=reading.copy(), expression=exp.Null()))
+    return exp.Case(ifs=[exp.If(this=present, true=call_value(call, reading))])
 
 
 def _reading(lookup: Lookup, documents: Sequence[exp.Expression]) -> exp.Expression:
