@@ -10,28 +10,16 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 import pytest
-from support.relational_oracle import TABLES
+from support.relational_oracle import TABLES, keyword_session
 
 import quail
 from quail.catalog.models import ALL_MINILM_L6_V2
 from quail.runtime.blocking import BlockedQuery
-from quail.testing import ByteTokenizer, KeywordBackend
 from quail.testing.rules import embedded_vector
 
 DISCUSS = "Does the review {0} discuss {1}?"
 JOIN = ("SELECT r.id, a.aspect_id FROM reviews r JOIN aspects a ON AI_FILTER(PROMPT('" + DISCUSS + "', r.body, "
         "a.aspect){options}) ORDER BY r.id, a.aspect_id")
-
-
-def keyword_session(**tables: pa.Table) -> quail.Session:
-    tokenizer = ByteTokenizer()
-    registry = quail.ExtensionRegistry.with_built_ins()
-    registry.register_backend(KeywordBackend(tokenizer))
-    session = quail.Session(quail.EngineConfig(backend="keyword", cache="off"), registry=registry,
-                            tokenizer=tokenizer)
-    for name, table in (tables or TABLES).items():
-        session.register(name, table)
-    return session
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +122,7 @@ def test_explain_shows_the_pairs_before_and_after(session):
 def test_a_large_unblocked_join_is_proposed_blocking():
     left = pa.table({"id": list(range(150)), "body": [f"review number {i} about acting and plot" for i in range(150)]})
     right = pa.table({"aspect_id": list(range(80)), "aspect": [f"aspect {i} music" for i in range(80)]})
-    with keyword_session(reviews=left, aspects=right) as opened:
+    with keyword_session(tables={"reviews": left, "aspects": right}) as opened:
         text = opened.sql(JOIN.replace("{options}", "")).explain()
     assert "asks 12,000 pairs: similarity blocking would ask about" in text
 
@@ -192,7 +180,7 @@ def test_repeated_texts_count_once_in_the_recall_estimate():
     repeated = pa.concat_tables([reviews.set_column(0, "id", pa.array([i * 1000 + r for r in
                                                                          reviews.column("id").to_pylist()]))
                                  for i in range(6)])
-    with keyword_session(reviews=repeated, aspects=TABLES["aspects"]) as opened:
+    with keyword_session(tables={"reviews": repeated, "aspects": TABLES["aspects"]}) as opened:
         every = opened.sql(JOIN.replace("{options}", ", {'blocking': 'top_k', 'k': 50}")).run().report["blocking"]
         blocked = opened.sql(JOIN.replace("{options}", ", {'blocking': 'top_k', 'k': 1}")).run().report["blocking"]
     assert every["pairs_before"] == every["pairs_after"] == 13 * 5 and every["estimated_recall"] == 1.0
@@ -218,7 +206,7 @@ def test_a_limit_that_stops_the_join_early_leaves_the_recall_unestimated(session
 def test_the_pairs_relation_names_never_collide_with_the_users():
     notes = pa.table({"id": [1, 2, 3], "l": ["the acting", "the plot twists", "music"],
                       "r": ["x", "y", "z"]})
-    with keyword_session(blocked_pairs=notes, aspects=TABLES["aspects"]) as opened:
+    with keyword_session(tables={"blocked_pairs": notes, "aspects": TABLES["aspects"]}) as opened:
         sql = ("SELECT l, r, a.aspect FROM blocked_pairs JOIN aspects a ON AI_FILTER(PROMPT('" + DISCUSS +
                "', blocked_pairs.l, a.aspect)" + BLOCK + ") ORDER BY l, a.aspect")
         rows = opened.sql(sql).run().to_rows()

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from support.relational_oracle import TABLES
+from support.relational_oracle import TABLES, keyword_session
 
 import quail
 from quail.catalog.models import ALL_MINILM_L6_V2
@@ -21,17 +21,6 @@ from quail.testing import ByteTokenizer, KeywordBackend
 from quail.testing.rules import embedded_vector
 
 DIMENSIONS = ALL_MINILM_L6_V2.dimensions
-
-
-def keyword_session(store: Path | None = None, **settings: object) -> quail.Session:
-    tokenizer = ByteTokenizer()
-    registry = quail.ExtensionRegistry.with_built_ins()
-    registry.register_backend(KeywordBackend(tokenizer))
-    config = quail.EngineConfig(backend="keyword", cache=str(store) if store else "off", **settings)
-    session = quail.Session(config, registry=registry, tokenizer=tokenizer)
-    for name, table in TABLES.items():
-        session.register(name, table)
-    return session
 
 
 @pytest.fixture(scope="module")

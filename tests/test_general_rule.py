@@ -13,11 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.relational_oracle import TABLES, oracle_rows, same_rows
+from support.relational_oracle import TABLES, keyword_session, oracle_rows, same_rows
 
 import quail
 from quail.runtime.lookups import LookupQuery
-from quail.testing import ByteTokenizer, KeywordBackend
 
 ACTING = "'Does the review praise the \"acting\"? {0}'"
 PLOT = "'Is {0} about the \"plot\"?'"
@@ -248,17 +247,6 @@ def further_statements(d: str) -> dict[str, str]:
 
 CASES = [(d, name, sql) for d in ("snowflake", "bigquery")
          for name, sql in {**statements(d), **more_statements(d), **further_statements(d)}.items()]
-
-
-def keyword_session(store: Path | None = None) -> quail.Session:
-    tokenizer = ByteTokenizer()
-    registry = quail.ExtensionRegistry.with_built_ins()
-    registry.register_backend(KeywordBackend(tokenizer))
-    session = quail.Session(quail.EngineConfig(backend="keyword", cache=str(store) if store else "off"),
-                            registry=registry, tokenizer=tokenizer)
-    for name, table in TABLES.items():
-        session.register(name, table)
-    return session
 
 
 @pytest.fixture(scope="module")

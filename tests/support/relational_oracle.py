@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -23,7 +24,9 @@ import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 
+import quail
 from quail.frontend.syntax import DIALECTS
+from quail.testing import ByteTokenizer, KeywordBackend
 from quail.testing.rules import classify_margins, predicate_margin
 
 REVIEWS = pa.table({
@@ -81,6 +84,19 @@ EVIDENCE = pa.table({
 
 TABLES: dict[str, pa.Table] = {"reviews": REVIEWS, "aspects": ASPECTS, "genres": GENRES, "claims": CLAIMS,
                                "evidence": EVIDENCE}
+
+
+def keyword_session(store: Path | None = None, tables: Mapping[str, pa.Table] | None = None) -> quail.Session:
+    """A session on the keyword test backend over `tables` (these TABLES when none), its answer store at `store`
+    (off when None): what the oracle's rules are compared with."""
+    tokenizer = ByteTokenizer()
+    registry = quail.ExtensionRegistry.with_built_ins()
+    registry.register_backend(KeywordBackend(tokenizer))
+    session = quail.Session(quail.EngineConfig(backend="keyword", cache=str(store) if store else "off"),
+                            registry=registry, tokenizer=tokenizer)
+    for name, table in (TABLES if tables is None else tables).items():
+        session.register(name, table)
+    return session
 
 # -- the UDFs: the keyword rule, row by row -------------------------------------------------------
 

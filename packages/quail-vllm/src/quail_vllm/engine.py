@@ -66,14 +66,32 @@ class _Logprob(Protocol):
     logprob: float
 
 
-class VLLMEngine:
-    """A booted vllm.LLM answering TRUE/FALSE requests; `close()` shuts its engine core down."""
+class _Booted:
+    """A booted vllm.LLM that `close()` shuts down: its engine core stopped and the model dropped, so a later engine
+    gets the memory back."""
 
     def __init__(self, llm: LLM) -> None:
         self.llm = llm
+        self._closed = False
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        core = getattr(self.llm.llm_engine, "engine_core", None)
+        if core is not None:  # the in-process engine core too: its memory and threads go back
+            core.shutdown()
+        del self.llm
+        gc.collect()
+
+
+class VLLMEngine(_Booted):
+    """A booted vllm.LLM answering TRUE/FALSE requests; `close()` shuts its engine core down."""
+
+    def __init__(self, llm: LLM) -> None:
+        super().__init__(llm)
         self._params: dict[AnswerTokens, SamplingParams] = {}
         self._labels: dict[int, AnswerTokens] = {}
-        self._closed = False
 
     def params(self, labels: AnswerTokens) -> SamplingParams:
         """One output token at temperature 0, with exactly the answer tokens' log-probabilities."""
@@ -159,14 +177,6 @@ class VLLMEngine:
                                      len(output.prompt_token_ids or ()), output.num_cached_tokens or 0)
                 for output in outputs]
 
-    def close(self) -> None:
-        """Shut the engine core down and drop the model, so a later engine gets the memory back."""
-        if self._closed:
-            return
-        self._closed = True
-        _shut_down(self.llm)
-        del self.llm
-        gc.collect()
 
     # -- reading outputs ------------------------------------------------------------------------
 
@@ -181,7 +191,7 @@ class VLLMEngine:
         return EngineAnswer(key, margin, prompt, cached)
 
 
-class VLLMEncoder:
+class VLLMEncoder(_Booted):
     """A booted vllm.LLM on an embedding model, in the `RequestEngine` role with `EmbedsText`.
 
     Each document is framed with the encoder's special tokens, taken from vLLM's own tokenizer of the model (its
@@ -190,7 +200,7 @@ class VLLMEncoder:
     """
 
     def __init__(self, llm: LLM) -> None:
-        self.llm = llm
+        super().__init__(llm)
         tokenizer = llm.get_tokenizer()
         first, last = getattr(tokenizer, "cls_token_id", None), getattr(tokenizer, "sep_token_id", None)
         if not isinstance(first, int) or not isinstance(last, int):
@@ -201,7 +211,6 @@ class VLLMEncoder:
             raise ValueError(f"the encoder's tokenizer adds {added} special tokens to a text; this adapter frames "
                              "documents with [CLS] … [SEP] (2)")
         self.cls_id, self.sep_id, self.special_tokens = first, last, added
-        self._closed = False
 
     @classmethod
     def boot(cls, settings: EncoderSettings) -> VLLMEncoder:
@@ -264,17 +273,3 @@ class VLLMEncoder:
     def forget_cached_prefixes(self) -> None:
         """Nothing to forget: the encoder keeps no prefix cache."""
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        _shut_down(self.llm)
-        del self.llm
-        gc.collect()
-
-
-def _shut_down(llm: LLM) -> None:
-    """Stop the engine core (the in-process one too), so its memory and threads go back."""
-    core = getattr(llm.llm_engine, "engine_core", None)
-    if core is not None:
-        core.shutdown()

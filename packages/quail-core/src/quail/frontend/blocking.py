@@ -18,6 +18,7 @@ from sqlglot import exp
 
 from quail.frontend.calls import number, struct_field
 from quail.frontend.embedding_forms import MODEL_OPTION
+from quail.frontend.lookups import block_sources
 from quail.frontend.syntax import AiCall, ai_call, conjuncts, fail_at, safe_sql, unsupported
 
 BlockingMode = Literal["top_k", "threshold"]
@@ -172,16 +173,10 @@ def _expand_star(select: exp.Select, pairs: PairsRelation) -> None:
     """`SELECT *` reads every table of FROM: the pairs relation is not the user's, so each table's columns instead."""
     if not any(isinstance(e, exp.Star) for e in select.expressions):
         return
-    items = [item for item in _sources(select) if item.alias_or_name != pairs.alias]
+    items = [item for alias, item in block_sources(select).items() if alias != pairs.alias]
     stars = [exp.column(exp.Star(), table=item.alias_or_name) for item in items]
     expanded = [s for e in select.expressions for s in (stars if isinstance(e, exp.Star) else [e])]
     select.set("expressions", expanded)
-
-
-def _sources(select: exp.Select) -> list[exp.Expression]:
-    """The FROM and JOIN items of a block, in order."""
-    source = select.args.get("from_") or select.args.get("from")
-    return ([source.this] if source is not None else []) + [j.this for j in select.args.get("joins") or []]
 
 
 def _options(node: exp.Expression) -> dict[str, exp.Expression]:
@@ -284,8 +279,8 @@ def _table_of(column: exp.Column, node: exp.Expression) -> exp.Expression:
     block = node.find_ancestor(exp.Select)
     assert block is not None
     ctes = {cte.alias.lower() for cte in block.root().find_all(exp.CTE)}
-    for item in _sources(block):
-        if item.alias_or_name == column.table:
+    for alias, item in block_sources(block).items():
+        if alias == column.table:
             if not isinstance(item, exp.Table) or item.name.lower() in ctes:
                 raise unsupported(f"blocking over {safe_sql(item)}", item, "a blocked AI join reads two registered "
                                   "tables; join a CTE or subquery around it instead")

@@ -100,7 +100,7 @@ def next_stage(statement: exp.Expression, relations: Describer, prefix: str, cou
     located = _located(statement, ctes, relations)
     blocks = _joining_blocks(located)
     for block in blocks:
-        if any(_holds_ai(node, ctes) for node in _block_sources(block).values()):
+        if any(_holds_ai(node, ctes) for node in block_sources(block).values()):
             continue  # it reads AI results: a later round
         name = f"{prefix}{next(counter)}"
         lookups.append(_planned_block(block, ctes, name))
@@ -271,7 +271,7 @@ def _source_of(column: exp.Column, ctes: Mapping[str, exp.CTE], relations: Descr
     qualifier = column.table.lower()
     block = column.find_ancestor(exp.Select)
     while block is not None:
-        for alias, node in _block_sources(block).items():
+        for alias, node in block_sources(block).items():
             if qualifier and alias.lower() == qualifier:
                 return _Source(alias, node, block)
             if not qualifier and column.name.lower() in _column_names(node, ctes, relations):
@@ -280,7 +280,8 @@ def _source_of(column: exp.Column, ctes: Mapping[str, exp.CTE], relations: Descr
     return None
 
 
-def _block_sources(block: exp.Select) -> dict[str, exp.Expression]:
+def block_sources(block: exp.Select) -> dict[str, exp.Expression]:
+    """The tables and subqueries of a block's FROM and JOIN items, by alias, in order."""
     sources: dict[str, exp.Expression] = {}
     source = block.args.get("from_") or block.args.get("from")
     items = [source.this] if source is not None else []

@@ -16,7 +16,6 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -42,8 +41,8 @@ from quail.frontend.spec import QuerySpec
 from quail.frontend.sql import Dialect, ParsedStatement, read_parsed
 from quail.frontend.syntax import EMBEDDING, ai_call
 from quail.physical import nodes as ph
-from quail.runtime.coordinator import PreparedQuery
-from quail.runtime.embeddings import TEXT, EmbeddingQuery, Session
+from quail.runtime.coordinator import Query, QuerySession
+from quail.runtime.embeddings import TEXT, EmbeddingQuery
 from quail.runtime.report import BlockingReport
 from quail.runtime.results import QueryResult
 
@@ -53,19 +52,8 @@ RECALL_SAMPLE = 32
 SEED = 20_261_205
 
 
-class Planned(Protocol):
-    """What the statement needs of a planned query (a `Query`)."""
-
-    def plan(self) -> PhysicalCandidate: ...
-
-    def explain(self, verbose: bool = False, analyze: bool = False) -> str: ...
-
-    def run(self) -> QueryResult: ...
-
-    def prepared(self) -> PreparedQuery: ...
-
-
-Planner = Callable[[QuerySpec, OrderRule | None], Planned]
+Planner = Callable[[QuerySpec, OrderRule | None], Query]
+"""The session's way from a query spec to a planned query of one block."""
 
 
 @dataclass(frozen=True)
@@ -77,9 +65,9 @@ class Pairs:
     right_texts: int
     seconds: float
     outside: Callable[[int], pa.Table]
+    """Up to n pairs not in `table`, drawn at random (the same draw every time)."""
     work: Mapping[str, NodeMetrics]
     """The embedding runs' node metrics (`blocking/left/...`, `blocking/right/...`), for the report."""
-    """Up to n pairs not in `table`, drawn at random (the same draw every time)."""
 
     @property
     def before(self) -> int:
@@ -93,24 +81,39 @@ class Pairs:
 class BlockedQuery:
     """A statement whose AI join is blocked by similarity: explain(), plan(), run(), collect() as a `Query`."""
 
-    def __init__(self, session: Session, planner: Planner, parsed: ParsedStatement, text: str, dialect: Dialect,
-                 order: OrderRule | None = None) -> None:
+    def __init__(self, session: QuerySession, planner: Planner, parsed: ParsedStatement, text: str,
+                 dialect: Dialect, order: OrderRule | None = None) -> None:
         located = blocked_joins(parsed.statement)
         if len(located) != 1:
             raise CompileError(f"a statement may block one AI join; this one blocks {len(located)}")
         self.session = session
-        blocked = located[0][1]
-        anchor = _unblocked_anchor(planner, parsed, text, dialect, order, blocked, session)
-        self.blocked = replace(blocked, condition=anchored(blocked.condition, anchor))
+        self.blocked = located[0][1]
         self.pairs_relation = PairsRelation(f"__quail_pairs_{uuid.uuid4().hex[:8]}")
         self.name = self.pairs_relation.name
-        self.statement = without_blocking(parsed.statement, self.pairs_relation, self.blocked.condition)
         self.dialect = dialect
-        with session.database.registered({self.name: PAIRS.empty_table()}):
-            spec = read_parsed(replace(parsed, statement=self.statement), text, session.database, dialect)
-            planner(spec, order)  # compiled here: a wrong name or type is a CompileError before any model work
-        self._planner, self._spec, self._order = planner, spec, order
+        self._planner, self._parsed, self._text, self._order = planner, parsed, text, order
+        self._spec(self.blocked.condition)  # compiled now: a wrong name or type is a CompileError before model work
+        self._anchored: tuple[BlockedJoin, QuerySpec] | None = None
         self._pairs: tuple[int, Pairs] | None = None
+
+    def _spec(self, condition: exp.Expression) -> QuerySpec:
+        """The statement reading the pairs relation, its call `condition`, read (and compiled) by the planner."""
+        statement = without_blocking(self._parsed.statement, self.pairs_relation, condition)
+        with self.session.database.registered({self.name: PAIRS.empty_table()}):
+            spec = read_parsed(replace(self._parsed, statement=statement), self._text, self.session.database,
+                               self.dialect)
+            self._planner(spec, self._order)
+        return spec
+
+    def anchored(self) -> tuple[BlockedJoin, QuerySpec]:
+        """The blocked join with the anchor the unblocked join would get, and the statement's spec with it (planned
+        the first time it is needed, not when the query is made)."""
+        if self._anchored is None:
+            anchor = _unblocked_anchor(self._planner, self._parsed, self._text, self.dialect, self._order,
+                                       self.blocked, self.session)
+            blocked = replace(self.blocked, condition=anchored(self.blocked.condition, anchor))
+            self._anchored = (blocked, self._spec(blocked.condition))
+        return self._anchored
 
     def pairs(self) -> Pairs:
         """The blocked pairs of the tables as they are now (embedding their texts the first time; stored vectors
@@ -121,10 +124,11 @@ class BlockedQuery:
         return self._pairs[1]
 
     @contextmanager
-    def _registered(self) -> Iterator[Planned]:
+    def _registered(self) -> Iterator[Query]:
         pairs = self.pairs()
+        _, spec = self.anchored()
         with self.session.database.registered({self.name: pairs.table}):
-            yield self._planner(self._spec, self._order)
+            yield self._planner(spec, self._order)
 
     def plan(self) -> PhysicalCandidate:
         with self._registered() as query:
@@ -140,11 +144,12 @@ class BlockedQuery:
     def run(self) -> QueryResult:
         self.session.check_open()
         started = time.perf_counter()
+        blocked, _ = self.anchored()
         with self._registered() as query:
             result = query.run()
-            asked = asked_pairs(query, result, self.blocked)
+            asked = asked_pairs(query, result, blocked)
         pairs = self.pairs()
-        recall = estimate_recall(self.session, self._planner, self.blocked, pairs, asked, self.dialect)
+        recall = estimate_recall(self.session, self._planner, blocked, pairs, asked, self.dialect)
         lines = _described(self.blocked, pairs, recall)
         report = replace(result.query_report, remarks=(*lines, *result.query_report.remarks),
                          wall_s=time.perf_counter() - started, blocking=recall.report(pairs),
@@ -156,7 +161,7 @@ class BlockedQuery:
 
 
 def _unblocked_anchor(planner: Planner, parsed: ParsedStatement, text: str, dialect: Dialect,
-                      order: OrderRule | None, blocked: BlockedJoin, session: Session) -> str:
+                      order: OrderRule | None, blocked: BlockedJoin, session: QuerySession) -> str:
     """The anchor the planner gives the join without blocking (planned, not run): the blocked join keeps it, so the
     same pair gets the same prompt — and the same answer — blocked or not."""
     spec = read_parsed(replace(parsed, statement=unblocked(parsed.statement)), text, session.database, dialect)
@@ -174,7 +179,7 @@ def blocked_template(blocked: BlockedJoin) -> str:
     return str(call.arguments[0].expressions[0].this)
 
 
-def block(session: Session, blocked: BlockedJoin, name: str) -> Pairs:
+def block(session: QuerySession, blocked: BlockedJoin, name: str) -> Pairs:
     """Each `{0}` text's nearest `{1}` texts by the cosine of their embeddings (over the rows the statement's own
     conditions on each table keep)."""
     started = time.perf_counter()
@@ -289,7 +294,7 @@ class Asked:
     true: frozenset[tuple[str, str]]
 
 
-def asked_pairs(query: Planned, result: QueryResult, blocked: BlockedJoin) -> Asked:
+def asked_pairs(query: Query, result: QueryResult, blocked: BlockedJoin) -> Asked:
     """The blocked join's own answers (its node found by its prompt) as pairs of the two documents' texts."""
     template = blocked_template(blocked)
     node = next(n for n in query.plan().graph.nodes
@@ -305,7 +310,7 @@ def asked_pairs(query: Planned, result: QueryResult, blocked: BlockedJoin) -> As
     return Asked(frozenset(pairs), frozenset(p for p, holds in zip(pairs, answers, strict=True) if holds))
 
 
-def estimate_recall(session: Session, planner: Planner, blocked: BlockedJoin, pairs: Pairs, asked: Asked,
+def estimate_recall(session: QuerySession, planner: Planner, blocked: BlockedJoin, pairs: Pairs, asked: Asked,
                     dialect: Dialect) -> Recall:
     """A uniform sample of the pairs left out, asked with the blocked join's own prompt (the two tables joined
     through the sample), beside the kept pairs the run said TRUE."""
@@ -333,7 +338,7 @@ def _sample_statement(blocked: BlockedJoin, pairs: PairsRelation) -> exp.Select:
             .join(blocked.right_table.copy(), on=on_right))
 
 
-def _embedded(session: Session, blocked: BlockedJoin, column: exp.Column, table: exp.Expression,
+def _embedded(session: QuerySession, blocked: BlockedJoin, column: exp.Column, table: exp.Expression,
               conditions: tuple[exp.Expression, ...], name: str) -> QueryResult:
     """The distinct texts of one document (over the rows its table's own conditions keep) and their vectors: an
     embedding lookup over its table."""

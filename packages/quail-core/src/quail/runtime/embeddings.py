@@ -11,7 +11,6 @@ the plan is written here rather than asked of the backend; explain() shows it wi
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -38,27 +37,12 @@ from quail.physical import nodes as ph
 from quail.physical.graph import Edge, PhysicalGraph
 from quail.planner.oversize import OversizedDocuments
 from quail.plugins.registry import ExtensionRegistry
-from quail.runtime.coordinator import PreparedQuery, run_candidate
+from quail.runtime.coordinator import PreparedQuery, QuerySession, run_candidate
 from quail.runtime.explain import explain_text
 from quail.runtime.results import QueryResult
 from quail.runtime.views import scan_views
 
 TEXT = "doc0"
-
-
-class Session(Protocol):
-    """What an embedding lookup needs of the session that asked (a `quail.Session`)."""
-
-    config: EngineConfig
-    registry: ExtensionRegistry
-    model: ModelSpec
-    device: DeviceSpec
-    backend: ModelBackend
-    compute: ComputeProvider
-    database: Database
-    token_store: TokenStore
-
-    def check_open(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -75,7 +59,7 @@ class _EmbeddingSession:
     database: Database
     token_store: TokenStore
     tokenizer: Tokenizer
-    owner: Session
+    owner: QuerySession
 
     def check_open(self) -> None:
         self.owner.check_open()
@@ -85,7 +69,7 @@ class EmbeddingQuery:
     """One AI.EMBED lookup: plan(), explain(), run() as a `Query` offers them. The texts are read when it runs (the
     relations it reads are registered then)."""
 
-    def __init__(self, session: Session, lookup: Lookup) -> None:
+    def __init__(self, session: QuerySession, lookup: Lookup) -> None:
         self.session = session
         self.lookup = lookup
         self.call = _call(lookup)
@@ -180,7 +164,7 @@ def _call(lookup: Lookup) -> AiCall:
     return calls[0]
 
 
-def _embedding_session(session: Session, model: ModelSpec) -> _EmbeddingSession:
+def _embedding_session(session: QuerySession, model: ModelSpec) -> _EmbeddingSession:
     backend = session.backend
     verdict = backend.supports(model, session.device, session.config.gpus)
     if not verdict.accepted:

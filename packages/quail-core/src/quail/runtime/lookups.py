@@ -18,23 +18,16 @@ import pyarrow as pa
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
-from quail.backends.base import ModelBackend, OrderRule, PhysicalCandidate
-from quail.catalog.devices import DeviceSpec
-from quail.catalog.models import ModelSpec
-from quail.compute.base import ComputeProvider
+from quail.backends.base import OrderRule, PhysicalCandidate
 from quail.compute.request import sum_known
-from quail.config import EngineConfig
-from quail.data.database import Database
-from quail.data.tokenizer import Tokenizer
-from quail.data.tokens import TokenStore
 from quail.errors import CompileError
 from quail.frontend.aggregates import aggregates
 from quail.frontend.lookups import VALUE, Block, Lookup, has_ai_calls, next_stage
 from quail.frontend.relational import relocated
 from quail.frontend.spec import QuerySpec
 from quail.frontend.sql import Dialect, ParsedStatement, read_statement
-from quail.plugins.registry import ExtensionRegistry
 from quail.runtime.aggregates import reduce_groups
+from quail.runtime.coordinator import QuerySession
 from quail.runtime.embeddings import EmbeddingQuery
 from quail.runtime.report import QueryReport
 from quail.runtime.results import QueryResult
@@ -42,22 +35,8 @@ from quail.runtime.results import QueryResult
 LOOKUP_PREFIX = "__quail_ai_"
 
 
-class Session(Protocol):
-    """What the rule needs of the session that asked."""
-
-    database: Database
-    backend: ModelBackend
-    model: ModelSpec
-    device: DeviceSpec
-    config: EngineConfig
-    registry: ExtensionRegistry
-    compute: ComputeProvider
-    token_store: TokenStore
-
-    @property
-    def tokenizer(self) -> Tokenizer: ...
-
-    def check_open(self) -> None: ...
+Session = QuerySession
+"""What the rule needs of the session that asked: what a query needs (`runtime.coordinator`)."""
 
 
 class Query(Protocol):
