@@ -10,5 +10,5 @@ fi
 . .venv/bin/activate
 pip_quiet() { python -m pip install --quiet --disable-pip-version-check "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
 pip_quiet "torch==2.13.0"
-pip_quiet -e packages/quail-core -e "packages/quail-native[embedded,qwen-coder-0-5b,bench,embeddings]" -e packages/quail-vllm -e packages/quail-sglang \
+pip_quiet -e "packages/quail-core[serve]" -e "packages/quail-native[embedded,qwen-coder-0-5b,bench,embeddings]" -e packages/quail-vllm -e packages/quail-sglang \
     -e packages/quail-ray

@@ -14,10 +14,20 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from quail.catalog.devices import DeviceSpec
     from quail.catalog.models import ModelSpec
+    from quail.client import connect
     from quail.compute.lifetime import release_engines
     from quail.config import EngineConfig
     from quail.data.providers import DocumentProvider
-    from quail.errors import CompileError, ModelFileError, PlanEditError, QuailError, Refusal, RefusalError
+    from quail.errors import (
+        CompileError,
+        ModelFileError,
+        PlanEditError,
+        QuailError,
+        QueryCancelledError,
+        Refusal,
+        RefusalError,
+        ServerError,
+    )
     from quail.frontend.builder import col, prompt, score
     from quail.physical.graph import PhysicalGraph
     from quail.plugins.hookspecs import hookimpl
@@ -28,11 +38,13 @@ if TYPE_CHECKING:
 
 _HOMES = {
     "quail.catalog.devices": ("DeviceSpec",),
+    "quail.client": ("connect",),
     "quail.catalog.models": ("ModelSpec",),
     "quail.compute.lifetime": ("release_engines",),
     "quail.config": ("EngineConfig",),
     "quail.data.providers": ("DocumentProvider",),
-    "quail.errors": ("CompileError", "ModelFileError", "PlanEditError", "QuailError", "Refusal", "RefusalError"),
+    "quail.errors": ("CompileError", "ModelFileError", "PlanEditError", "QuailError", "QueryCancelledError", "Refusal",
+                     "RefusalError", "ServerError"),
     "quail.frontend.builder": ("col", "prompt", "score"),
     "quail.physical.graph": ("PhysicalGraph",),
     "quail.plugins.hookspecs": ("hookimpl",),
@@ -55,11 +67,14 @@ __all__ = [
     "PlanEditError",
     "QuailError",
     "Query",
+    "QueryCancelledError",
     "QueryResult",
     "Refusal",
     "RefusalError",
+    "ServerError",
     "Session",
     "col",
+    "connect",
     "hookimpl",
     "prompt",
     "release_engines",

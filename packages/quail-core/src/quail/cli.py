@@ -9,14 +9,8 @@ import sys
 import tempfile
 import traceback
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from quail.interrupts import Terminated, signals_unwind
-
-if TYPE_CHECKING:
-    from quail.backends.base import ModelBackend
-    from quail.catalog.devices import DeviceSpec
-    from quail.catalog.models import ModelSpec
 
 USER_ERROR = 2
 INTERNAL_ERROR = 1
@@ -101,6 +95,7 @@ def _parser() -> argparse.ArgumentParser:
     from quail.plugins.loading import add_plugin_commands
     from quail.query_cli import add_arguments as add_query_arguments
     from quail.query_cli import run_query_command
+    from quail.server.command import add_command as add_serve_command
 
     parser = argparse.ArgumentParser(prog="quail", description="Quail: AI functions in SQL.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -117,6 +112,7 @@ def _parser() -> argparse.ArgumentParser:
     query = commands.add_parser("query", help="run an AI SQL query over Parquet / CSV / JSONL / Arrow tables")
     add_query_arguments(query)
     query.set_defaults(handler=run_query_command)
+    add_serve_command(commands)
     add_cache_command(commands)
     add_plugin_commands(commands)
     return parser
@@ -132,38 +128,22 @@ def _demo(args: argparse.Namespace) -> int:
 def _backends(args: argparse.Namespace) -> int:
     from quail.arguments import check_device_count
     from quail.config import EngineConfig
-    from quail.plugins.kinds import FIRST_PARTY_BACKENDS
     from quail.plugins.registry import ExtensionRegistry
+    from quail.plugins.status import backend_statuses
 
     registry = ExtensionRegistry.with_built_ins()
     model = registry.model(args.model)
     device = registry.device(args.device)
     check_device_count(EngineConfig(device=device.name, gpus=args.gpus), device)
     print(f"backends for model {model.name} on device {device.name} ({args.gpus} device(s)):")
-    rows = []
-    for name, backend in sorted(registry.backends.items()):
-        origin = registry.origin("backend", name)
-        dist = f"{origin.distribution or '-'} {origin.version or ''}".strip()
-        rows.append((name, dist, _support_status(backend, model, device, args.gpus)))
-    for name, dist in FIRST_PARTY_BACKENDS.items():
-        if name not in registry.backends:
-            rows.append((name, "-", f"not installed: pip install {dist}"))
-    width = max((len(r[0]) for r in rows), default=4)
-    dist_width = max((len(r[1]) for r in rows), default=4)
-    for name, dist, status in rows:
-        print(f"  {name:<{width}}  {dist:<{dist_width}}  {status}")
+    rows = backend_statuses(registry, model, device, args.gpus)
+    width = max((len(r.name) for r in rows), default=4)
+    dist_width = max((len(r.distribution) for r in rows), default=4)
+    for row in rows:
+        print(f"  {row.name:<{width}}  {row.distribution:<{dist_width}}  {row.status}")
     for failure in registry.plugin_failures:
         print(f"  ! {failure.describe()}")
     return 0
-
-
-def _support_status(backend: ModelBackend, model: ModelSpec, device: DeviceSpec, gpus: int) -> str:
-    """One backend's verdict in words; a plugin whose check itself fails is listed as failed, not fatal."""
-    try:
-        verdict = backend.supports(model, device, gpus)
-    except Exception as exc:  # a plugin's bug must not hide the other backends
-        return f"failed: supports() raised {type(exc).__name__}: {exc}"
-    return "supported" if verdict.accepted else f"not supported: {verdict.reason}"
 
 
 if __name__ == "__main__":

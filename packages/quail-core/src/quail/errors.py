@@ -97,3 +97,11 @@ class WorkerLostError(ComputeError):
 class LargeInputWarning(UserWarning):
     """A query's model part is about to read far more rows than a query usually does (a cross join hidden in a
     CTE, a condition left out): said before the first token, so a user can stop it (Ctrl-C) or `explain()` it."""
+
+
+class QueryCancelledError(QuailError):
+    """The query was cancelled before it finished (on a server: by this client, another, or the server stopping)."""
+
+
+class ServerError(QuailError):
+    """A Quail server could not be reached, or failed on its side (its log has the traceback)."""

@@ -23,6 +23,12 @@ class Terminated(BaseException):
         super().__init__(f"terminated by signal {signal_number}")
 
 
+class Cancelled(BaseException):
+    """Someone asked for the running query to stop (`quail serve`'s cancel). A BaseException like the signals: the
+    query unwinds the way Ctrl-C unwinds it — an engine it interrupted is closed, a compute worker stopped — and
+    what was answered before is kept in the answer store."""
+
+
 def _raise_terminated(signal_number: int, _frame: FrameType | None) -> None:
     raise Terminated(signal_number)
 

@@ -312,6 +312,12 @@ class Database:
     def closed(self) -> bool:
         return not self._finalizer.alive
 
+    def interrupt(self) -> None:
+        """Ask the DuckDB statement running now (on another thread) to stop: it raises, and its caller unwinds.
+        Harmless when none runs; the next statement runs normally."""
+        if self._finalizer.alive:
+            self._connection.interrupt()
+
     def close(self) -> None:
         """Close the connection and remove the view files; safe to call twice."""
         self._views.clear()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import pyarrow as pa
 
@@ -16,11 +18,29 @@ if TYPE_CHECKING:
 ResultValue = None | bool | int | float | str | list["ResultValue"] | dict[str, "ResultValue"]
 
 
+class Reported(Protocol):
+    """What a result's report is: a value that gives itself as the dict `QueryResult.report`."""
+
+    def as_dict(self) -> dict[str, ReportValue]: ...
+
+
+@dataclass(frozen=True)
+class ReceivedReport:
+    """A report that came over the wire (`quail.connect`): the dict the server's result gave, as it gave it."""
+
+    values: Mapping[str, ReportValue]
+
+    def as_dict(self) -> dict[str, ReportValue]:
+        return copy.deepcopy(dict(self.values))
+
+
 class QueryResult:
-    def __init__(self, table: pa.Table, answer_tables: Mapping[str, pa.Table], report: QueryReport,
+    def __init__(self, table: pa.Table, answer_tables: Mapping[str, pa.Table], report: Reported,
                  explain_text: str) -> None:
         self._table = table
-        self.answer_tables: Mapping[str, pa.Table] = dict(answer_tables)
+        # a dict is copied; a lazy mapping (a server's answers, fetched when read) is kept as it is
+        self.answer_tables: Mapping[str, pa.Table] = dict(answer_tables) if isinstance(answer_tables, dict) \
+            else answer_tables
         self._report = report
         self._explain = explain_text
 
@@ -30,7 +50,10 @@ class QueryResult:
 
     @property
     def query_report(self) -> QueryReport:
-        """The report as its typed value (what `report` gives as a dict)."""
+        """The report as its typed value (what `report` gives as a dict); a result received from a server has only
+        the dict."""
+        if not isinstance(self._report, QueryReport):
+            raise TypeError("this result came from a server: its report is the dict `report`")
         return self._report
 
     def collect(self) -> pa.Table:
