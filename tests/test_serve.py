@@ -49,8 +49,8 @@ def api(server):
 
 
 def local(sql: str) -> pa.Table:
-    """What a local session on the same backend and tables answers."""
-    with quail.Session(EngineConfig(backend="example-keyword")) as session:
+    """What a local session on the same backend and tables answers (its own answers, not the server's stored ones)."""
+    with quail.Session(EngineConfig(backend="example-keyword", cache="off")) as session:
         session.register("reviews", str(DATASETS / "reviews.jsonl"), id_column="id")
         session.register("aspects", str(DATASETS / "aspects.jsonl"), id_column="id")
         return session.sql(sql).run().collect()
