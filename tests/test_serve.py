@@ -441,3 +441,103 @@ def test_a_config_file_registers_tables_and_engine_settings(tmp_path):
     done = subprocess.run([sys.executable, "-m", "quail.cli", "serve", "--config", str(config)], capture_output=True,
                           text=True, timeout=120, check=False)
     assert done.returncode == 2 and "unknown key(s) in [engine]: modle" in done.stderr
+
+
+def test_a_refusal_at_run_time_is_422_with_its_parts_and_the_client_raises_it(tmp_path):
+    refusing = quail.Session(EngineConfig(backend="example-keyword", chunk_tokens=64, cache="off"))
+    with refusing as session, pytest.raises(RefusalError) as expected:
+        session.register("reviews", str(DATASETS / "reviews.jsonl"), id_column="id")
+        session.sql(FILTER).run()
+    server = start_server(tmp_path, *BACKEND, "--chunk-tokens", "64")
+    try:
+        with server.client() as api:
+            job = run_job(api, FILTER)
+            assert job["state"] == "failed" and job["error"]["kind"] == "RefusalError"
+            assert job["error"]["refusal"]["needed"] == expected.value.refusal.needed
+            response = api.get(f"/v1/queries/{job['id']}/result")
+            assert response.status_code == 422 and response.json()["error"]["message"] == str(expected.value)
+        with quail.connect(server.url, token=TOKEN) as remote, pytest.raises(RefusalError) as raised:
+            remote.sql(FILTER).run()
+        assert raised.value.refusal == expected.value.refusal
+    finally:
+        server.stop()
+    assert server.left_behind() == []
+
+
+BROKEN_PLUGIN = """
+import quail
+from quail.testing import KeywordBackend
+from quail.testing.backend import KeywordExecution
+
+
+class BrokenExecution(KeywordExecution):
+    def execute(self, node, inputs):
+        raise RuntimeError("secret internals of the broken backend")
+
+
+class BrokenBackend(KeywordBackend):
+    name = "broken"
+
+    def start(self, context):
+        return BrokenExecution(self._tokenizer)
+
+
+@quail.hookimpl
+def quail_register(registry):
+    registry.register_backend(BrokenBackend())
+"""
+
+
+def test_an_internal_fault_is_500_without_its_details_and_the_server_goes_on(tmp_path, install_plugin):
+    install_plugin("quail-broken", "broken", BROKEN_PLUGIN)
+    server = start_server(tmp_path, "--backend", "broken", env={"PYTHONPATH": str(tmp_path / "site")})
+    try:
+        with server.client() as api:
+            for _ in range(2):
+                job = run_job(api, FILTER)
+                assert job["state"] == "failed" and job["error"]["kind"] == "InternalError"
+                assert "secret internals" not in json.dumps(job)
+                assert api.get(f"/v1/queries/{job['id']}/result").status_code == 500
+            assert api.get("/v1/health").json() == {"status": "ok"}
+        with quail.connect(server.url, token=TOKEN) as remote, pytest.raises(ServerError, match="InternalError"):
+            remote.sql(FILTER).run()
+    finally:
+        server.stop()
+    log = "".join(server.printed) + (server.process.stdout.read() or "")
+    assert "secret internals of the broken backend" in log  # the traceback is the server's, in its log
+    assert server.left_behind() == []
+
+
+def test_a_server_on_the_process_provider_keeps_its_worker_warm_and_stops_it_on_sigterm(tmp_path):
+    import psutil
+
+    server = start_server(tmp_path, *BACKEND, "--compute", "process")
+    try:
+        with quail.connect(server.url, token=TOKEN) as remote:
+            first, second = remote.sql(FILTER).run(), remote.sql(JOIN).run()
+        assert (first.report["boot_kind"], second.report["boot_kind"]) == ("cold", "warm")
+        assert second.collect().equals(local(JOIN))
+        workers = psutil.Process(server.process.pid).children(recursive=True)
+        assert workers  # the engine lives in a worker process
+    finally:
+        assert server.stop() == 143
+    assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+    assert server.left_behind() == []
+
+
+def test_finished_results_are_kept_up_to_a_bound_then_forgotten_oldest_first():
+    size = local(FILTER).nbytes
+    with quail.Session(EngineConfig(backend="example-keyword")) as session:
+        session.register("reviews", str(DATASETS / "reviews.jsonl"), id_column="id")
+        scheduler = Scheduler(session, max_result_bytes=size)
+        try:
+            jobs = []
+            for _ in range(7):
+                jobs.append(scheduler.submit(QueryJob(FILTER, "snowflake", "a")))
+                deadline = time.monotonic() + 30
+                while not jobs[-1].done and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            kept = [scheduler.job(j.id) is not None for j in jobs]
+            assert kept == [False, False, False, True, True, True, True]
+        finally:
+            scheduler.close(30)

@@ -48,15 +48,16 @@ class Server:
         return sorted(p.name for p in self.scratch.iterdir())
 
 
-def start_server(tmp_path: Path, *arguments: str, token: str | None = TOKEN) -> Server:
+def start_server(tmp_path: Path, *arguments: str, token: str | None = TOKEN,
+                 env: dict[str, str] | None = None) -> Server:
     """`quail serve --port 0 ...` with the bundled reviews and aspects registered; waits until it listens."""
     scratch = tmp_path / "server-tmp"
     scratch.mkdir(exist_ok=True)
     command = [sys.executable, "-m", "quail.cli", "serve", "--port", "0",
                "-t", f"reviews={DATASETS / 'reviews.jsonl'}:id", "-t", f"aspects={DATASETS / 'aspects.jsonl'}:id",
                *(["--token", token] if token else []), *arguments]
-    env = {**os.environ, "TMPDIR": str(scratch), "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    environment = {**os.environ, "TMPDIR": str(scratch), "PYTHONUNBUFFERED": "1", **(env or {})}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment,
                                preexec_fn=_default_signals)
     printed: list[str] = []
     deadline = time.monotonic() + START_TIMEOUT_S

@@ -36,6 +36,8 @@ JobState = Literal["queued", "running", "finished", "failed", "cancelled"]
 DONE: frozenset[JobState] = frozenset({"finished", "failed", "cancelled"})
 KEPT_JOBS = 200
 """Finished jobs kept for their clients to read (the oldest finished ones go first)."""
+KEPT_RESULTS = 4
+"""Finished jobs' rows are kept up to this many times `max_result_bytes` in all (the oldest go first)."""
 PROGRESS_DESCRIPTION = 80
 
 
@@ -257,6 +259,7 @@ class Scheduler:
             finally:
                 with self._condition:
                     self._running = None
+                    self._forget_old()
 
     def _next(self) -> QueryJob:
         """The first job of the first client in turn with one; that client goes to the back of the turn."""
@@ -312,7 +315,15 @@ class Scheduler:
         job._progressed(node, done, total)
 
     def _forget_old(self) -> None:
+        """Forget the oldest finished jobs beyond `KEPT_JOBS`, and beyond what their rows may take in memory."""
         finished = [job_id for job_id, job in self._jobs.items() if job.done]
         for job_id in finished[:max(0, len(self._jobs) - KEPT_JOBS)]:
             del self._jobs[job_id]
+        held = {job_id: job.result.collect().nbytes for job_id, job in self._jobs.items() if job.result is not None}
+        excess = sum(held.values()) - KEPT_RESULTS * self.max_result_bytes
+        for job_id, size in held.items():  # oldest first
+            if excess <= 0:
+                break
+            del self._jobs[job_id]
+            excess -= size
 
