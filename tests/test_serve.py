@@ -10,6 +10,7 @@ import json
 import socket
 import threading
 import time
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pytest
@@ -18,7 +19,7 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
-from support.serving import DATASETS, TOKEN, start_server, wait_for  # noqa: E402
+from support.serving import DATASETS, TOKEN, run_at_once, start_server, wait_for  # noqa: E402
 
 import quail  # noqa: E402
 from quail.config import EngineConfig  # noqa: E402
@@ -277,17 +278,7 @@ def test_errors_cross_the_wire_as_the_same_exceptions():
 def test_two_clients_at_once_share_the_warm_engine_and_get_local_rows(tmp_path):
     server = start_server(tmp_path, *BACKEND)
     try:
-        results = {}
-
-        def work(name: str, sql: str) -> None:
-            with quail.connect(server.url, token=TOKEN, client=name) as remote:
-                results[name] = remote.sql(sql).run()
-
-        threads = [threading.Thread(target=work, args=(name, sql)) for name, sql in (("a", JOIN), ("b", FILTER))]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(120)
+        results = run_at_once(server, {"a": JOIN, "b": FILTER})
         assert results["a"].collect().equals(local(JOIN))
         assert results["b"].collect().equals(local(FILTER))
         boots = sorted(r.report["boot_kind"] for r in results.values())
@@ -297,65 +288,70 @@ def test_two_clients_at_once_share_the_warm_engine_and_get_local_rows(tmp_path):
     assert server.left_behind() == []
 
 
-def _held_session():
-    """A keyword session whose runner waits at its first model step until released."""
-    session = quail.Session(EngineConfig(backend="example-keyword"))
-    session.register("reviews", str(DATASETS / "reviews.jsonl"), id_column="id")
-    entered, release = threading.Event(), threading.Event()
-
-    def hold(node, done, total):
-        entered.set()
-        release.wait(30)
-
-    session.registry.register_progress_listener(hold)
-    return session, entered, release
+def finish(*jobs: QueryJob, timeout_s: float = 60.0) -> QueryJob:
+    """Wait until every job is done; the last one."""
+    deadline = time.monotonic() + timeout_s
+    while not all(job.done for job in jobs):
+        assert time.monotonic() < deadline, [job.state for job in jobs]
+        time.sleep(0.01)
+    return jobs[-1]
 
 
-def test_clients_are_served_in_turn_not_in_the_order_one_client_floods_the_queue():
-    session, entered, release = _held_session()
-    scheduler = Scheduler(session, max_result_bytes=1 << 30)
-    try:
-        first = scheduler.submit(QueryJob(FILTER, "snowflake", "alice"))
-        assert entered.wait(30)
-        alice = [scheduler.submit(QueryJob(f"{FILTER} AND r.id > {n}", "snowflake", "alice")) for n in range(3)]
-        bob = scheduler.submit(QueryJob(FILTER, "snowflake", "bob"))
-        assert [scheduler.position(j) for j in (*alice, bob)] == [0, 2, 3, 1]
-        release.set()
-        deadline = time.monotonic() + 60
-        while not all(j.done for j in (first, *alice, bob)) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        started = sorted((first, *alice, bob), key=lambda j: j.started_at)
-        assert started == [first, alice[0], bob, alice[1], alice[2]]
-        assert all(j.state == "finished" for j in started)
-    finally:
-        release.set()
-        scheduler.close(30)
-        session.close()
+@dataclass
+class Held:
+    """A scheduler on a keyword session whose runner waits at its first model step until `release` is set."""
+
+    scheduler: Scheduler
+    entered: threading.Event
+    release: threading.Event
 
 
-def test_a_cancelled_job_stops_queued_or_running_and_the_session_goes_on():
-    session, entered, release = _held_session()
-    scheduler = Scheduler(session, max_result_bytes=1 << 30)
-    try:
-        running = scheduler.submit(QueryJob(FILTER, "snowflake", "a"))
-        assert entered.wait(30)
-        queued = scheduler.submit(QueryJob(FILTER, "snowflake", "a"))
-        scheduler.cancel(queued)
-        assert queued.state == "cancelled" and queued.started_at is None
-        scheduler.cancel(running)
-        release.set()
-        deadline = time.monotonic() + 30
-        while not running.done and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert running.state == "cancelled" and running.result is None
-        after = scheduler.submit(QueryJob(FILTER, "snowflake", "a"))
-        while not after.done and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert after.state == "finished" and after.result.collect().equals(local(FILTER).select(["id", "title"]))
-    finally:
-        release.set()
-        scheduler.close(30)
-        session.close()
+@pytest.fixture
+def held():
+    with quail.Session(EngineConfig(backend="example-keyword")) as session:
+        session.register("reviews", str(DATASETS / "reviews.jsonl"), id_column="id")
+        entered, release = threading.Event(), threading.Event()
+
+        def hold(node, done, total):
+            entered.set()
+            release.wait(30)
+
+        session.registry.register_progress_listener(hold)
+        scheduler = Scheduler(session, max_result_bytes=1 << 30)
+        try:
+            yield Held(scheduler, entered, release)
+        finally:
+            release.set()
+            scheduler.close(30)
+
+
+def test_clients_are_served_in_turn_not_in_the_order_one_client_floods_the_queue(held):
+    scheduler = held.scheduler
+    first = scheduler.submit(QueryJob(FILTER, "snowflake", "alice"))
+    assert held.entered.wait(30)
+    alice = [scheduler.submit(QueryJob(f"{FILTER} AND r.id > {n}", "snowflake", "alice")) for n in range(3)]
+    bob = scheduler.submit(QueryJob(FILTER, "snowflake", "bob"))
+    assert [scheduler.position(j) for j in (*alice, bob)] == [0, 2, 3, 1]
+    held.release.set()
+    finish(first, *alice, bob)
+    started = sorted((first, *alice, bob), key=lambda j: j.started_at)
+    assert started == [first, alice[0], bob, alice[1], alice[2]]
+    assert all(j.state == "finished" for j in started)
+
+
+def test_a_cancelled_job_stops_queued_or_running_and_the_session_goes_on(held):
+    scheduler = held.scheduler
+    running = scheduler.submit(QueryJob(FILTER, "snowflake", "a"))
+    assert held.entered.wait(30)
+    queued = scheduler.submit(QueryJob(FILTER, "snowflake", "a"))
+    scheduler.cancel(queued)
+    assert queued.state == "cancelled" and queued.started_at is None
+    scheduler.cancel(running)
+    held.release.set()
+    finish(running)
+    assert running.state == "cancelled" and running.result is None
+    after = finish(scheduler.submit(QueryJob(FILTER, "snowflake", "a")))
+    assert after.state == "finished" and after.result.collect().equals(local(FILTER).select(["id", "title"]))
 
 
 def test_a_result_over_the_limit_is_413_naming_the_limit(tmp_path):
@@ -533,10 +529,7 @@ def test_finished_results_are_kept_up_to_a_bound_then_forgotten_oldest_first():
         try:
             jobs = []
             for _ in range(7):
-                jobs.append(scheduler.submit(QueryJob(FILTER, "snowflake", "a")))
-                deadline = time.monotonic() + 30
-                while not jobs[-1].done and time.monotonic() < deadline:
-                    time.sleep(0.01)
+                jobs.append(finish(scheduler.submit(QueryJob(FILTER, "snowflake", "a"))))
             kept = [scheduler.job(j.id) is not None for j in jobs]
             assert kept == [False, False, False, True, True, True, True]
         finally:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
 import time
 
 import pytest
@@ -14,7 +13,7 @@ import pytest
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
-from support.serving import DATASETS, TOKEN, start_server, wait_for
+from support.serving import DATASETS, TOKEN, run_at_once, start_server, wait_for
 
 import quail
 from quail.config import EngineConfig
@@ -50,17 +49,7 @@ def first_progress(client, job_id: str, timeout_s: float = 120.0) -> dict:
 def test_two_clients_share_the_warm_engine_then_a_cancel_during_model_work_leaves_the_server_serving(tmp_path):
     server = start_server(tmp_path, *MODEL)
     try:
-        results = {}
-
-        def work(name: str, sql: str) -> None:
-            with quail.connect(server.url, token=TOKEN, client=name) as remote:
-                results[name] = remote.sql(sql).run()
-
-        threads = [threading.Thread(target=work, args=pair) for pair in (("a", POSITIVE), ("b", ACTING))]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(300)
+        results = run_at_once(server, {"a": POSITIVE, "b": ACTING})
         assert sorted(r.report["boot_kind"] for r in results.values()) == ["cold", "warm"]
         assert results["a"].collect().equals(local(POSITIVE))
         assert results["b"].collect().equals(local(ACTING))

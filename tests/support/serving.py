@@ -7,13 +7,16 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
+import quail
 from quail.datasets import __file__ as _datasets_init
+from quail.runtime.results import QueryResult
 
 DATASETS = Path(_datasets_init).parent
 TOKEN = "test-token-0123456789abcdef"
@@ -89,3 +92,21 @@ def wait_for(client: httpx.Client, job_id: str, states: tuple[str, ...], timeout
             return job
         time.sleep(0.05)
     raise AssertionError(f"query {job_id} not in {states} after {timeout_s} s: {job}")
+
+
+def run_at_once(server: Server, statements: dict[str, str], timeout_s: float = 300.0) -> dict[str, QueryResult]:
+    """Each client (its name → its SQL) runs its statement through `quail.connect`, all on their own threads at
+    once; their results by client."""
+    results: dict[str, QueryResult] = {}
+
+    def work(name: str, sql: str) -> None:
+        with quail.connect(server.url, token=server.token, client=name) as remote:
+            results[name] = remote.sql(sql).run()
+
+    threads = [threading.Thread(target=work, args=pair) for pair in statements.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout_s)
+    assert set(results) == set(statements), f"clients without a result: {set(statements) - set(results)}"
+    return results
