@@ -15,16 +15,24 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pytest
 
+import quail
+from quail.config import EngineConfig
+from quail.errors import (
+    CompileError,
+    QuailError,
+    QueryCancelledError,
+    Refusal,
+    RefusalError,
+    ServerError,
+    WorkerLostError,
+)
+from quail.server.jobs import QueryJob, Scheduler, error_body
+
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 from support.serving import DATASETS, TOKEN, run_at_once, start_server, wait_for  # noqa: E402
-
-import quail  # noqa: E402
-from quail.config import EngineConfig  # noqa: E402
-from quail.errors import CompileError, QuailError, QueryCancelledError, Refusal, RefusalError, ServerError  # noqa: E402
-from quail.server.jobs import QueryJob, Scheduler, error_body  # noqa: E402
 
 BACKEND = ("--backend", "example-keyword")
 FILTER = "SELECT r.id, r.title FROM reviews r WHERE AI_FILTER(PROMPT('Is this review positive? {0}', r.body))"
@@ -33,6 +41,9 @@ JOIN = ("SELECT r.id, a.aspect FROM reviews r JOIN aspects a "
 GROUPED = ("SELECT r.sentiment, COUNT(*) AS n FROM reviews r "
            "WHERE AI_FILTER(PROMPT('Is this review positive? {0}', r.body)) GROUP BY r.sentiment ORDER BY 1")
 BAD = "SELECT r.id\nFROM reviews r\nWHERE AI_FILTER(PROMPT('Is it good? {0}', r.nope))"
+JSON = {"Content-Type": "application/json"}
+NEVER_ENDING = "SELECT COUNT(*) AS n FROM " + ", ".join(f"reviews t{i}" for i in range(8))
+"""A relational statement DuckDB would work on for hours (64⁸ rows)."""
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +104,7 @@ def test_a_query_runs_and_its_rows_are_a_local_sessions_rows_in_arrow_and_json(a
     assert job["rows"] == expected.num_rows and [c["name"] for c in job["columns"]] == ["id", "aspect"]
     page = api.get(f"/v1/queries/{job['id']}/result", params={"format": "json", "offset": 3, "limit": 4}).json()
     assert page["total"] == expected.num_rows and page["offset"] == 3
-    assert page["rows"] == expected.slice(3, 4).to_pylist()
+    assert page["rows"] == [list(row.values()) for row in expected.slice(3, 4).to_pylist()]
     assert job["report"]["backend"] == "example-keyword" and job["report"]["wall_s"] > 0
     assert "AiJoin" in job["explain"]
     assert [p["done"] == p["total"] for p in job["progress"]] == [True] * len(job["progress"]) and job["progress"]
@@ -165,13 +176,13 @@ def test_malformed_requests_are_400_naming_what_was_wrong(api, body, status, wor
 
 def test_a_huge_body_is_413_before_it_is_read_whole_declared_or_chunked(api):
     huge = json.dumps({"sql": "SELECT 1 -- " + "x" * (2 << 20)}).encode()
-    assert api.post("/v1/queries", content=huge).status_code == 413
+    assert api.post("/v1/queries", content=huge, headers=JSON).status_code == 413
 
     def chunks():
         for _ in range(64):
             yield b"x" * 65536
 
-    response = api.post("/v1/queries", content=chunks())  # no Content-Length: read until over the limit
+    response = api.post("/v1/queries", content=chunks(), headers=JSON)  # no Content-Length: read until too long
     assert response.status_code == 413 and response.json()["error"]["kind"] == "TooLarge"
     assert api.get("/v1/health").status_code == 200
 
@@ -192,7 +203,7 @@ def test_a_wrong_or_missing_token_is_401_and_health_needs_none(server):
 
 def test_unknown_ids_paths_methods_and_pages(api):
     assert api.get("/v1/queries/nope").status_code == 404
-    assert api.post("/v1/queries/nope/cancel").status_code == 404
+    assert api.post("/v1/queries/nope/cancel", json={}).status_code == 404
     assert api.get("/v1/nothing").json()["error"]["kind"] == "NotFound"
     assert api.delete("/v1/tables").status_code == 405
     job = run_job(api, FILTER)
@@ -270,6 +281,10 @@ def test_errors_cross_the_wire_as_the_same_exceptions():
     assert internal.status == 500 and "secret detail" not in internal.message
     assert isinstance(_raised(500, json.dumps({"error": internal.as_dict()}).encode()), ServerError)
     assert isinstance(_raised(409, b'{"error": {"kind": "Cancelled", "message": "x"}}'), QueryCancelledError)
+    lost = error_body(WorkerLostError("compute worker process 7 was killed by signal SIGKILL"))
+    assert lost.status == 503 and "SIGKILL" in lost.message  # the workers failed, not the request
+    back = _raised(lost.status, json.dumps({"error": lost.as_dict()}).encode())
+    assert type(back) is WorkerLostError and str(back) == lost.message
 
 
 # -- two clients, fairness, cancel, disconnects -------------------------------------------------------------------
@@ -534,3 +549,111 @@ def test_finished_results_are_kept_up_to_a_bound_then_forgotten_oldest_first():
             assert kept == [False, False, False, True, True, True, True]
         finally:
             scheduler.close(30)
+
+
+def test_json_pages_say_every_value_unambiguously_and_keep_columns_of_one_name(api):
+    sql = ("SELECT r.id, r.title AS id, CAST(r.stars AS DECIMAL(5, 2)) AS d, DATE '2026-01-02' AS day, "
+           "TIMESTAMP '2026-01-02 03:04:05' AS at, INTERVAL 3 DAY AS span, 'ab'::BLOB AS raw, "
+           "[1.5, 'nan'::DOUBLE] AS xs, {'k': r.stars} AS s FROM reviews r "
+           "WHERE AI_FILTER(PROMPT('Is this review positive? {0}', r.body)) ORDER BY r.id LIMIT 1")
+    job = run_job(api, sql)
+    assert job["state"] == "finished", job
+    page = api.get(f"/v1/queries/{job['id']}/result", params={"format": "json"}).json()
+    assert [c["name"] for c in page["columns"]] == ["id", "id", "d", "day", "at", "span", "raw", "xs", "s"]
+    row = local(sql).to_pylist()[0]
+    (got,) = page["rows"]
+    assert got[0] == 2 and got[1] == local(sql).column(1)[0].as_py()
+    assert got[2] == f"{row['d']}" and got[3] == "2026-01-02" and got[4] == "2026-01-02T03:04:05"
+    assert got[5] == {"months": 0, "days": 3, "nanoseconds": 0}
+    assert got[6] == "YWI=" and got[7] == [1.5, None] and got[8] == {"k": row["s"]["k"]}
+    for bad in ("\u00b2", "\u0661", "1e3"):
+        response = api.get(f"/v1/queries/{job['id']}/result", params={"format": "json", "offset": bad})
+        assert response.status_code == 400, bad
+
+
+def test_a_post_that_is_not_json_is_415_so_no_other_site_can_submit_one(api):
+    for kind in ("text/plain", "application/x-www-form-urlencoded", None):
+        headers = {"Content-Type": kind} if kind else {}
+        response = api.post("/v1/queries", content=json.dumps({"sql": FILTER}), headers=headers)
+        assert response.status_code == 415 and response.json()["error"]["kind"] == "UnsupportedMediaType"
+    assert api.post("/v1/compile", content=json.dumps({"sql": FILTER}),
+                    headers={"Content-Type": "application/json; charset=utf-8"}).status_code == 200
+
+
+def test_without_a_token_only_requests_addressed_to_loopback_are_answered(tmp_path):
+    server = start_server(tmp_path, *BACKEND, token=None)
+    port = server.url.rsplit(":", 1)[1]
+    try:
+        with httpx.Client(base_url=server.url) as client:
+            for host in ("localhost", f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}"):
+                assert client.get("/v1/tables", headers={"Host": host}).status_code == 200, host
+            for host in ("attacker.example", f"attacker.example:{port}", "127.0.0.1.attacker.example"):
+                response = client.get("/v1/tables", headers={"Host": host})
+                assert response.status_code == 403 and response.json()["error"]["kind"] == "Forbidden", host
+                assert client.get("/", headers={"Host": host}).status_code == 403
+    finally:
+        server.stop()
+
+
+def test_a_cancel_stops_a_running_duckdb_statement_and_the_next_query_runs(api):
+    job_id = api.post("/v1/queries", json={"sql": NEVER_ENDING}).json()["id"]
+    wait_for(api, job_id, ("running",))
+    time.sleep(0.5)  # inside DuckDB by now
+    asked = time.monotonic()
+    api.post(f"/v1/queries/{job_id}/cancel", json={})
+    assert wait_for(api, job_id, ("cancelled", "failed", "finished"), timeout_s=30)["state"] == "cancelled"
+    assert time.monotonic() - asked < 10
+    assert run_job(api, FILTER)["state"] == "finished"
+
+
+def test_a_cancel_between_statements_stops_the_query_at_its_next_one(held):
+    scheduler = held.scheduler
+    job = scheduler.submit(QueryJob(f"{FILTER} ORDER BY (SELECT COUNT(*) FROM reviews x, reviews y)",
+                                    "snowflake", "a"))
+    assert held.entered.wait(30)  # the model part is answered; its relational part has not begun
+    scheduler.cancel(job)
+    held.release.set()
+    finish(job)
+    assert job.state == "cancelled" and job.result is None
+    assert finish(scheduler.submit(QueryJob(FILTER, "snowflake", "a"))).state == "finished"
+
+
+def test_a_client_whose_queue_is_full_is_told_so_and_others_are_not(held, monkeypatch):
+    from quail.server import jobs
+
+    monkeypatch.setattr(jobs, "MAX_QUEUED_PER_CLIENT", 2)
+    scheduler = held.scheduler
+    scheduler.submit(QueryJob(FILTER, "snowflake", "a"))
+    assert held.entered.wait(30)
+    for _ in range(2):
+        scheduler.submit(QueryJob(FILTER, "snowflake", "a"))
+    with pytest.raises(jobs.QueueFull, match="2 of them this client's"):
+        scheduler.submit(QueryJob(FILTER, "snowflake", "a"))
+    assert error_body(jobs.QueueFull("x")).status == 429
+    scheduler.submit(QueryJob(FILTER, "snowflake", "b"))
+
+
+def test_the_client_waits_on_a_quiet_query_longer_than_its_request_timeout(server):
+    sql = "SELECT COUNT(*) AS n FROM " + ", ".join(f"reviews t{i}" for i in range(6))
+    with quail.connect(server.url, token=TOKEN, timeout_s=2) as remote:
+        assert remote.sql(sql).collect().column("n").to_pylist() == [64 ** 6]
+
+
+def test_a_signal_handed_to_the_server_never_waits_on_a_lock_the_interrupted_thread_holds():
+    from quail.server.command import _server_class
+
+    uvicorn = pytest.importorskip("uvicorn")
+    held_lock = threading.Lock()
+    stopped = threading.Event()
+
+    class State:
+        def begin_stopping(self):
+            with held_lock:
+                stopped.set()
+
+    server = _server_class()(uvicorn.Config(lambda *a: None), State())
+    with held_lock:  # as if the signal landed while the event loop held a job's lock
+        began = time.monotonic()
+        server.handle_exit(15, None)
+        assert time.monotonic() - began < 1 and server.should_exit
+    assert stopped.wait(5)

@@ -59,7 +59,7 @@ def test_two_clients_share_the_warm_engine_then_a_cancel_during_model_work_leave
             seen = first_progress(api, job_id)
             assert seen["state"] == "running"
             asked = time.monotonic()
-            assert api.post(f"/v1/queries/{job_id}/cancel").status_code == 202
+            assert api.post(f"/v1/queries/{job_id}/cancel", json={}).status_code == 202
             job = wait_for(api, job_id, ("cancelled", "finished", "failed"), timeout_s=60)
             assert job["state"] == "cancelled", job
             assert time.monotonic() - asked < 30

@@ -13,6 +13,7 @@ Ctrl-C during `run()` cancels the query on the server before it goes on up.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import urllib.error
@@ -26,6 +27,7 @@ import pyarrow as pa
 
 from quail.errors import (
     CompileError,
+    ComputeError,
     ConfigError,
     ModelFileError,
     PlanEditError,
@@ -35,6 +37,7 @@ from quail.errors import (
     RefusalError,
     ServerError,
     UsageError,
+    WorkerLostError,
 )
 from quail.frontend.sql import Dialect
 from quail.runtime.report import ReportValue
@@ -43,9 +46,12 @@ from quail.runtime.results import QueryResult, ReceivedReport
 RemoteProgress = Callable[[str, str, int, int], None]
 """(node id, node description, items done, items in total), as the server's backend reports them."""
 JsonObject = dict[str, object]
-PLAIN_ERRORS: dict[str, type[QuailError]] = {kind.__name__: kind for kind in (ConfigError, UsageError, ModelFileError,
-                                                                              PlanEditError, QuailError)}
-"""The error kinds a server sends with only a message, each raised here as itself."""
+PLAIN_ERRORS: dict[str, type[QuailError]] = {kind.__name__: kind for kind in (
+    ConfigError, UsageError, ModelFileError, PlanEditError, QuailError, ComputeError, WorkerLostError)}
+"""The error kinds a server sends with only a message, each raised here as itself (the compute errors come with a
+5xx status: the server's workers failed, not the request)."""
+STREAM_TIMEOUT_S = 60.0
+"""The longest wait for a line of an event stream: the server writes at least every 15 s while a query runs."""
 
 
 def connect(url: str, token: str | None = None, *, client: str | None = None,
@@ -110,11 +116,12 @@ def _raised(status: int, raw: bytes) -> QuailError:
         return CompileError(str(error.get("detail") or message), line=error.get("line"), column=error.get("column"))
     if kind == "RefusalError" and isinstance(error.get("refusal"), dict):
         parts = error["refusal"]
-        return RefusalError(Refusal(parts["constraint"], tuple(parts["reasons"]), parts["needed"],
-                                    parts["available"], parts["unit"], tuple(parts["hints"])))
+        return RefusalError(Refusal(str(parts.get("constraint", message)), tuple(parts.get("reasons") or ()),
+                                    parts.get("needed"), parts.get("available"), parts.get("unit"),
+                                    tuple(parts.get("hints") or ())))
     if kind == "Cancelled":
         return QueryCancelledError(message)
-    if status < 500:
+    if status < 500 or kind in ("ComputeError", "WorkerLostError"):
         return PLAIN_ERRORS.get(kind, QuailError)(message)
     return ServerError(f"the server failed ({kind}, HTTP {status}): {message}")
 
@@ -194,8 +201,8 @@ class RemoteQuery:
         job_id = self.submit()
         try:
             final = self._follow(job_id, progress)
-        except KeyboardInterrupt:
-            self.cancel()
+        except BaseException:  # Ctrl-C, a lost stream, a progress callback's error: the server stops the query too
+            self._cancel_quietly()
             raise
         return self._result(job_id, final)
 
@@ -205,18 +212,28 @@ class RemoteQuery:
     def cancel(self) -> None:
         """Stop this query on the server (queued: it never runs; running: it stops at its next step)."""
         if self.job_id is not None:
-            self._http.json("POST", f"/v1/queries/{self.job_id}/cancel")
+            self._http.json("POST", f"/v1/queries/{self.job_id}/cancel", {})
+
+    def _cancel_quietly(self) -> None:
+        """`cancel`, on the way out of another error: its own failure (a server gone) must not hide that one."""
+        with contextlib.suppress(QuailError):
+            self.cancel()
 
     def _follow(self, job_id: str, progress: RemoteProgress | None) -> JsonObject:
         """Read the job's event stream until its `done` event; its last snapshot."""
-        with self._http.open("GET", f"/v1/queries/{job_id}/events", timeout_s=None) as stream:
-            for event, data in _events(stream):
-                snapshot = json.loads(data)
-                if progress is not None:
-                    for node in snapshot.get("progress", []):
-                        progress(node["node"], node["description"], node["done"], node["total"])
-                if event == "done":
-                    return snapshot
+        timeout_s = max(self._http.timeout_s, STREAM_TIMEOUT_S)
+        with self._http.open("GET", f"/v1/queries/{job_id}/events", timeout_s=timeout_s) as stream:
+            try:
+                for event, data in _events(stream):
+                    snapshot = json.loads(data)
+                    if progress is not None:
+                        for node in snapshot.get("progress", []):
+                            progress(node["node"], node["description"], node["done"], node["total"])
+                    if event == "done":
+                        return snapshot
+            except (OSError, http.client.HTTPException) as error:
+                raise ServerError(f"the event stream of query {job_id} broke: {error or type(error).__name__}"
+                                  ) from None
         raise ServerError(f"the server closed the event stream of query {job_id} before it finished")
 
     def _result(self, job_id: str, final: JsonObject) -> QueryResult:

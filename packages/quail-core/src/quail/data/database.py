@@ -26,7 +26,7 @@ from quail.data.scan import ScanView
 from quail.data.scratch import ScratchDirectory
 from quail.data.sources import Source, literal, quoted
 from quail.errors import CompileError, QuailError
-from quail.interrupts import Terminated
+from quail.interrupts import Cancelled, Terminated
 
 VIEW_BATCH_ROWS = 65_536
 INTERRUPT_WAIT_S = 10.0
@@ -105,6 +105,7 @@ class Database:
         self._views: dict[tuple[str, int], ScanView] = {}
         self._directories: list[ScratchDirectory] = []
         self._finalizer = weakref.finalize(self, _remove, self._held, self._directories)
+        self._stopped = False
 
     @property
     def _connection(self) -> duckdb.DuckDBPyConnection:
@@ -252,6 +253,8 @@ class Database:
         instead, the handler runs, and the interruption it raises asks DuckDB to stop (`interrupt()`),
         waits for the call to end and goes on up — KeyboardInterrupt or `Terminated`, whichever it was.
         """
+        if self._stopped:
+            raise Cancelled()
         if threading.current_thread() is not threading.main_thread():
             return work()
         outcome: dict[str, object] = {}
@@ -313,10 +316,16 @@ class Database:
         return not self._finalizer.alive
 
     def interrupt(self) -> None:
-        """Ask the DuckDB statement running now (on another thread) to stop: it raises, and its caller unwinds.
-        Harmless when none runs; the next statement runs normally."""
+        """Stop the DuckDB statement running now (on another thread: it raises, its caller unwinds) and refuse every
+        later statement (`Cancelled`) until `resume()`: a cancelled query stops at its next statement too, which a
+        DuckDB interrupt alone would not do (DuckDB forgets one that arrives between statements)."""
+        self._stopped = True
         if self._finalizer.alive:
             self._connection.interrupt()
+
+    def resume(self) -> None:
+        """Statements run again after an `interrupt()` (the next query of the session)."""
+        self._stopped = False
 
     def close(self) -> None:
         """Close the connection and remove the view files; safe to call twice."""

@@ -23,6 +23,8 @@ Nothing is pickled: requests are JSON, rows are Arrow or JSON.
 from __future__ import annotations
 
 import asyncio
+import base64
+import datetime
 import hmac
 import json
 import math
@@ -30,6 +32,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from decimal import Decimal
 from importlib import resources
 from typing import TypeVar
 
@@ -80,12 +83,12 @@ class ServerState:
         go)."""
         self.stopping.set()
         try:
-            self.scheduler.close(wait_s)
-        finally:
-            try:
+            if self.scheduler.close(wait_s):
                 self.scheduler.session.close()
-            finally:
-                self.planning.close()
+            else:  # its DuckDB connection is still in use: it is closed when the process exits
+                LOG.warning("the running query did not stop within %.0f s; its session is left to the exit", wait_s)
+        finally:
+            self.planning.close()
 
 
 class ApiError(Exception):
@@ -127,7 +130,7 @@ def build_app(state: ServerState, on_shutdown: Callable[[], None] | None = None)
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={404: _not_found, 405: _not_allowed, ApiError: _refused, _JobFailed: _refused,
                                         Exception: _internal})
-    return _SecurityHeaders(_TokenCheck(app, state.settings.token))
+    return _SecurityHeaders(_AccessCheck(app, state.settings.token, state.settings.host))
 
 
 # -- the endpoints ------------------------------------------------------------------------------------
@@ -162,11 +165,13 @@ class _Api:
 
     async def backends(self, request: Request) -> Response:
         session = self.state.planning
-        rows = backend_statuses(session.registry, session.model, session.device, session.config.gpus)
-        return json_response({"model": session.model.name, "device": session.device.name,
-                              "backend": session.backend.name,
-                              "backends": [{"name": r.name, "distribution": r.distribution, "status": r.status}
-                                           for r in rows]})
+
+        def listed() -> dict[str, object]:  # each backend's supports() may take a while: off the event loop
+            rows = backend_statuses(session.registry, session.model, session.device, session.config.gpus)
+            return {"model": session.model.name, "device": session.device.name, "backend": session.backend.name,
+                    "backends": [{"name": r.name, "distribution": r.distribution, "status": r.status} for r in rows]}
+
+        return await _answered(listed)
 
     async def compile(self, request: Request) -> Response:
         sql, dialect = await self._statement(request)
@@ -216,10 +221,10 @@ class _Api:
         job = self._job(request)
         table = self._finished(job).collect()
         if request.query_params.get("format", "arrow") == "json":
-            return json_response(_page(table, request.query_params))
+            return json_response(await run_in_threadpool(_page, table, request.query_params))
         if request.query_params.get("format", "arrow") != "arrow":
             raise ApiError(400, "BadRequest", "format must be arrow (the default) or json")
-        return Response(_arrow_bytes(table), media_type=ARROW_STREAM)
+        return Response(await run_in_threadpool(_arrow_bytes, table), media_type=ARROW_STREAM)
 
     async def answers(self, request: Request) -> Response:
         job = self._job(request)
@@ -228,7 +233,7 @@ class _Api:
         if node not in tables:
             raise ApiError(404, "NotFound", f"query {job.id} has no model node {node!r}; it has "
                                             f"{', '.join(sorted(tables)) or 'none'}")
-        return Response(_arrow_bytes(tables[node]), media_type=ARROW_STREAM)
+        return Response(await run_in_threadpool(_arrow_bytes, tables[node]), media_type=ARROW_STREAM)
 
     # -- helpers --
 
@@ -304,18 +309,40 @@ def _table(name: str, columns: tuple[str, ...], id_column: str | None, arrow: pa
 
 
 def _page(table: pa.Table, params: Mapping[str, str]) -> dict[str, object]:
+    """A page of rows, each a list in column order (two columns may share a name)."""
     offset = _non_negative(params, "offset", 0)
     limit = min(_non_negative(params, "limit", JSON_PAGE_ROWS), MAX_JSON_PAGE_ROWS)
-    rows = table.slice(offset, limit).to_pylist()
+    part = table.slice(offset, limit)
+    columns = [[_json_value(v) for v in column.to_pylist()] for column in part.columns]
     return {"columns": [{"name": f.name, "type": str(f.type)} for f in table.schema], "offset": offset,
-            "total": table.num_rows, "rows": rows}
+            "total": table.num_rows, "rows": [list(row) for row in zip(*columns, strict=True)]}
+
+
+def _json_value(value: object) -> object:
+    """A cell as JSON says it unambiguously: bytes in base64, decimals as their exact text, dates and times in ISO
+    8601, durations in seconds, a month-day-nanosecond interval as its three parts, maps as [key, value] pairs."""
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, datetime.datetime | datetime.date | datetime.time):
+        return value.isoformat()
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, pa.MonthDayNano):
+        return {"months": value.months, "days": value.days, "nanoseconds": value.nanoseconds}
+    if isinstance(value, dict):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_value(v) for v in value]
+    return value
 
 
 def _non_negative(params: Mapping[str, str], name: str, default: int) -> int:
     text = params.get(name)
     if text is None:
         return default
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise ApiError(400, "BadRequest", f"{name} must be a whole number ≥ 0, got {text!r}")
     return int(text)
 
@@ -403,34 +430,59 @@ async def _not_allowed(request: Request, exc: Exception) -> Response:
                                     405))
 
 
-class _TokenCheck:
-    """Every /v1 path but health asks for `Authorization: Bearer <token>` when the server has a token, compared
-    in constant time."""
+class _AccessCheck:
+    """Who may call, checked before any endpoint runs.
 
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
+    With a token, every /v1 path but health asks for `Authorization: Bearer <token>`, compared in constant time.
+    Without one (a loopback server), a request must be addressed to a loopback name or the bound address (its
+    `Host`): a web page elsewhere that rebinds its own name to 127.0.0.1 is refused, so it cannot read the tables.
+    A POST must say `Content-Type: application/json`, which a browser sends across origins only after a preflight
+    this server never grants: another site cannot submit a query in the user's name."""
+
+    LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+    def __init__(self, app: ASGIApp, token: str | None, host: str) -> None:
         self.app = app
         self.token = token.encode() if token is not None else None
+        self.hosts = self.LOOPBACK_NAMES | {host.strip("[]").lower()}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope["path"]
-        if self.token is not None and path.startswith("/v1/") and path not in OPEN_PATHS and not self._allowed(scope):
-            response = error_response(ErrorBody("Unauthorized", "a valid token is needed: send the header "
-                                                "'Authorization: Bearer <token>' (quail serve printed it)", 401))
-            response.headers["WWW-Authenticate"] = "Bearer"
-            await response(scope, receive, send)
+        refused = self._refusal(scope)
+        if refused is None:
+            await self.app(scope, receive, send)
             return
-        await self.app(scope, receive, send)
+        response = error_response(refused)
+        if refused.status == 401:
+            response.headers["WWW-Authenticate"] = "Bearer"
+        await response(scope, receive, send)
 
-    def _allowed(self, scope: Scope) -> bool:
-        assert self.token is not None
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                scheme, _, given = value.partition(b" ")
-                return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.token)
-        return False
+    def _refusal(self, scope: Scope) -> ErrorBody | None:
+        headers = {name: value for name, value in scope["headers"]}
+        path = scope["path"]
+        if self.token is None and _host_name(headers.get(b"host", b"")) not in self.hosts:
+            return ErrorBody("Forbidden", "a server without a token answers requests addressed to a loopback name "
+                             "only (start it with --token to be reached by another name)", 403)
+        if self.token is not None and path.startswith("/v1/") and path not in OPEN_PATHS:
+            scheme, _, given = headers.get(b"authorization", b"").partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.token):
+                return ErrorBody("Unauthorized", "a valid token is needed: send the header 'Authorization: Bearer "
+                                 "<token>' (quail serve printed it)", 401)
+        kind = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+        if scope["method"] == "POST" and path.startswith("/v1/") and kind != b"application/json":
+            return ErrorBody("UnsupportedMediaType", "send the body as JSON with 'Content-Type: application/json'",
+                             415)
+        return None
+
+
+def _host_name(header: bytes) -> str:
+    """The name in a Host header, without its port ('[::1]:8470' → '::1')."""
+    text = header.decode("latin-1").strip().lower()
+    if text.startswith("["):
+        return text[1:text.find("]")] if "]" in text else text
+    return text.rsplit(":", 1)[0] if text.count(":") == 1 else text
 
 
 class _SecurityHeaders:

@@ -3,7 +3,7 @@
 The server binds its socket before it prints where it listens (port 0 picks a free port, which is what is
 printed). SIGTERM and Ctrl-C stop it cleanly: no new query is taken, the queued ones are cancelled, the running
 one is stopped at its next step, open event streams end with the job's last state, the sessions remove their
-files and the engines are closed — then the process exits 0.
+files and the engines are closed — then the process exits 128 + the signal's number, as every quail command.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
+import threading
 from dataclasses import fields
 from pathlib import Path
 from types import FrameType
@@ -88,6 +89,7 @@ def run_serve_command(args: argparse.Namespace, out: TextIO | None = None) -> in
     out = out or sys.stdout
     settings = settings_of(args).resolved()
     try:
+        import starlette  # noqa: F401 — the app's framework, checked before anything starts
         import uvicorn
     except ImportError:
         raise UsageError("quail serve needs Starlette and uvicorn: pip install 'quail-core[serve]'") from None
@@ -120,12 +122,12 @@ def run_serve_command(args: argparse.Namespace, out: TextIO | None = None) -> in
         print(f"  token: {settings.token}  (send 'Authorization: Bearer <token>'; quail.connect(url, token=...))",
               file=out, flush=True)
     try:
-        server.run(sockets=[listening])
+        server.run(sockets=[listening])  # after a signal's clean shutdown uvicorn raises the signal again: exit 128 + n
     finally:
         listening.close()
         if not server.started:  # the lifespan never ran, so its shutdown did not either
             shut_down()
-    print("quail serve: stopped", file=out, flush=True)
+        print("quail serve: stopped", file=out, flush=True)
     return 0
 
 
@@ -184,7 +186,9 @@ def _server_class() -> type[uvicorn.Server]:
             self.quail_state = state
 
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-            self.quail_state.begin_stopping()
+            # A signal handler runs between two bytecodes of the main thread, maybe inside a job's lock: the
+            # cancelling, which takes locks, goes to a thread of its own.
+            threading.Thread(target=self.quail_state.begin_stopping, name="quail-serve-stopping", daemon=True).start()
             super().handle_exit(sig, frame)
 
     return QuailServer

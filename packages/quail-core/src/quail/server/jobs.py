@@ -22,7 +22,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from quail.errors import CompileError, QuailError, RefusalError
+from quail.errors import CompileError, ComputeError, QuailError, RefusalError, WorkerLostError
 from quail.frontend.sql import Dialect
 from quail.interrupts import Cancelled
 from quail.physical.nodes import PhysicalNode
@@ -39,6 +39,9 @@ KEPT_JOBS = 200
 KEPT_RESULTS = 4
 """Finished jobs' rows are kept up to this many times `max_result_bytes` in all (the oldest go first)."""
 PROGRESS_DESCRIPTION = 80
+MAX_QUEUED = 1000
+MAX_QUEUED_PER_CLIENT = 100
+"""Queries waiting, in all and per client: one more is refused (429) rather than held without bound."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,10 @@ def error_body(error: BaseException) -> ErrorBody:
         return ErrorBody("RefusalError", str(error), 422, refusal=parts)
     if isinstance(error, ResultTooLarge):
         return ErrorBody("ResultTooLarge", str(error), 413)
+    if isinstance(error, QueueFull):
+        return ErrorBody("QueueFull", str(error), 429)
+    if isinstance(error, ComputeError):  # the server's workers failed, not the request: 5xx, and what happened
+        return ErrorBody(type(error).__name__, str(error), 503 if isinstance(error, WorkerLostError) else 500)
     if isinstance(error, QuailError):
         return ErrorBody(_public_kind(error), str(error), 400)
     return ErrorBody("InternalError", f"internal error ({type(error).__name__}); the server's log has the traceback",
@@ -91,6 +98,10 @@ def _public_kind(error: QuailError) -> str:
 
 class ResultTooLarge(QuailError):
     """A finished query whose rows are more than the server sends (`--max-result-bytes`)."""
+
+
+class QueueFull(QuailError):
+    """More queries waiting than the server holds (`MAX_QUEUED`, `MAX_QUEUED_PER_CLIENT`)."""
 
 
 @dataclass
@@ -182,6 +193,11 @@ class Scheduler:
         with self._condition:
             if self._stopping:
                 raise QuailError("the server is shutting down; no new query is taken")
+            waiting = sum(len(queue) for queue in self._queues.values())
+            mine = len(self._queues.get(job.client, ()))
+            if waiting >= MAX_QUEUED or mine >= MAX_QUEUED_PER_CLIENT:
+                raise QueueFull(f"{waiting:,} queries wait on this server, {mine:,} of them this client's (at most "
+                                f"{MAX_QUEUED:,} and {MAX_QUEUED_PER_CLIENT:,}): submit again once some have run")
             self._jobs[job.id] = job
             self._queues.setdefault(job.client, deque()).append(job)
             self._forget_old()
@@ -210,18 +226,21 @@ class Scheduler:
             queue = self._queues.get(job.client)
             if queue is not None and job in queue:
                 queue.remove(job)
+                if not queue:
+                    del self._queues[job.client]
                 job._change(state="cancelled", cancel_requested=True, finished_at=time.time())
                 return
             job._change(cancel_requested=True)
             if self._running is job:
                 self.session.database.interrupt()
 
-    def close(self, wait_s: float) -> None:
-        """`stop`, then wait up to `wait_s` for the runner to finish."""
+    def close(self, wait_s: float) -> bool:
+        """`stop`, then wait up to `wait_s` for the runner to finish; whether it did."""
         self.stop()
         self._thread.join(wait_s)
         if self._progress in self.session.registry.progress_listeners:
             self.session.registry.unregister_progress_listener(self._progress)
+        return not self._thread.is_alive()
 
     def stop(self) -> None:
         """Take no more jobs; cancel the queued ones and the running one. Returns at once."""
@@ -256,6 +275,10 @@ class Scheduler:
                 self._started_runs += 1
             try:
                 self._run(job)
+            except BaseException:  # nothing a query raises may stop the runner: the next job must run
+                LOG.exception("query %s ended the runner's step", job.id)
+                if not job.done:
+                    job._change(state="failed", error=error_body(RuntimeError()), finished_at=time.time())
             finally:
                 with self._condition:
                     self._running = None
@@ -266,7 +289,10 @@ class Scheduler:
         for client, queue in self._queues.items():
             if queue:
                 job = queue.popleft()
-                self._queues.move_to_end(client)
+                if queue:
+                    self._queues.move_to_end(client)
+                else:  # a client with nothing waiting holds no place: the names clients send do not pile up
+                    del self._queues[client]
                 return job
         raise AssertionError("called with every queue empty")
 
@@ -279,12 +305,15 @@ class Scheduler:
         return order
 
     def _run(self, job: QueryJob) -> None:
+        self.session.database.resume()
         try:
             result = self.session.sql(job.sql, dialect=job.dialect).run()
             if job.cancel_requested:
                 raise Cancelled()
             self._check_size(result)
-        except Cancelled:
+        except (Cancelled, KeyboardInterrupt):  # a DuckDB statement interrupted by a cancel raises KeyboardInterrupt
+            if not job.cancel_requested:
+                raise
             job._change(state="cancelled", finished_at=time.time())
         except Exception as error:  # every outcome is the job's; the runner goes on with the next
             if job.cancel_requested:  # an interrupted DuckDB statement raises its own error: the cancel is the news

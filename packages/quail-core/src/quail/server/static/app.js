@@ -169,7 +169,7 @@ async function cancel() {
   $("cancel").disabled = true;
   setStatus("cancelling…");
   try {
-    await api("POST", `/v1/queries/${state.job}/cancel`);
+    await api("POST", `/v1/queries/${state.job}/cancel`, {});
   } catch (error) {
     showError(error);
   }
@@ -268,9 +268,8 @@ async function showPage() {
   const body = table.createTBody();
   for (const row of page.rows) {
     const line = body.insertRow();
-    for (const column of page.columns) {
+    for (const value of row) {
       const cell = line.insertCell();
-      const value = row[column.name];
       cell.textContent = value === null ? "NULL" : (typeof value === "object" ? JSON.stringify(value) : String(value));
       if (typeof value === "number") cell.className = "number";
     }
@@ -315,28 +314,28 @@ const NUMERIC = /^(u?int\d+|double|float|halffloat|decimal)/;
 
 function drawChart(page) {
   const chart = $("chart");
-  const label = page.columns.find((c) => !NUMERIC.test(c.type));
-  const value = [...page.columns].reverse().find((c) => NUMERIC.test(c.type));
-  if (!label || !value || page.total < 2 || page.total > CHART_ROWS) {
+  const label = page.columns.findIndex((c) => !NUMERIC.test(c.type));
+  const value = page.columns.length - 1 - [...page.columns].reverse().findIndex((c) => NUMERIC.test(c.type));
+  if (label < 0 || value >= page.columns.length || page.total < 2 || page.total > CHART_ROWS) {
     chart.textContent = "A chart appears when the result has a label and a number per row (at most " + CHART_ROWS + " rows).";
     return;
   }
   const rows = page.rows;
-  const top = Math.max(...rows.map((r) => Number(r[value.name]) || 0), 1e-9);
+  const top = Math.max(...rows.map((r) => Number(r[value]) || 0), 1e-9);
   const width = 640, bar = 18, gap = 6, left = 180;
   const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
   svg.setAttribute("width", width);
   svg.setAttribute("height", rows.length * (bar + gap) + 10);
   svg.setAttribute("role", "img");
-  svg.setAttribute("aria-label", `${value.name} by ${label.name}`);
+  svg.setAttribute("aria-label", `${page.columns[value].name} by ${page.columns[label].name}`);
   rows.forEach((row, i) => {
     const y = i * (bar + gap) + 5;
-    const number = Number(row[value.name]) || 0;
+    const number = Number(row[value]) || 0;
     const text = document.createElementNS(svg.namespaceURI, "text");
     text.setAttribute("x", left - 8);
     text.setAttribute("y", y + bar * 0.72);
     text.setAttribute("text-anchor", "end");
-    text.textContent = String(row[label.name]).slice(0, 28);
+    text.textContent = String(row[label]).slice(0, 28);
     const rect = document.createElementNS(svg.namespaceURI, "rect");
     rect.setAttribute("x", left);
     rect.setAttribute("y", y);
