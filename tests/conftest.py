@@ -14,7 +14,7 @@ InstallPlugin = Callable[[str, str, str], None]
 
 NEEDS = {"test_ray.py": "quail_ray", "test_sglang_backend.py": "quail_sglang",
          "test_example_backend.py": "quail_native", "test_serve_models.py": "quail_native",
-         "test_serve_browser.py": "quail_native"}
+         "test_serve_browser.py": "quail_native", "test_serve_ray.py": "quail_ray"}
 """Modules that import a first-party plugin: with quail-core alone (its own tests: `-m "not plugins"`) they are
 not collected; everything else in tests/ runs there."""
 collect_ignore = [module for module, needed in NEEDS.items() if importlib.util.find_spec(needed) is None]

@@ -9,6 +9,7 @@ object store, failure detection; this provider only says what runs where.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from types import ModuleType
@@ -72,7 +73,13 @@ class RayProvider:
 
 
 def _ray() -> ModuleType:
-    """The ray module, or a refusal that says how to get it (before any worker or model work starts)."""
+    """The ray module, or a refusal that says how to get it (before any worker or model work starts).
+
+    Ray's driver would install absl's failure-signal handler, which answers SIGTERM with a stack dump and an abort
+    (exit 134) after the command's own clean shutdown; Quail's command line handles SIGTERM itself (exit 143,
+    nothing left behind). Ray reads the variable when it is first imported, which is here; a process that wants
+    Ray's handler sets it to 0."""
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     try:
         import ray
     except ImportError as error:
