@@ -128,3 +128,32 @@ def test_options_accepted_and_unused_are_named_in_explain(session, union):
     shown = session.sql(sql, dialect="bigquery").explain()
     assert "connection_id => 'us.conn' accepted and unused" in shown
     assert "max_error_ratio => 0.1 accepted and unused" in shown
+
+
+CLASSIFIED = "AI_CLASSIFY(r.body, ['acting', 'plot', 'music'])"
+
+
+@pytest.mark.parametrize(("sql", "bare"), [
+    (f"SELECT r.id, {CLASSIFIED}:labels[0]::string AS k FROM reviews r",
+     f"SELECT r.id, {CLASSIFIED} AS k FROM reviews r"),
+    (f"SELECT r.id, {CLASSIFIED}['labels'][0] AS k FROM reviews r", f"SELECT r.id, {CLASSIFIED} AS k FROM reviews r"),
+    (f"SELECT r.id FROM reviews r WHERE {CLASSIFIED}:labels[0] = 'plot'",
+     f"SELECT r.id FROM reviews r WHERE {CLASSIFIED} = 'plot'"),
+    (f"SELECT {CLASSIFIED}:labels[0]::string AS k, COUNT(*) AS n FROM reviews r GROUP BY 1",
+     f"SELECT {CLASSIFIED} AS k, COUNT(*) AS n FROM reviews r GROUP BY 1"),
+])
+def test_snowflakes_reads_of_ai_classifys_object_give_its_label(session, sql, bare):
+    problem = same_rows(session.sql(sql).run().collect(), oracle_rows(bare, "snowflake"), ordered=False)
+    assert problem is None, problem
+
+
+def test_snowflakes_labels_are_an_array_holding_the_label(session):
+    labels = session.sql(f"SELECT r.id, {CLASSIFIED}:labels AS k FROM reviews r ORDER BY r.id").run().collect()
+    bare = oracle_rows(f"SELECT r.id, {CLASSIFIED} AS k FROM reviews r ORDER BY r.id", "snowflake")
+    assert labels.column("k").to_pylist() == [[k] for k in bare.column("k").to_pylist()]
+
+
+@pytest.mark.parametrize("path", [":label", "['x']", ":labels.name", ":labels['a']"])
+def test_another_field_of_ai_classifys_object_is_refused_naming_the_one_it_has(session, path):
+    with pytest.raises(quail.CompileError, match="AI_CLASSIFY's object has one field, labels"):
+        session.sql(f"SELECT r.id, {CLASSIFIED}{path} AS k FROM reviews r")

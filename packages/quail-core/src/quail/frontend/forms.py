@@ -159,6 +159,36 @@ def _field_path(node: exp.JSONExtract) -> exp.Expression:
     return value
 
 
+def _reads_classification(node: exp.Expression) -> bool:
+    """A path read from AI_CLASSIFY's value as Snowflake's object: `AI_CLASSIFY(…):labels…`, `AI_CLASSIFY(…)['…']`."""
+    keyed = isinstance(node, exp.Bracket) and len(node.expressions) == 1 and \
+        isinstance(node.expressions[0], exp.Literal) and node.expressions[0].is_string
+    if isinstance(node, exp.Bracket) and not keyed:
+        return False
+    call = ai_call(node.this) if isinstance(node, exp.JSONExtract | exp.Bracket) else None
+    return call is not None and call.kind == "classify"
+
+
+def _labels(node: exp.JSONExtract | exp.Bracket) -> exp.Expression:
+    """The object's `labels` as Snowflake returns them — an array holding the chosen label — and then the rest of
+    the path (`[0]`, 0-based as the dialect counts). The call itself keeps its value, the label, everywhere else."""
+    if isinstance(node, exp.Bracket):
+        keys: list[object] = [node.expressions[0].this]
+        rest: list[exp.Expression] = []
+    else:
+        parts = [p for p in node.expression.expressions if not isinstance(p, exp.JSONPathRoot)] \
+            if isinstance(node.expression, exp.JSONPath) else []
+        keys = [str(parts[0].this)] if parts and isinstance(parts[0], exp.JSONPathKey) else [None]
+        rest = parts[1:]
+    if keys != ["labels"] or not all(isinstance(p, exp.JSONPathSubscript) and isinstance(p.this, int) for p in rest):
+        raise unsupported(f"{safe_sql(node)}", node, "AI_CLASSIFY's object has one field, labels: read "
+                          "AI_CLASSIFY(…):labels, :labels[0] or ['labels'][0] (the call alone is the label)")
+    labels: exp.Expression = exp.Array(expressions=[node.this.copy()])
+    for part in rest:
+        labels = exp.Bracket(this=labels, expressions=[exp.Literal.number(part.this)])
+    return labels
+
+
 def unused_options(statement: exp.Expression) -> tuple[str, ...]:
     """A remark per named argument that Quail accepts and has no use for (`connection_id => …`), for explain()."""
     remarks = []
@@ -182,6 +212,8 @@ def canonical_calls(statement: exp.Expression) -> exp.Expression:
         node.replace(_sentiment(node))
     for node in [n for n in statement.walk() if isinstance(n, exp.JSONExtract) and _structured(n.this)]:
         node.replace(_field_path(node))
+    for node in [n for n in statement.walk() if _reads_classification(n)]:
+        node.replace(_labels(node))
     canonical_embeddings(statement)
     refuse_other_ai_functions(statement)
     for call in [c for c in (ai_call(n) for n in list(statement.walk())) if c is not None and c.kind != "embed"]:
