@@ -5,8 +5,10 @@ query wrote it too, so rows never change; only the pairs asked do. Keyword backe
 from __future__ import annotations
 
 import itertools
+import re
 
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.cases import empty_keyword_session
@@ -72,3 +74,35 @@ def test_a_condition_on_a_left_joins_partner_or_with_a_subquery_stays_above_the_
     assert result.report["answers"]["computed"] == 1  # every pair shares a prompt: one computed, the rest copied
     assert [(r["a"], r["b"]) for r in result.to_rows()] == [(a, b) for a in range(4) for b in range(4)
                                                              if a < b and b > 0]
+
+
+@settings(max_examples=30, deadline=None)
+@given(reviews, st.sampled_from(sorted(CONDITIONS)))
+def test_a_left_joins_own_condition_decides_which_pairs_match_and_is_all_the_model_is_asked(written, condition):
+    """`LEFT JOIN r2 ON <condition> AND AI_FILTER(...)`: a left row keeps the partners that satisfy both, and is
+    NULL-extended when none does — the condition is part of the match, not a filter after it."""
+    rows = [{"id": i, "body": body, "stars": stars, "movie": movie} for i, (body, stars, movie) in enumerate(written)]
+    result = run(rows, f"SELECT r1.id AS a, r2.id AS b FROM reviews r1 LEFT JOIN reviews r2 "
+                       f"ON {condition} AND AI_FILTER({SHARE}) ORDER BY a, b NULLS FIRST")
+    holds = CONDITIONS[condition]
+    shares = {(a["id"], b["id"]) for a, b in itertools.product(rows, rows)
+              if holds(a, b) and predicate_margin("Do {0} and {1} share a word?", [a["body"], b["body"]]) > 0}
+    expected = sorted((a["id"], b) for a in rows
+                      for b in ([b["id"] for b in rows if (a["id"], b["id"]) in shares] or [None]))
+    assert [(r["a"], r["b"]) for r in result.to_rows()] == sorted(expected, key=lambda p: (p[0], p[1] is not None,
+                                                                                             p[1] or 0))
+    satisfying = {(a["body"], b["body"]) for a, b in itertools.product(rows, rows) if holds(a, b)}
+    assert (result.report["answers"]["computed"] or 0) == len(satisfying)
+
+
+@pytest.mark.parametrize(("on", "words"), [
+    ("r1.id < (SELECT MAX(id) FROM reviews)", "LEFT JOIN ... ON takes one AI predicate"),
+    ("r2.id < r3.id", "refers to 'r3', which is joined later"),
+])
+def test_a_left_joins_condition_it_cannot_take_is_refused_naming_why(on, words):
+    rows = [{"id": i, "body": "acting plot", "stars": i, "movie": 1} for i in range(3)]
+    with session(rows) as opened:
+        opened.register("more", pa.Table.from_pylist(rows))
+        with pytest.raises(quail.CompileError, match=re.escape(words)):
+            opened.sql(f"SELECT r1.id FROM reviews r1 LEFT JOIN reviews r2 ON {on} AND AI_FILTER({SHARE}) "
+                       "JOIN more r3 ON r3.id = r1.id")

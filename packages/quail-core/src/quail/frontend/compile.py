@@ -369,7 +369,8 @@ class _Compiler:
                                     predicate.threshold)
         restricting = tuple(e for e, _ in equalities if alias in e.aliases)
         semantics: Semantics = "exists" if table.role == "exists" else "anti" if table.role == "anti" else "left"
-        return SemanticJoin(tree, inner, predicate, semantics, restricting)
+        conditions = tuple(c for joined, c in self.spec.left_conditions if joined == alias)
+        return SemanticJoin(tree, inner, predicate, semantics, restricting, conditions)
 
     def _stack_filters(self, tree: LogicalNode, predicates: list[_Resolved]) -> LogicalNode:
         by_alias: dict[str, list[AiPredicate]] = {}

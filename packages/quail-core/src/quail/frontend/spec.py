@@ -190,6 +190,9 @@ class QuerySpec:
     equalities: tuple[EqualitySpec, ...] = ()
     pair_conditions: tuple[PairCondition, ...] = ()
     """Conditions over two tables' columns in WHERE or an inner ON: they also restrict the pairs a join asks."""
+    left_conditions: tuple[tuple[str, PairCondition], ...] = ()
+    """(joined alias, condition) for a LEFT JOIN's ON conditions between its table and an earlier one: they decide
+    which pairs may match, before the unmatched rows are NULL-extended."""
     scan_order: tuple[str, str] | None = None
     """(alias, DuckDB ORDER BY keys) when the query's ORDER BY reads only the one table the model reads: its scan is
     numbered in that order, so the LIMIT after it may stop the model early."""

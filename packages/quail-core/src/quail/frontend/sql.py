@@ -105,8 +105,8 @@ BLOCK_ARGS = {"expressions", "from_", "from", "joins", "where", "limit", "kind",
 SUBQUERY_ARGS = {"expressions", "from_", "from", "where"}
 JOIN_ARGS = {"this", "on", "kind", "side"}
 TABLE_ARGS = {"this", "alias"}
-LEFT_ON_HINT = ("LEFT JOIN ... ON takes one AI predicate over both tables, column equalities between them and "
-                "conditions on the joined table; put other conditions in WHERE")
+LEFT_ON_HINT = ("LEFT JOIN ... ON takes one AI predicate over both tables, column equalities and other conditions "
+                "between them, and conditions on the joined table; put other conditions in WHERE")
 
 
 class RelationalCatalog(Protocol):
@@ -258,6 +258,7 @@ class _Reader:
     scan: list[tuple[ScanCondition, exp.Expression]] = field(default_factory=list)
     residual: list[exp.Expression] = field(default_factory=list)
     pair_conditions: list[PairCondition] = field(default_factory=list)
+    left_conditions: list[tuple[str, PairCondition]] = field(default_factory=list)
     links: list[tuple[str, ...]] = field(default_factory=list)
     outputs: dict[tuple[object, ...], _Output] = field(default_factory=dict)
     satisfied: set[tuple[object, ...]] = field(default_factory=set)
@@ -348,6 +349,7 @@ class _Reader:
             verdicts=tuple(self.verdicts), scan=tuple(condition for condition, _ in self.scan),
             links=tuple(self.links), ctes=self.ctes_sql, relational=relational,
             pair_conditions=tuple(self.pair_conditions), scan_order=scan_order,
+            left_conditions=tuple(self.left_conditions),
         )
 
     def order_of(self, node: exp.Expression) -> int:
@@ -669,6 +671,9 @@ class _Reader:
         if alias is not None:
             self.scan.append((ScanCondition(alias, node.sql(dialect="duckdb"), where_of(node)), node))
             return
+        if context.clause == "left_on":
+            self.left_conditions.append((context.alias or "", self._left_condition(node, references, context)))
+            return
         self._residual(node, context)
         pair = self._pair_condition(node, references, context)
         if pair is not None:
@@ -692,13 +697,30 @@ class _Reader:
                                     nulls_first=ordered.args.get("nulls_first")))
         return alias, ", ".join(key.sql(dialect="duckdb") for key in keys)
 
+    def _left_condition(self, node: exp.Expression, references: References, context: _Context) -> PairCondition:
+        """A condition of a LEFT JOIN's ON between its table and one joined before it (`p1.id <> p2.id`): it decides,
+        with the AI predicate, which pairs match — before the unmatched rows are NULL-extended — so the pairs the
+        model is asked are the ones it allows."""
+        joined = context.alias or ""
+        pair = None
+        if joined in references.aliases and len(references.aliases) == 2:
+            other = next(a for a in references.aliases if a != joined)
+            if other in self.model_aliases and not self._nullable(other):
+                pair = self._pair_condition(node, references, context, outer=joined)
+        if pair is None:
+            raise beyond_one_block(f"condition {safe_sql(node, self.dialect)} in LEFT JOIN ... ON", node, LEFT_ON_HINT)
+        return pair
+
     def _pair_condition(self, node: exp.Expression, references: References,
-                        context: _Context) -> PairCondition | None:
-        """A plain condition over exactly two tables of the model, neither NULL-extended, with no subquery,
-        aggregate or window: it can also restrict the pairs a join between them asks (it stays in the tail)."""
-        if context.clause not in ("where", "on") or references.outputs or len(references.aliases) != 2:
+                        context: _Context, outer: str | None = None) -> PairCondition | None:
+        """A plain condition over exactly two tables of the model, neither NULL-extended (but `outer`, the table of
+        the LEFT JOIN whose ON it is), with no subquery, aggregate or window: it can also restrict the pairs a join
+        between them asks (from WHERE or an inner ON it stays in the tail as well)."""
+        clauses = ("left_on",) if outer is not None else ("where", "on")
+        if context.clause not in clauses or references.outputs or len(references.aliases) != 2:
             return None
-        if not set(references.aliases) <= set(self.model_aliases) or any(map(self._nullable, references.aliases)):
+        nullable = [a for a in references.aliases if a != outer and self._nullable(a)]
+        if not set(references.aliases) <= set(self.model_aliases) or nullable:
             return None
         if node.find(exp.Subquery, exp.Select, exp.AggFunc, exp.Window, exp.Placeholder) is not None:
             return None

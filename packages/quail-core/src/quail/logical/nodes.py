@@ -106,7 +106,8 @@ class SemanticJoin(LogicalNode):
     """Pairs (tuples) of left and right rows for which an AI predicate holds.
 
     `exists` keeps left rows with at least one TRUE partner, `anti` those with none; both drop
-    the right side's columns. `equalities` restrict the candidate pairs before the model runs.
+    the right side's columns. `equalities` restrict the candidate pairs before the model runs, and so do
+    `conditions`, a LEFT JOIN's own ON conditions between its two sides (they decide which pairs may match).
     """
 
     left: LogicalNode
@@ -114,6 +115,7 @@ class SemanticJoin(LogicalNode):
     predicate: AiPredicate
     semantics: Semantics = "full"
     equalities: tuple[Equality, ...] = ()
+    conditions: tuple[PairCondition, ...] = ()
 
     @property
     def children(self) -> tuple[LogicalNode, ...]:
@@ -130,7 +132,8 @@ class SemanticJoin(LogicalNode):
         return self.left.aliases + self.right.aliases
 
     def label(self) -> str:
-        restrict = f" restricted by {' AND '.join(str(e) for e in self.equalities)}" if self.equalities else ""
+        restricting = [*(str(e) for e in self.equalities), *(c.sql for c in self.conditions)]
+        restrict = f" restricted by {' AND '.join(restricting)}" if restricting else ""
         return f"SemanticJoin {self.semantics}: {self.predicate.describe()}{restrict}"
 
 
@@ -275,7 +278,8 @@ def referenced_columns(node: LogicalNode) -> set[ColumnRef]:
     if isinstance(node, SemanticFilter):
         return {c for p in node.predicates for c in p.prompt.columns}
     if isinstance(node, SemanticJoin):
-        return set(node.predicate.prompt.columns) | {c for e in node.equalities for c in (e.left, e.right)}
+        return (set(node.predicate.prompt.columns) | {c for e in node.equalities for c in (e.left, e.right)}
+                | {c for condition in node.conditions for c in condition.columns})
     if isinstance(node, Join):
         return {c for e in node.equalities for c in (e.left, e.right)}
     if isinstance(node, AiOutput):

@@ -421,7 +421,7 @@ class _Optimizer:
         predicates = {p.position: replace(p, anchor=anchors.get(p.position, p.anchor))
                       for p in self.shape.join_predicates}
         subqueries = tuple(SubqueryJoin(s.leaf, replace(s.predicate, anchor=anchors.get(s.predicate.position)),
-                                        s.semantics, s.equalities) for s in self.shape.subqueries)
+                                        s.semantics, s.equalities, s.conditions) for s in self.shape.subqueries)
         order = plan.order if plan else self.shape.aliases
         return rebuild(self.shape, leaves, order, predicates, subqueries)
 

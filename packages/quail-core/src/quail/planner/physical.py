@@ -174,7 +174,8 @@ class _GraphBuilder:
         inputs: dict[str, Port] = {"left": self.documents(left, _within(read, node.left.aliases)),
                                    "right": self.documents(right, _within(read, node.right.aliases))}
         recombined: dict[str, Port] = {}
-        conditions = tuple(c for c in self.pair_conditions if node.semantics == "full" and _across(c, node))
+        conditions = (*node.conditions,
+                      *(c for c in self.pair_conditions if node.semantics == "full" and _across(c, node)))
         if node.equalities or conditions:
             pairs = self.add(ph.HashJoin(f"candidates_{predicate.position}", equalities=node.equalities,
                                          conditions=conditions), left=inputs["left"], right=inputs["right"])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from quail.logical.expressions import AiPredicate, Equality, Semantics
+from quail.logical.expressions import AiPredicate, Equality, PairCondition, Semantics
 from quail.logical.nodes import (
     AiOutput,
     Join,
@@ -41,6 +41,8 @@ class SubqueryJoin:
     predicate: AiPredicate
     semantics: Semantics
     equalities: tuple[Equality, ...]
+    conditions: tuple[PairCondition, ...] = ()
+    """A LEFT join's own ON conditions between its sides (they decide which pairs may match)."""
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,8 @@ def shape_of(plan: LogicalNode) -> PlanShape:
         node = node.child
     subqueries: list[SubqueryJoin] = []
     while isinstance(node, SemanticJoin) and node.semantics != "full":
-        subqueries.append(SubqueryJoin(_leaf(node.right), node.predicate, node.semantics, node.equalities))
+        subqueries.append(SubqueryJoin(_leaf(node.right), node.predicate, node.semantics, node.equalities,
+                                       node.conditions))
         node = node.left
     leaves: list[Leaf] = []
     predicates: list[AiPredicate] = []
@@ -119,7 +122,7 @@ def rebuild(shape: PlanShape, leaves: dict[str, LogicalNode], order: tuple[str, 
         joined = now
     for subquery in subqueries:
         tree = SemanticJoin(tree, leaves[subquery.leaf.alias], subquery.predicate, subquery.semantics,
-                            subquery.equalities)
+                            subquery.equalities, subquery.conditions)
     for output in shape.outputs:
         tree = replace(output, child=tree)
     return replace(shape.project, child=tree)
