@@ -106,3 +106,19 @@ def test_a_left_joins_condition_it_cannot_take_is_refused_naming_why(on, words):
         with pytest.raises(quail.CompileError, match=re.escape(words)):
             opened.sql(f"SELECT r1.id FROM reviews r1 LEFT JOIN reviews r2 ON {on} AND AI_FILTER({SHARE}) "
                        "JOIN more r3 ON r3.id = r1.id")
+
+
+def test_a_left_joins_condition_may_name_its_columns_unqualified():
+    rows = [{"id": i, "body": body, "stars": i % 3} for i, body in enumerate(["acting plot", "music", "plot", "pace"])]
+    topics = [{"tid": t, "topic": topic, "weight": t} for t, topic in enumerate(["acting", "plot", "music"])]
+    asks = "AI_FILTER(PROMPT('Does {0} mention {1}?', r.body, topic))"
+    with session(rows) as opened:
+        opened.register("topics", pa.Table.from_pylist(topics))
+        written = [opened.sql(f"SELECT r.id, t.tid FROM reviews r LEFT JOIN topics t ON {on} AND {asks} "
+                              "ORDER BY 1, 2 NULLS FIRST").run() for on in ("stars < weight", "r.stars < t.weight")]
+    expected = sorted((r["id"], t["tid"]) for r in rows for t in topics if r["stars"] < t["weight"]
+                       and predicate_margin("Does {0} mention {1}?", [r["body"], t["topic"]]) > 0)
+    expected += [(r["id"], None) for r in rows if not any(a == r["id"] for a, _ in expected)]
+    for result in written:
+        assert sorted([(x["id"], x["tid"]) for x in result.to_rows()], key=str) == sorted(expected, key=str)
+    assert written[0].report["answers"]["computed"] == written[1].report["answers"]["computed"]

@@ -150,10 +150,12 @@ def test_snowflakes_reads_of_ai_classifys_object_give_its_label(session, sql, ba
 def test_snowflakes_labels_are_an_array_holding_the_label(session):
     labels = session.sql(f"SELECT r.id, {CLASSIFIED}:labels AS k FROM reviews r ORDER BY r.id").run().collect()
     bare = oracle_rows(f"SELECT r.id, {CLASSIFIED} AS k FROM reviews r ORDER BY r.id", "snowflake")
-    assert labels.column("k").to_pylist() == [[k] for k in bare.column("k").to_pylist()]
+    assert labels.column("k").to_pylist() == [None if k is None else [k] for k in bare.column("k").to_pylist()]
+    assert None in bare.column("k").to_pylist()  # a NULL text: NULL labels, as the call is NULL
 
 
-@pytest.mark.parametrize("path", [":label", "['x']", ":labels.name", ":labels['a']"])
+@pytest.mark.parametrize("path", [":label", "['x']", ":labels.name", ":labels['a']", ":labels[0][0]",
+                                  "['labels'][0]['x']", "['labels'][0][1]"])
 def test_another_field_of_ai_classifys_object_is_refused_naming_the_one_it_has(session, path):
     with pytest.raises(quail.CompileError, match="AI_CLASSIFY's object has one field, labels"):
         session.sql(f"SELECT r.id, {CLASSIFIED}{path} AS k FROM reviews r")

@@ -170,22 +170,32 @@ def _reads_classification(node: exp.Expression) -> bool:
 
 
 def _labels(node: exp.JSONExtract | exp.Bracket) -> exp.Expression:
-    """The object's `labels` as Snowflake returns them — an array holding the chosen label — and then the rest of
-    the path (`[0]`, 0-based as the dialect counts). The call itself keeps its value, the label, everywhere else."""
+    """The object's `labels` as Snowflake returns them — an array holding the chosen label, NULL where the call is
+    NULL — and then at most one element of it (`[0]`, 0-based as the dialect counts). The call itself keeps its
+    value, the label, everywhere else."""
     if isinstance(node, exp.Bracket):
         keys: list[object] = [node.expressions[0].this]
         rest: list[exp.Expression] = []
+        outer = node.parent
+        indexed = isinstance(outer, exp.Bracket) and outer.this is node
+        if indexed and isinstance(outer.parent, exp.Bracket | exp.JSONExtract | exp.Dot) and outer.parent.this is outer:
+            keys = [None]  # a path past the label itself
     else:
         parts = [p for p in node.expression.expressions if not isinstance(p, exp.JSONPathRoot)] \
             if isinstance(node.expression, exp.JSONPath) else []
         keys = [str(parts[0].this)] if parts and isinstance(parts[0], exp.JSONPathKey) else [None]
         rest = parts[1:]
-    if keys != ["labels"] or not all(isinstance(p, exp.JSONPathSubscript) and isinstance(p.this, int) for p in rest):
-        raise unsupported(f"{safe_sql(node)}", node, "AI_CLASSIFY's object has one field, labels: read "
-                          "AI_CLASSIFY(…):labels, :labels[0] or ['labels'][0] (the call alone is the label)")
-    labels: exp.Expression = exp.Array(expressions=[node.this.copy()])
+    if keys != ["labels"] or len(rest) > 1 or not all(
+            isinstance(p, exp.JSONPathSubscript) and isinstance(p.this, int) for p in rest):
+        raise unsupported(f"{safe_sql(node)}", node, "AI_CLASSIFY's object has one field, labels, an array of one "
+                          "label: read AI_CLASSIFY(…):labels, :labels[0] or ['labels'][0] (the call alone is the "
+                          "label)")
+    call = node.this
+    labels: exp.Expression = exp.Case(ifs=[exp.If(this=exp.Is(this=call.copy(), expression=exp.Null()),
+                                                  true=exp.Null())],
+                                      default=exp.Array(expressions=[call.copy()]))
     for part in rest:
-        labels = exp.Bracket(this=labels, expressions=[exp.Literal.number(part.this)])
+        labels = exp.Bracket(this=exp.Paren(this=labels), expressions=[exp.Literal.number(part.this)])
     return labels
 
 

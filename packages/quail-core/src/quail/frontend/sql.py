@@ -216,10 +216,6 @@ Register = Callable[[str], None]
 """Records an AI output's spec under the name it gets."""
 
 
-class _NotPushable(Exception):
-    """A column of a condition that cannot be named for the pairs' DuckDB join (kept in the tail only)."""
-
-
 @dataclass(frozen=True)
 class _Context:
     """Where a condition stands: WHERE, the ON of an inner join of `alias`, or the ON of its LEFT JOIN."""
@@ -725,23 +721,22 @@ class _Reader:
         if node.find(exp.Subquery, exp.Select, exp.AggFunc, exp.Window, exp.Placeholder) is not None:
             return None
         columns: list[ColumnRef] = []
-
-        def named(column: exp.Expression) -> exp.Expression:
-            if not isinstance(column, exp.Column):
-                return column
-            alias = self.scope.alias_of(column)
-            actual = next((c for c in self.scope.columns.get(alias or "", ()) if c.lower() == column.name.lower()),
+        written = node.copy()
+        # The columns are resolved where the statement has them (an unqualified one needs its SELECT around it to
+        # find its table), then renamed in the copy: both walks meet the columns in the same order.
+        for original, copied in zip(list(node.find_all(exp.Column)), list(written.find_all(exp.Column)), strict=True):
+            alias = self.scope.alias_of(original)
+            actual = next((c for c in self.scope.columns.get(alias or "", ()) if c.lower() == original.name.lower()),
                           None)
             if alias is None or actual is None:
-                raise _NotPushable
+                return None
             if ColumnRef(alias, actual) not in columns:
                 columns.append(ColumnRef(alias, actual))
-            return exp.column(f"{alias}.{actual}", quoted=True)
-
-        try:
-            written = node.copy().transform(named)
-        except _NotPushable:
-            return None
+            renamed = exp.column(f"{alias}.{actual}", quoted=True)
+            if copied is written:
+                written = renamed
+            else:
+                copied.replace(renamed)
         return PairCondition(written.sql(dialect="duckdb"), tuple(columns))
 
     def _scan_alias(self, aliases: frozenset[str], context: _Context) -> str | None:
