@@ -22,6 +22,7 @@ import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
+from typing import cast
 
 import pyarrow as pa
 
@@ -106,16 +107,25 @@ class _Http:
 
 
 def _raised(status: int, raw: bytes) -> QuailError:
-    """The exception a server's error body stands for."""
+    """The exception an error response's body stands for."""
     try:
         error = json.loads(raw)["error"]
-        kind, message = str(error["kind"]), str(error["message"])
+        if not isinstance(error, dict):
+            raise TypeError(error)
+        return _error_of(status, error)
     except (ValueError, KeyError, TypeError):
         return ServerError(f"the server answered HTTP {status}: {raw[:200].decode(errors='replace')}")
+
+
+def _error_of(status: int, error: dict[str, object]) -> QuailError:
+    """The exception a server's error object (`{"kind", "message", ...}`) stands for; KeyError without those two."""
+    kind, message = str(error["kind"]), str(error["message"])
     if kind == "CompileError":
-        return CompileError(str(error.get("detail") or message), line=error.get("line"), column=error.get("column"))
-    if kind == "RefusalError" and isinstance(error.get("refusal"), dict):
-        parts = error["refusal"]
+        line, column = error.get("line"), error.get("column")
+        return CompileError(str(error.get("detail") or message), line=line if isinstance(line, int) else None,
+                            column=column if isinstance(column, int) else None)
+    parts = error.get("refusal")
+    if kind == "RefusalError" and isinstance(parts, dict):
         return RefusalError(Refusal(str(parts.get("constraint", message)), tuple(parts.get("reasons") or ()),
                                     parts.get("needed"), parts.get("available"), parts.get("unit"),
                                     tuple(parts.get("hints") or ())))
@@ -242,18 +252,16 @@ class RemoteQuery:
             raise QueryCancelledError(f"query {job_id} was cancelled on the server")
         error = final.get("error")
         if state == "failed" and isinstance(error, dict):
-            raise _raised(int(error.get("status", 500)), json.dumps({"error": error}).encode())
+            status = error.get("status")
+            raise _error_of(status if isinstance(status, int) else 500, error)
         table = self._http.arrow(f"/v1/queries/{job_id}/result")
         report = final["report"]
         assert isinstance(report, dict)
         names = final.get("answers", [])
         assert isinstance(names, list)
-        return QueryResult(table, _RemoteAnswers(self._http, job_id, tuple(names)), ReceivedReport(_report(report)),
+        return QueryResult(table, _RemoteAnswers(self._http, job_id, tuple(names)),
+                           ReceivedReport(cast(dict[str, ReportValue], report)),  # JSON values are ReportValues
                            str(final.get("explain", "")))
-
-
-def _report(values: dict[str, object]) -> dict[str, ReportValue]:
-    return values  # type: ignore[return-value]  # JSON values are ReportValues
 
 
 def _events(stream: http.client.HTTPResponse) -> Iterator[tuple[str, str]]:

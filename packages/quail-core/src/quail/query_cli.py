@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TextIO
 
@@ -15,7 +16,7 @@ import pyarrow.parquet as pq
 
 from quail.config import OVERSIZED_POLICIES, EngineConfig
 from quail.data.providers import DocumentProvider
-from quail.errors import CompileError, UsageError
+from quail.errors import CompileError, ConfigError, UsageError
 from quail.frontend.sql import Dialect
 from quail.outputs import OUTPUT_SUFFIXES, OutputTarget
 from quail.presentation import format_report, format_rows, progress_bar
@@ -120,6 +121,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-t", "--table", action="append", default=[], metavar="NAME=PATH[:ID_COL]",
                         help="register a table: Parquet, CSV, JSONL or Arrow (the id column defaults to 'id'), "
                              "or NAME=DATABASE.duckdb:TABLE for a table of a DuckDB database")
+    add_engine_arguments(parser)
+    parser.add_argument("--dialect", choices=("snowflake", "bigquery"), default="snowflake")
+    parser.add_argument("--order", choices=("by_cost", "as_written"))
+    parser.add_argument("--explain", action="store_true", help="print the plan and exit without running")
+    parser.add_argument("-o", "--output", type=output_path,
+                        help=f"write the rows to a {', '.join(OUTPUT_SUFFIXES)} file (checked before the model "
+                             "runs; an existing file is replaced only once the new one is complete)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--external-access", action="store_true",
+                        help="let the query's SQL read files that are not registered tables (read_csv('...'), "
+                             "ATTACH, COPY); off by default")
+
+
+ENGINE_OPTIONS = ("model", "embedding_model", "device", "backend", "cache", "chunk_tokens", "compute", "workers",
+                  "address", "worker_cpus", "worker_gpus", "oversized_documents")
+"""The EngineConfig fields every command that runs queries takes as options (`quail query`, `quail serve`)."""
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `ENGINE_OPTIONS`; each left out is None, so the config's own default (or a file's) holds."""
     parser.add_argument("--model")
     parser.add_argument("--embedding-model", help="the embedding model of AI.EMBED / AI.SIMILARITY and blocking "
                                                   "(default: all-minilm-l6-v2)")
@@ -131,22 +152,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                           "local one)")
     parser.add_argument("--worker-cpus", type=float, help="CPUs (threads) each distributed worker holds")
     parser.add_argument("--worker-gpus", type=float, help="GPUs each distributed worker holds")
-    parser.add_argument("--dialect", choices=("snowflake", "bigquery"), default="snowflake")
-    parser.add_argument("--order", choices=("by_cost", "as_written"))
-    parser.add_argument("--oversized-documents", choices=OVERSIZED_POLICIES, default="refuse",
+    parser.add_argument("--oversized-documents", choices=OVERSIZED_POLICIES,
                         help="a document too long for one forward pass with its prompt: refuse the query "
                              "(default), skip that document, or truncate it to what fits")
     parser.add_argument("--cache", help="the answer store: auto (default), off, or a store file's path")
     parser.add_argument("--chunk-tokens", type=int, help="tokens per forward pass (answers are committed every "
                                                          "few passes)")
-    parser.add_argument("--explain", action="store_true", help="print the plan and exit without running")
-    parser.add_argument("-o", "--output", type=output_path,
-                        help=f"write the rows to a {', '.join(OUTPUT_SUFFIXES)} file (checked before the model "
-                             "runs; an existing file is replaced only once the new one is complete)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--external-access", action="store_true",
-                        help="let the query's SQL read files that are not registered tables (read_csv('...'), "
-                             "ATTACH, COPY); off by default")
+
+
+def engine_config(values: Mapping[str, object]) -> EngineConfig:
+    """EngineConfig(**values), its complaint about a field said in the command line's words (`--worker-cpus`, not
+    `EngineConfig.worker_cpus`)."""
+    try:
+        return EngineConfig(**values)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as error:
+        message = str(error)
+        for key in (f.name for f in fields(EngineConfig)):
+            message = message.replace(f"EngineConfig.{key} ", f"--{key.replace('_', '-')} ")
+        raise ConfigError(message) from None
 
 
 def query_text(args: argparse.Namespace) -> str:
@@ -164,16 +187,8 @@ def query_text(args: argparse.Namespace) -> str:
 
 
 def config_of(args: argparse.Namespace) -> EngineConfig:
-    keys = ("model", "embedding_model", "device", "backend", "cache", "chunk_tokens", "compute", "workers", "address",
-            "worker_cpus", "worker_gpus", "external_access")
-    chosen = {key: getattr(args, key) for key in keys if getattr(args, key, None) is not None}
-    try:
-        return EngineConfig(**chosen, oversized_documents=args.oversized_documents)
-    except ValueError as error:  # said in the command line's words: --worker-cpus, not EngineConfig.worker_cpus
-        message = str(error)
-        for key in keys:
-            message = message.replace(f"EngineConfig.{key} ", f"--{key.replace('_', '-')} ")
-        raise CompileError(message) from None
+    keys = (*ENGINE_OPTIONS, "external_access")
+    return engine_config({key: getattr(args, key) for key in keys if getattr(args, key, None) is not None})
 
 
 def write_output(table: pa.Table, path: Path, suffix: str) -> None:

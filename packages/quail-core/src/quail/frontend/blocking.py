@@ -19,7 +19,7 @@ from sqlglot import exp
 from quail.frontend.calls import number, struct_field
 from quail.frontend.embedding_forms import MODEL_OPTION
 from quail.frontend.lookups import block_sources
-from quail.frontend.syntax import AiCall, ai_call, conjuncts, fail_at, safe_sql, unsupported
+from quail.frontend.syntax import AiCall, ai_call, ai_calls, conjuncts, fail_at, safe_sql, unsupported
 
 BlockingMode = Literal["top_k", "threshold"]
 MODES: tuple[BlockingMode, ...] = ("top_k", "threshold")
@@ -232,9 +232,8 @@ def _own_conditions(block: exp.Select | None, alias: str) -> tuple[exp.Expressio
     where = block.args.get("where") if block is not None else None
     if where is None:
         return ()
-    return tuple(c.copy() for c in conjuncts(where.this) if ai_call(c) is None and not any(
-        ai_call(n) is not None for n in c.walk()) and c.find(exp.Select) is None and
-        {col.table for col in c.find_all(exp.Column)} == {alias})
+    return tuple(c.copy() for c in conjuncts(where.this) if not ai_calls(c) and c.find(exp.Select) is None
+                 and {col.table for col in c.find_all(exp.Column)} == {alias})
 
 
 def _stripped(call: AiCall) -> exp.Expression:

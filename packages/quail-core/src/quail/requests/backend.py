@@ -27,6 +27,8 @@ from quail.requests.execution import GENERATION_NODES, LABEL_NODES, REQUEST_NODE
 from quail.requests.strategies import RequestStrategy
 
 EngineFactory = Callable[[GpuContext], RequestEngine]
+
+
 def installed(distribution: str) -> bool:
     """Whether a distribution is installed, without importing it (an engine import can take seconds)."""
     try:

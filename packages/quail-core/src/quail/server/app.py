@@ -197,8 +197,7 @@ class _Api:
             job = self.state.scheduler.submit(QueryJob(sql, dialect, client[:100]))
             return self._shown(job)
 
-        response = await _answered(queued, status=202)
-        return response
+        return await _answered(queued, status=202)
 
     async def list_jobs(self, request: Request) -> Response:
         return json_response({"queries": [{"id": j.id, "state": j.state, "sql": j.sql, "submitted_at": j.submitted_at}
@@ -220,9 +219,10 @@ class _Api:
     async def result(self, request: Request) -> Response:
         job = self._job(request)
         table = self._finished(job).collect()
-        if request.query_params.get("format", "arrow") == "json":
+        form = request.query_params.get("format", "arrow")
+        if form == "json":
             return json_response(await run_in_threadpool(_page, table, request.query_params))
-        if request.query_params.get("format", "arrow") != "arrow":
+        if form != "arrow":
             raise ApiError(400, "BadRequest", "format must be arrow (the default) or json")
         return Response(await run_in_threadpool(_arrow_bytes, table), media_type=ARROW_STREAM)
 

@@ -12,14 +12,13 @@ import argparse
 import socket
 import sys
 import threading
-from dataclasses import fields
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, TextIO
 
-from quail.config import OVERSIZED_POLICIES, EngineConfig
-from quail.errors import ConfigError, UsageError
-from quail.query_cli import TableArgument, table_arguments
+from quail.config import EngineConfig
+from quail.errors import UsageError
+from quail.query_cli import ENGINE_OPTIONS, TableArgument, add_engine_arguments, engine_config, table_arguments
 from quail.server.settings import DEFAULT_PORT, ServerSettings, read_file
 
 if TYPE_CHECKING:
@@ -30,8 +29,6 @@ if TYPE_CHECKING:
 
 SHUTDOWN_WAIT_S = 30.0
 """How long a stopping server waits for the running query to unwind after it was cancelled."""
-ENGINE_OPTIONS = ("model", "embedding_model", "device", "backend", "cache", "chunk_tokens", "compute", "workers",
-                  "address", "worker_cpus", "worker_gpus", "oversized_documents")
 
 
 def add_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -49,16 +46,7 @@ def add_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
                                                                             "none")
     serve.add_argument("--max-request-bytes", type=int, help="largest request body taken (default 1 MiB)")
     serve.add_argument("--max-result-bytes", type=int, help="largest result sent (default 256 MiB)")
-    for option in ENGINE_OPTIONS:
-        flag = f"--{option.replace('_', '-')}"
-        if option == "oversized_documents":
-            serve.add_argument(flag, choices=OVERSIZED_POLICIES)
-        elif option in ("chunk_tokens", "workers"):
-            serve.add_argument(flag, type=int)
-        elif option in ("worker_cpus", "worker_gpus"):
-            serve.add_argument(flag, type=float)
-        else:
-            serve.add_argument(flag)
+    add_engine_arguments(serve)
     serve.set_defaults(handler=run_serve_command)
 
 
@@ -67,13 +55,7 @@ def settings_of(args: argparse.Namespace) -> ServerSettings:
     file = read_file(args.config) if args.config is not None else None
     engine = dict(file.engine) if file else {}
     engine.update({key: getattr(args, key) for key in ENGINE_OPTIONS if getattr(args, key) is not None})
-    try:
-        config = EngineConfig(**engine)  # type: ignore[arg-type]
-    except (TypeError, ValueError) as error:
-        message = str(error)
-        for key in (f.name for f in fields(EngineConfig)):
-            message = message.replace(f"EngineConfig.{key} ", f"--{key.replace('_', '-')} ")
-        raise ConfigError(message) from None
+    config = engine_config(engine)
     server = dict(file.server) if file else {}
     for key in ("host", "port", "token", "dialect", "max_request_bytes", "max_result_bytes"):
         if getattr(args, key) is not None:

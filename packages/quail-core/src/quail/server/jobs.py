@@ -161,6 +161,15 @@ class QueryJob:
                 setattr(self, name, value)
             self.version += 1
 
+    def _finish(self, result: QueryResult) -> None:
+        """Finished with `result`; every bar ends full (a node answered from the store reports its start, not its
+        end)."""
+        with self.lock:
+            for entry in self.progress.values():
+                entry.done = entry.total
+            self.state, self.result, self.finished_at = "finished", result, time.time()
+            self.version += 1
+
     def _progressed(self, node: PhysicalNode, done: int, total: int) -> None:
         with self.lock:
             entry = self.progress.get(node.id)
@@ -311,22 +320,17 @@ class Scheduler:
             if job.cancel_requested:
                 raise Cancelled()
             self._check_size(result)
-        except (Cancelled, KeyboardInterrupt):  # a DuckDB statement interrupted by a cancel raises KeyboardInterrupt
-            if not job.cancel_requested:
-                raise
-            job._change(state="cancelled", finished_at=time.time())
-        except Exception as error:  # every outcome is the job's; the runner goes on with the next
-            if job.cancel_requested:  # an interrupted DuckDB statement raises its own error: the cancel is the news
+        except BaseException as error:  # every outcome is the job's; the runner goes on with the next
+            if job.cancel_requested:  # whatever the stop raised (Cancelled, DuckDB's interruption): the cancel is news
                 job._change(state="cancelled", finished_at=time.time())
                 return
+            if not isinstance(error, Exception):
+                raise
             if not isinstance(error, QuailError):
                 LOG.exception("query %s failed", job.id)
             job._change(state="failed", error=error_body(error), finished_at=time.time())
         else:
-            with job.lock:  # a node answered from the store reports its start, not its end: a finished query's bars end
-                for entry in job.progress.values():
-                    entry.done = entry.total
-            job._change(state="finished", result=result, finished_at=time.time())
+            job._finish(result)
 
     def _check_size(self, result: QueryResult) -> None:
         size = result.collect().nbytes
