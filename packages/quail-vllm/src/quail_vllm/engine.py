@@ -177,7 +177,6 @@ class VLLMEngine(_Booted):
                                      len(output.prompt_token_ids or ()), output.num_cached_tokens or 0)
                 for output in outputs]
 
-
     # -- reading outputs ------------------------------------------------------------------------
 
     def _answer(self, key: int, labels: AnswerTokens, output: RequestOutput) -> EngineAnswer:
