@@ -21,11 +21,13 @@ from quail.testing import ByteTokenizer, KeywordBackend
 from quail.testing.rules import embedded_vector
 
 DIMENSIONS = ALL_MINILM_L6_V2.dimensions
+WAREHOUSE_MODELS = {"text-embedding-005": ALL_MINILM_L6_V2.name, "snowflake-arctic-embed-l-v2.0": ALL_MINILM_L6_V2.name}
+"""The warehouses' embedding models the statements here name, as aliases of the one Quail has."""
 
 
 @pytest.fixture(scope="module")
 def session() -> Iterator[quail.Session]:
-    with keyword_session() as opened:
+    with keyword_session(aliases=WAREHOUSE_MODELS) as opened:
         yield opened
 
 
@@ -125,10 +127,13 @@ def test_explain_shows_the_embedding_work_before_any_model_work(session):
     assert "embedded by all-minilm-l6-v2" in text
 
 
-def test_a_warehouse_model_name_is_answered_by_the_embedding_model_and_said_so(session):
+def test_a_warehouse_model_name_is_an_alias_said_in_the_report_and_an_unknown_one_is_refused(session):
     result = session.sql("SELECT AI_EMBED('snowflake-arctic-embed-l-v2.0', r.body) AS v FROM reviews r").run()
-    assert any("'snowflake-arctic-embed-l-v2.0' is not one of Quail's embedding models" in remark
-               for remark in result.query_report.remarks)
+    assert "AI_EMBED: model 'snowflake-arctic-embed-l-v2.0' stands for all-minilm-l6-v2 (EngineConfig.model_aliases)" \
+        in result.query_report.remarks
+    with pytest.raises(quail.CompileError, match=r"AI_EMBED names model 'voyage-2', which is neither one of Quail's "
+                                                 r"embedding models \(all-minilm-l6-v2\) nor an alias"):
+        session.sql("SELECT AI_EMBED('voyage-2', r.body) AS v FROM reviews r")
 
 
 @pytest.mark.parametrize(("sql", "dialect", "message"), [
@@ -163,7 +168,7 @@ def _registry() -> quail.ExtensionRegistry:
     ("SELECT AI_EMBED(r.body, {'dims': 3}) FROM reviews r", "its one option is"),
     ("SELECT AI_EMBED(r.body, {'Model': 'gemma-3-270m'}) FROM reviews r", "not an embedding model"),
     ("SELECT r.id FROM reviews r JOIN aspects a ON AI_FILTER(PROMPT('Is {0} about {1}?', r.body, a.aspect), "
-     "{'blocking': 'top_k', 'k': 2, 'model': 'gemma-3-270m'})", "not an embedding model"),
+     "{'blocking': 'top_k', 'k': 2, 'embedding_model': 'gemma-3-270m'})", "not an embedding model"),
 ])
 def test_embedding_options_are_checked(session, sql, message):
     with pytest.raises(quail.CompileError, match=message):

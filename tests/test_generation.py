@@ -20,8 +20,13 @@ BODIES = ["Great film. The acting by Ann Lee is superb.", None, "A slow, long st
           "Great film. The acting by Ann Lee is superb.", "", "No sentence end here"]
 
 
+WAREHOUSE_MODELS = {name: BASE_MODEL for name in ("m", "llama3.1-8b", "mistral-large2", "claude-4-sonnet",
+                                                   "gemini-2.5-flash")}
+"""The warehouses' model names the statements here use, each an alias of the session's model."""
+
+
 def session(cache: str = "off") -> quail.Session:
-    opened = empty_keyword_session(cache=cache)
+    opened = empty_keyword_session(cache=cache, model_aliases=WAREHOUSE_MODELS)
     opened.register("r", pa.table({"id": list(range(len(BODIES))), "body": BODIES,
                                    "stars": [5, 3, 2, 4, 1, 3]}))
     return opened
@@ -89,7 +94,7 @@ def test_explain_names_the_model_the_call_asked_for_and_the_bound_it_plans_for()
         query = opened.sql("SELECT r.id, AI_COMPLETE('llama3.1-8b', PROMPT('Summarize {0}', r.body), "
                            "{'max_tokens': 20}) AS s FROM r")
         text = query.explain()
-    assert "AI_COMPLETE: model 'llama3.1-8b' is answered by the session's model" in text
+    assert f"AI_COMPLETE: model 'llama3.1-8b' stands for {BASE_MODEL} (EngineConfig.model_aliases)" in text
     assert "AiGenerate #0 r AS s (at most 20 tokens)" in text
     assert "at most 20 tokens each decoded" in text
 
@@ -292,13 +297,21 @@ def test_a_column_that_is_the_whole_prompt_is_continued_with_no_instruction_of_q
     assert ByteTokenizer().decode(node.tail) == "\nANSWER:"
 
 
-def test_a_call_naming_another_catalog_model_is_refused_and_an_unknown_name_is_remarked():
+def test_a_call_names_a_catalog_model_or_an_alias_and_an_unknown_name_is_refused_naming_the_known_ones():
     with session() as opened:
-        with pytest.raises(quail.CompileError, match=r"names model 'qwen2\.5-coder-1\.5b-instruct', a catalog model "):
-            opened.sql("SELECT AI_COMPLETE('qwen2.5-coder-1.5b-instruct', PROMPT('x {0}', r.body)) FROM r")
+        other = opened.sql("SELECT AI_COMPLETE('qwen2.5-coder-0.5b-instruct', PROMPT('x {0}', r.body)) AS g FROM r")
         same = opened.sql(f"SELECT AI_COMPLETE('{BASE_MODEL}', PROMPT('x {{0}}', r.body)) AS g FROM r").explain()
-        other = opened.sql("SELECT AI_COMPLETE('llama3.1-8b', PROMPT('x {0}', r.body)) AS g FROM r").explain()
-    assert "answered by the session's model" in other and "AiGenerate" in same
+        aliased = opened.sql("SELECT AI_COMPLETE('llama3.1-8b', PROMPT('x {0}', r.body)) AS g FROM r").explain()
+        with pytest.raises(quail.CompileError, match=r"AI_COMPLETE names model 'gpt-9', which is neither one of "
+                           r"Quail's generative models \(gemma-3-270m, .*\) nor an alias \(aliases: "
+                           r"claude-4-sonnet = gemma-3-270m, .*--model-alias gpt-9=gemma-3-270m") as refused:
+            opened.sql("SELECT r.id,\n AI_COMPLETE('gpt-9', PROMPT('x {0}', r.body)) AS g FROM r")
+        with pytest.raises(quail.CompileError, match="names model 'all-minilm-l6-v2', which is not a generative "
+                                                     "model"):
+            opened.sql("SELECT AI_COMPLETE('all-minilm-l6-v2', PROMPT('x {0}', r.body)) AS g FROM r")
+        assert "qwen2.5-coder-0.5b-instruct" in other.explain() and "AiGenerate" in same
+    assert refused.value.line == 2 and 14 <= refused.value.column <= 20, "at the name 'gpt-9'"
+    assert "stands for gemma-3-270m" in aliased
 
 
 def test_snowflakes_type_object_response_format_is_read_as_a_schema():

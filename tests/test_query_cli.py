@@ -149,3 +149,18 @@ def test_a_duckdb_database_without_a_table_name_is_a_user_error(files, capsys):
     duckdb.connect(str(files / "films.duckdb")).close()
     code, _, err = run(capsys, FILTER, "--table", f"reviews={files / 'films.duckdb'}", "--no-progress")
     assert code == 2 and "is a DuckDB database" in err and "Traceback" not in err
+
+
+def test_model_aliases_name_the_models_a_statement_may_use(files, capsys):
+    sql = "SELECT r.id, AI_COMPLETE('llama3.1-8b', PROMPT('Summarize {0}', r.body)) AS s FROM reviews r"
+    table = ["--table", f"reviews={files / 'reviews.parquet'}", *BACKEND, "--model", "gemma-3-270m", "--explain"]
+    code, out, _ = run(capsys, sql, *table, "--model-alias", "llama3.1-8b=qwen2.5-coder-0.5b-instruct")
+    assert code == 0 and "model 'llama3.1-8b' stands for qwen2.5-coder-0.5b-instruct" in out
+    assert "model qwen2.5-coder-0.5b-instruct;" in out
+    code, _, err = run(capsys, sql, *table)
+    assert code == 2 and "--model-alias llama3.1-8b=gemma-3-270m" in err
+    with pytest.raises(SystemExit) as exited:
+        run(capsys, sql, *table, "--model-alias", "llama3.1-8b")
+    assert exited.value.code == 2 and "write NAME=MODEL" in capsys.readouterr().err
+    code, _, err = run(capsys, sql, *table, "--model-alias", "llama3.1-8b=nothing")
+    assert code == 2 and "'llama3.1-8b' stands for 'nothing', which is not one of Quail's models" in err

@@ -437,11 +437,14 @@ def test_bad_serve_options_exit_2_before_listening(tmp_path, arguments, words):
 def test_a_config_file_registers_tables_and_engine_settings(tmp_path):
     config = tmp_path / "serve.toml"
     config.write_text(f'[server]\ndialect = "bigquery"\n[engine]\nbackend = "example-keyword"\n'
+                      f'model_aliases = {{ "gemini-2.5-flash" = "gemma-3-270m" }}\n'
                       f'[tables]\ncritiques = "{DATASETS / "reviews.jsonl"}:id"\n')
     server = start_server(tmp_path, "--config", str(config))
     try:
         with server.client() as api:
             assert api.get("/v1/info").json()["dialect"] == "bigquery"
+            named = "SELECT c.id FROM critiques c WHERE AI.IF(('Is it good? ', c.body), endpoint => 'gemini-2.5-flash')"
+            assert "model gemma-3-270m;" in api.post("/v1/explain", json={"sql": named}).json()["explain"]
             assert {t["name"] for t in api.get("/v1/tables").json()["tables"]} == {"critiques", "reviews", "aspects"}
     finally:
         server.stop()

@@ -243,7 +243,7 @@ def test_the_fake_refuses_an_async_request_awaited_off_the_engines_loop():
 
 
 GENERATIONS = [
-    "SELECT r.id, AI_COMPLETE('m', PROMPT('Summarize {0}', r.body), {'max_tokens': 400}) AS g FROM reviews r",
+    "SELECT r.id, AI_COMPLETE(PROMPT('Summarize {0}', r.body), {'max_tokens': 400}) AS g FROM reviews r",
     "SELECT r.id, AI_EXTRACT(r.body, {'what': 'What is it about?', 'words': 'How long is it?'}) AS x FROM reviews r",
 ]
 

@@ -79,7 +79,8 @@ def test_a_documented_form_answers_as_the_oracle_and_plans_as_its_prompt_form(se
 
 
 @pytest.mark.parametrize(("sql", "names"), [
-    ("SELECT r.id FROM reviews r WHERE AI.IF(('x ', r.body), endpoint => 'gemini-2.5-flash')", "endpoint"),
+    ("SELECT r.id FROM reviews r WHERE AI.IF(('x ', r.body), endpoint => 'gemini-2.5-flash')",
+     "names model 'gemini-2.5-flash', which is neither"),
     ("SELECT r.id FROM reviews r WHERE AI.IF(('x ', r.body), model_params => JSON '{\"temperature\": 0}')",
      "model_params"),
     ("SELECT r.id FROM reviews r WHERE AI.IF(('x ', r.body), colour => 'red')", "no argument 'colour'"),

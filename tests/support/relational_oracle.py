@@ -86,14 +86,15 @@ TABLES: dict[str, pa.Table] = {"reviews": REVIEWS, "aspects": ASPECTS, "genres":
                                "evidence": EVIDENCE}
 
 
-def keyword_session(store: Path | None = None, tables: Mapping[str, pa.Table] | None = None) -> quail.Session:
+def keyword_session(store: Path | None = None, tables: Mapping[str, pa.Table] | None = None,
+                    aliases: Mapping[str, str] | None = None) -> quail.Session:
     """A session on the keyword test backend over `tables` (these TABLES when none), its answer store at `store`
-    (off when None): what the oracle's rules are compared with."""
+    (off when None), with the model `aliases` given: what the oracle's rules are compared with."""
     tokenizer = ByteTokenizer()
     registry = quail.ExtensionRegistry.with_built_ins()
     registry.register_backend(KeywordBackend(tokenizer))
-    session = quail.Session(quail.EngineConfig(backend="keyword", cache=str(store) if store else "off"),
-                            registry=registry, tokenizer=tokenizer)
+    config = quail.EngineConfig(backend="keyword", cache=str(store) if store else "off", model_aliases=aliases or {})
+    session = quail.Session(config, registry=registry, tokenizer=tokenizer)
     for name, table in (TABLES if tables is None else tables).items():
         session.register(name, table)
     return session

@@ -1004,7 +1004,7 @@ def test_calibration_off_decides_on_the_raw_margin_and_reports_nothing(kind, ope
     check_filter_answers(run, run.node(ph.AiFilter))
 
 
-GENERATE_SQL = ("SELECT r.id, AI_COMPLETE('any', PROMPT('Continue the review {0}', r.body), {'max_tokens': 10}) AS g "
+GENERATE_SQL = ("SELECT r.id, AI_COMPLETE(PROMPT('Continue the review {0}', r.body), {'max_tokens': 10}) AS g "
                 "FROM reviews r")
 
 
@@ -1068,8 +1068,8 @@ def test_a_random_model_held_to_a_schema_writes_only_what_it_allows(kind, open_r
 
 
 FILTERED = "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Does the review praise the acting? {0}', r.body))"
-FILTERED_GENERATIONS = ("SELECT r.id, AI_COMPLETE('m', PROMPT('Continue the review {0}', r.body), {'max_tokens': 6}) "
-                        "AS g, AI_COMPLETE('m', PROMPT('Retell {0}', r.body), {'max_tokens': 6}) AS h FROM reviews r "
+FILTERED_GENERATIONS = ("SELECT r.id, AI_COMPLETE(PROMPT('Continue the review {0}', r.body), {'max_tokens': 6}) "
+                        "AS g, AI_COMPLETE(PROMPT('Retell {0}', r.body), {'max_tokens': 6}) AS h FROM reviews r "
                         "WHERE AI_FILTER(PROMPT('Does the review praise the acting? {0}', r.body))")
 
 

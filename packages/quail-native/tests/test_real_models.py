@@ -115,7 +115,7 @@ def test_greedy_generations_equal_transformers_generate_on_the_same_ids(name):
 
     from quail_native.models.embedded import embedded_model_dir
 
-    sql = ("SELECT r.id, AI_COMPLETE('any', PROMPT('Which film does {0} review, and what did the critic think?', "
+    sql = ("SELECT r.id, AI_COMPLETE(PROMPT('Which film does {0} review, and what did the critic think?', "
            "r.body), {'max_tokens': 16}) AS g FROM reviews r")
     config = quail.EngineConfig(model=name, chunk_tokens=256, precision="fp32", cache="off")
     with quail.Session(config) as session:
@@ -146,3 +146,31 @@ def test_greedy_generations_equal_transformers_generate_on_the_same_ids(name):
     assert len(answers) == 5 and same + len(gaps) == 5
     assert all(gap < 1e-3 for gap in gaps), f"{same} of 5 equal; the others part at logit gaps {gaps}"
     assert all(answer["tokens"] for answer in answers)
+
+
+def test_one_statement_answers_with_two_models_each_as_it_would_alone():
+    """A filter on the session's model (Gemma 3 270M) and a generation naming Qwen2.5-Coder 0.5B by an alias: each
+    column equals what a session on that model alone answers."""
+    other = "qwen2.5-coder-0.5b-instruct"
+    question = "AI_FILTER(PROMPT('Is this movie review positive? {0}', r.body))"
+    summary = "PROMPT('Name the film {0} reviews.', r.body), {'max_tokens': 8}"
+    both = f"SELECT r.id, AI_COMPLETE('llama3.1-8b', {summary}) AS g FROM reviews r WHERE {question} ORDER BY r.id"
+
+    def rows(model: str, sql: str) -> list[dict[str, object]]:
+        config = quail.EngineConfig(model=model, chunk_tokens=256, precision="fp32", cache="off",
+                                    engines_per_device=2, model_aliases={"llama3.1-8b": other})
+        with quail.Session(config) as session:
+            session.register("reviews", quail.DocumentProvider.from_table(datasets.reviews().slice(0, 6), "id"))
+            result = session.sql(sql).run()
+            assert model in result.report["model"]
+            return result.to_rows()
+
+    try:
+        mixed = rows("gemma-3-270m", both)
+        kept = rows("gemma-3-270m", f"SELECT r.id FROM reviews r WHERE {question} ORDER BY r.id")
+        written = rows(other, f"SELECT r.id, AI_COMPLETE({summary}) AS g FROM reviews r ORDER BY r.id")
+    finally:
+        quail.release_engines()
+    assert [row["id"] for row in mixed] == [row["id"] for row in kept] and mixed, "the filter: Gemma's answers"
+    by_id = {row["id"]: row["g"] for row in written}
+    assert [row["g"] for row in mixed] == [by_id[row["id"]] for row in mixed], "the generations: Qwen's text"

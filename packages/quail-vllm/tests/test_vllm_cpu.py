@@ -161,7 +161,7 @@ def test_embedded_models_agree_with_native_on_two_filters_and_a_join(model):
                   f"minimum {report['minimum_tokens']}")
 
 
-GENERATE_SQL = ("SELECT r.id, AI_COMPLETE('any', PROMPT('Continue the review {0}', r.body), {'max_tokens': 12}) AS g "
+GENERATE_SQL = ("SELECT r.id, AI_COMPLETE(PROMPT('Continue the review {0}', r.body), {'max_tokens': 12}) AS g "
                 "FROM reviews r ORDER BY r.id")
 
 
@@ -206,7 +206,7 @@ def test_embedded_models_generate_on_vllm_what_they_generate_on_native(model):
 
     embedded_model_dir(model)
     registry = quail.ExtensionRegistry.with_built_ins()
-    sql = ("SELECT r.id, AI_COMPLETE('any', PROMPT('Which film does {0} review, and what did the critic think?', "
+    sql = ("SELECT r.id, AI_COMPLETE(PROMPT('Which film does {0} review, and what did the critic think?', "
            "r.body), {'max_tokens': 16}) AS g FROM reviews r ORDER BY r.id")
     results = {backend: run_on(backend, model, gemma_tables(8, 1), sql, registry)[1] for backend in ("native", "vllm")}
     mine, theirs = (results[b].answer_tables["generate_g"].to_pylist() for b in ("native", "vllm"))

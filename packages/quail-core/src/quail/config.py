@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -34,7 +35,11 @@ class EngineConfig:
 
     model: str = DEFAULT_MODEL
     embedding_model: str = DEFAULT_EMBEDDING_MODEL
-    """The embedding model of AI.EMBED / AI.SIMILARITY when a call names none (or names one Quail does not have)."""
+    """The embedding model of AI.EMBED / AI.SIMILARITY when a call names none."""
+    model_aliases: tuple[tuple[str, str], ...] = ()
+    """Names a statement may give a model (`AI_COMPLETE('llama3.1-8b', …)`, `endpoint => 'gemini-2.5-flash'`) and the
+    catalog model each stands for, as (alias, model) pairs; a dict is accepted too and kept as sorted pairs. A call
+    naming neither a catalog model nor an alias is refused."""
     device: str = DEFAULT_DEVICE
     backend: str = DEFAULT_BACKEND
     gpus: int = 1
@@ -86,6 +91,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         for name in ("model", "embedding_model", "device", "backend"):
             _require_name(name, getattr(self, name))
+        object.__setattr__(self, "model_aliases", _alias_pairs(self.model_aliases))
         _require_count("gpus", self.gpus, 1)
         _require_count("chunk_tokens", self.chunk_tokens, 16)
         _require_count("kv_page_tokens", self.kv_page_tokens, 1)
@@ -133,16 +139,38 @@ class EngineConfig:
                                   f"provider; compute={self.compute!r} runs it in this process (choose "
                                   "compute='ray', or leave it out)")
 
+    def catalog_name(self, name: str) -> str:
+        """The catalog model a name in a statement stands for: an alias's model, else the name itself."""
+        return dict(self.model_aliases).get(name, name)
+
     def engine_settings(self) -> EngineConfig:
         """This config with every field that only planning or placement reads set to its default.
 
         Two configs with equal engine settings can share one booted engine.
         """
-        return replace(self, embedding_model=DEFAULT_EMBEDDING_MODEL, prefix_sharing="auto", calibration="auto",
-                       early_limit="auto", question_first="auto", join_conditions="auto",
+        return replace(self, embedding_model=DEFAULT_EMBEDDING_MODEL, model_aliases=(), prefix_sharing="auto",
+                       calibration="auto", early_limit="auto", question_first="auto", join_conditions="auto",
                        oversized_documents="refuse", compute=DEFAULT_COMPUTE, worker_setup=None, engines_per_device=1,
                        cache=DEFAULT_CACHE, cache_limit=DEFAULT_CACHE_LIMIT, address=None, workers=None,
                        worker_cpus=1.0, worker_gpus=None, external_access=False)
+
+
+def _alias_pairs(value: object) -> tuple[tuple[str, str], ...]:
+    """Aliases as sorted (alias, model) pairs, from pairs or a mapping: hashable (a config keys booted engines) and
+    plain data on the wire."""
+    if isinstance(value, Mapping):
+        pairs = list(value.items())
+    elif isinstance(value, tuple | list) and all(isinstance(p, tuple | list) and len(p) == 2 for p in value):
+        pairs = [tuple(p) for p in value]
+    else:
+        raise TypeError(f"EngineConfig.model_aliases must map alias names to model names, got {value!r}")
+    for alias, model in pairs:
+        if not isinstance(alias, str) or not isinstance(model, str) or not alias.strip() or not model.strip():
+            raise ConfigError(f"EngineConfig.model_aliases: {alias!r} -> {model!r} is not a pair of names")
+    names = [alias for alias, _ in pairs]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"EngineConfig.model_aliases names an alias twice: {sorted(names)}")
+    return tuple(sorted((str(a), str(m)) for a, m in pairs))
 
 
 def _require_name(field: str, value: object) -> None:

@@ -134,8 +134,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "ATTACH, COPY); off by default")
 
 
-ENGINE_OPTIONS = ("model", "embedding_model", "device", "backend", "cache", "chunk_tokens", "compute", "workers",
-                  "address", "worker_cpus", "worker_gpus", "oversized_documents")
+ENGINE_OPTIONS = ("model", "embedding_model", "model_aliases", "device", "backend", "cache", "chunk_tokens", "compute",
+                  "workers", "address", "worker_cpus", "worker_gpus", "oversized_documents")
 """The EngineConfig fields every command that runs queries takes as options (`quail query`, `quail serve`)."""
 
 
@@ -144,6 +144,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model")
     parser.add_argument("--embedding-model", help="the embedding model of AI.EMBED / AI.SIMILARITY and blocking "
                                                   "(default: all-minilm-l6-v2)")
+    parser.add_argument("--model-alias", dest="model_aliases", action="append", type=model_alias,
+                        metavar="NAME=MODEL", help="a model name statements may use (AI_COMPLETE('llama3.1-8b', …), "
+                                                   "endpoint => '…') for one of Quail's models; repeat for more")
     parser.add_argument("--device")
     parser.add_argument("--backend")
     parser.add_argument("--compute", help="where model work runs: local (default), process, or a plugin's (ray)")
@@ -158,6 +161,14 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache", help="the answer store: auto (default), off, or a store file's path")
     parser.add_argument("--chunk-tokens", type=int, help="tokens per forward pass (answers are committed every "
                                                          "few passes)")
+
+
+def model_alias(text: str) -> tuple[str, str]:
+    """`--model-alias NAME=MODEL` as the pair EngineConfig.model_aliases holds."""
+    alias, equals, model = text.partition("=")
+    if not equals or not alias.strip() or not model.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: write NAME=MODEL, e.g. llama3.1-8b=qwen2.5-coder-1.5b-instruct")
+    return alias.strip(), model.strip()
 
 
 def engine_config(values: Mapping[str, object]) -> EngineConfig:

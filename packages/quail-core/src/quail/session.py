@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from types import TracebackType
 
 from quail.arguments import check_device_count, session_config, text_argument
 from quail.backends.base import ModelBackend, OrderRule, TokenizerSource
 from quail.cache.token_ids import remembered
 from quail.catalog.devices import DeviceSpec
-from quail.catalog.models import ModelSpec
+from quail.catalog.models import ModelKind, ModelSpec
 from quail.compute.base import ComputeProvider
 from quail.config import EngineConfig
 from quail.data.database import Database
@@ -20,14 +21,14 @@ from quail.data.tokens import TokenStore
 from quail.errors import CompileError, ConfigError, GeneralRuleError, GeneralRuleOnly, QuailError, Refusal, RefusalError
 from quail.frontend.blocking import blocked_joins
 from quail.frontend.builder import Docs
-from quail.frontend.embedding_forms import EmbeddingModel
-from quail.frontend.forms import NamedModel
+from quail.frontend.models import NamedModel, with_models
 from quail.frontend.spec import QuerySpec, TableSpec
 from quail.frontend.sql import Dialect, ParsedStatement, parse_statement, read_parsed
 from quail.frontend.syntax import where_of
 from quail.plugins.registry import ExtensionRegistry
 from quail.runtime.blocking import BlockedQuery
 from quail.runtime.coordinator import Query
+from quail.runtime.facets import ModelFacet, model_facet
 from quail.runtime.lookups import LookupQuery
 
 
@@ -46,6 +47,7 @@ class Session:
         self.registry = registry if registry is not None else ExtensionRegistry.with_built_ins()
         self.model: ModelSpec = self.registry.model(self.config.model)
         self._check_model_kinds()
+        self._check_aliases()
         self.device: DeviceSpec = self.registry.device(self.config.device)
         check_device_count(self.config, self.device)
         self.backend: ModelBackend = self.registry.backend(self.config.backend)
@@ -53,6 +55,7 @@ class Session:
         self.compute: ComputeProvider = self.registry.compute(self.config.compute)
         self.database = Database(external_access=self.config.external_access)
         self.token_store = TokenStore()
+        self._facets: dict[str, ModelFacet] = {}
         self._closed = False
 
     def _check_model_kinds(self) -> None:
@@ -66,6 +69,16 @@ class Session:
             raise ConfigError(f"EngineConfig.embedding_model (--embedding-model) {embedding.name!r} is not an "
                               f"embedding model; the catalog's embedding models: "
                               f"{', '.join(self.embedding_models) or 'none'}")
+
+    def _check_aliases(self) -> None:
+        """Each alias stands for a catalog model and hides none."""
+        for alias, name in self.config.model_aliases:
+            if name not in self.registry.models:
+                raise ConfigError(f"EngineConfig.model_aliases (--model-alias): {alias!r} stands for {name!r}, which "
+                                  f"is not one of Quail's models ({', '.join(sorted(self.registry.models))})")
+            if alias in self.registry.models and alias != name:
+                raise ConfigError(f"EngineConfig.model_aliases (--model-alias): {alias!r} is a catalog model's own "
+                                  "name; an alias may not stand for another model")
 
     @property
     def embedding_models(self) -> list[str]:
@@ -128,16 +141,15 @@ class Session:
         self.check_open()
         self.database.refresh()
         text = text_argument("the query given to sql()", text)
-        parsed = parse_statement(text, self.database, dialect)
-        self._check_named_models(parsed.models)
-        self._check_embedding_models(parsed.embedding_models)
+        parsed = self._resolved(parse_statement(text, self.database, dialect))
         blocked = blocked_joins(parsed.statement)
         if blocked:
-            self._check_embedding_models(tuple(EmbeddingModel("blocking", b.model, where_of(node))
-                                               for node, b in blocked if b.model is not None))
+            for node, b in blocked:
+                if b.model is not None:
+                    self._named(NamedModel("blocking", b.model, "embedding", where_of(node)))
             return self._blocked(parsed, text, dialect, order)
         try:
-            return Query(self, read_parsed(parsed, text, self.database, dialect), order)
+            return self._query_of(read_parsed(parsed, text, self.database, dialect), order)
         except GeneralRuleOnly:
             return LookupQuery(self, self._query_of, parsed, dialect, order)
         except GeneralRuleError as refused:
@@ -146,28 +158,51 @@ class Session:
                 raise refused from None
             return answered
 
-    def _check_named_models(self, models: tuple[NamedModel, ...]) -> None:
-        """A generation call that names one of Quail's catalog models other than the session's is refused: it would
-        be answered by the session's model (a model per call is not supported yet). A name the catalog does not
-        know (a warehouse's model, `llama3.1-8b`) is answered by the session's model, and explain() says so."""
-        known = self.registry.models
-        for model in models:
-            if model.name in known and model.name != self.model.name:
-                raise CompileError(f"{model.spelling} names model {model.name!r}, a catalog model other than this "
-                                   f"session's ({self.model.name!r}); a model per call is not supported yet: run the "
-                                   f"query in a session with EngineConfig(model={model.name!r}) (--model "
-                                   f"{model.name})", line=model.where.line, column=model.where.column)
+    def _resolved(self, parsed: ParsedStatement) -> ParsedStatement:
+        """`parsed` with every model its calls name resolved (`frontend.models`): the catalog model's own name, or
+        no name where it is the model the session gives that kind of call anyway."""
+        resolved: dict[tuple[str, ModelKind], str | None] = {}
+        remarks = list(parsed.remarks)
+        for named in parsed.models:
+            model = self._named(named)
+            default = self.model.name if named.kind == "generative" else self.config.embedding_model
+            resolved[(named.name, named.kind)] = None if model.name == default else model.name
+            if model.name != named.name:
+                remarks.append(f"{named.spelling}: model {named.name!r} stands for {model.name} "
+                               "(EngineConfig.model_aliases)")
+        if not resolved:
+            return parsed
+        return replace(parsed, statement=with_models(parsed.statement, resolved),
+                       remarks=tuple(dict.fromkeys(remarks)))
 
-    def _check_embedding_models(self, models: tuple[EmbeddingModel, ...]) -> None:
-        """An embedding call may name any of the catalog's embedding models (it answers with that one); naming one of
-        its generative models is a mistake said at once. A name the catalog does not know (a warehouse's model) is
-        answered by EngineConfig.embedding_model, and explain() says so."""
-        known = self.registry.models
-        for model in models:
-            if model.name in known and known[model.name].kind != "embedding":
-                raise CompileError(f"{model.spelling} names model {model.name!r}, which is not an embedding model; the "
-                                   f"catalog's embedding models: {', '.join(self.embedding_models) or 'none'}",
-                                   line=model.where.line, column=model.where.column)
+    def _named(self, named: NamedModel) -> ModelSpec:
+        """The catalog model a call names, directly or by an alias; a CompileError at the name otherwise, naming
+        the models of the kind the call needs."""
+        known = sorted(name for name, spec in self.registry.models.items() if spec.kind == named.kind)
+        model = self.registry.models.get(self.config.catalog_name(named.name))
+        where = {"line": named.where.line, "column": named.where.column}
+        if model is None:
+            aliases = ", ".join(f"{a} = {m}" for a, m in self.config.model_aliases) or "none"
+            example = self.model.name if named.kind == "generative" else self.config.embedding_model
+            raise CompileError(f"{named.spelling} names model {named.name!r}, which is neither one of Quail's "
+                               f"{named.kind} models ({', '.join(known) or 'none'}) nor an alias (aliases: {aliases}); "
+                               f"name one of them, or make the name an alias: EngineConfig(model_aliases="
+                               f"{{{named.name!r}: {example!r}}}) (--model-alias {named.name}={example})", **where)
+        if model.kind != named.kind:
+            article = "an" if named.kind == "embedding" else "a"
+            raise CompileError(f"{named.spelling} names model {named.name!r}, which is not {article} {named.kind} "
+                               f"model; the catalog's {named.kind} models: {', '.join(known) or 'none'}", **where)
+        return model
+
+    def with_model(self, model: ModelSpec) -> Session | ModelFacet:
+        """This session answering with `model`: itself for its own model, else a facet (one per model, so each
+        model's tokenizer is loaded once per session)."""
+        if model.name == self.model.name:
+            return self
+        facet = self._facets.get(model.name)
+        if facet is None:
+            facet = self._facets[model.name] = model_facet(self, model)
+        return facet
 
     def _blocked(self, parsed: ParsedStatement, text: str, dialect: Dialect, order: OrderRule | None) -> BlockedQuery:
         """A statement whose AI join asks only the pairs its embeddings keep (`quail.frontend.blocking`)."""
@@ -190,7 +225,9 @@ class Session:
         return start._checked(QuerySpec(tables=(TableSpec(table, table),), select=()), 0)
 
     def _query_of(self, spec: QuerySpec, order: OrderRule | None) -> Query:
-        return Query(self, spec, order)
+        """A query block planned whole, on the model its calls name."""
+        session = self if spec.model is None else self.with_model(self.registry.model(spec.model))
+        return Query(session, spec, order)
 
     # -- lifetime -----------------------------------------------------------------------------
 

@@ -17,13 +17,14 @@ from typing import Literal
 from sqlglot import exp
 
 from quail.frontend.calls import number, struct_field
-from quail.frontend.embedding_forms import MODEL_OPTION
 from quail.frontend.lookups import block_sources
 from quail.frontend.syntax import AiCall, ai_call, ai_calls, conjuncts, fail_at, safe_sql, unsupported
 
 BlockingMode = Literal["top_k", "threshold"]
 MODES: tuple[BlockingMode, ...] = ("top_k", "threshold")
-OPTIONS = frozenset({"blocking", "k", "similarity", MODEL_OPTION})
+EMBEDDING_MODEL_OPTION = "embedding_model"
+"""The blocking option naming the embedding model (the call's own `model` is the model that judges the pairs)."""
+OPTIONS = frozenset({"blocking", "k", "similarity", EMBEDDING_MODEL_OPTION})
 MAX_K = 10_000
 LEFT, RIGHT = "l", "r"
 """The registered pairs relation's columns: a text of `{0}` and a text of `{1}`."""
@@ -218,7 +219,7 @@ def _blocked(call: AiCall, options: dict[str, exp.Expression]) -> BlockedJoin:
         raise fail_at(f"blocking '{mode.this}' takes no '{other}'", options[other])
     k = _count(options.get("k"), top_k, mode)
     similarity = _similarity(options.get("similarity"), not top_k, mode)
-    model = options.get(MODEL_OPTION)
+    model = options.get(EMBEDDING_MODEL_OPTION)
     if model is not None and not (isinstance(model, exp.Literal) and model.is_string):
         raise unsupported(f"blocking model {safe_sql(model)}", model, "name the embedding model as a string")
     chosen: BlockingMode = "top_k" if str(mode.this) == "top_k" else "threshold"

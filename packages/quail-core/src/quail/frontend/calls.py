@@ -15,6 +15,8 @@ from quail.logical.expressions import Example, Label
 from quail.schemas import STATUS, SchemaType, answer_type, arrow_type, from_json_schema
 
 Options = dict[str, exp.Expression]
+MODEL_OPTION = "model"
+"""The option naming the model a call answers with (`frontend.models` resolves it)."""
 
 
 def is_plain_column(node: exp.Expression) -> bool:
@@ -34,7 +36,9 @@ def prompt_and_options(call: AiCall, keys: set[str]) -> tuple[PromptSpec, Option
         raise unsupported(f"{call.spelling} with {len(call.arguments)} arguments", call.node,
                           "pass PROMPT(...) and an optional options object")
     prompt = read_prompt(call.arguments[0], call.spelling)
-    options = read_options(call.arguments[1], keys | {"examples", "symmetric"}) if len(call.arguments) == 2 else {}
+    keys = keys | {"examples", "symmetric", MODEL_OPTION}
+    options = read_options(call.arguments[1], keys) if len(call.arguments) == 2 else {}
+    options.pop(MODEL_OPTION, None)  # the block's model (`frontend.models`)
     if "examples" in options:
         prompt = replace(prompt, examples=read_examples(options.pop("examples"), None))
     if "symmetric" in options:
@@ -72,7 +76,8 @@ def classify_arguments(call: AiCall) -> tuple[PromptSpec, tuple[Label, ...], str
     else:
         prompt = read_prompt(first, "AI.CLASSIFY")
     labels = read_labels(call.arguments[1])
-    options = read_options(call.arguments[2], {"task_description", "examples"}) if len(call.arguments) == 3 else {}
+    keys = {"task_description", "examples", MODEL_OPTION}
+    options = read_options(call.arguments[2], keys) if len(call.arguments) == 3 else {}
     if "examples" in options:
         prompt = replace(prompt, examples=read_examples(options["examples"], labels))
     return prompt, labels, string_option(options, "task_description")
@@ -95,7 +100,7 @@ def generate_arguments(call: AiCall) -> tuple[PromptSpec, int, SchemaType | None
         raise unsupported(f"{call.spelling} with {len(call.arguments)} arguments", call.node,
                           "pass the prompt and an optional {'max_tokens': n}")
     prompt = read_prompt(call.arguments[0], call.spelling)
-    keys = {"max_tokens", "temperature", "top_p", "top_k", "guardrails", "output_schema"}
+    keys = {"max_tokens", "temperature", "top_p", "top_k", "guardrails", "output_schema", MODEL_OPTION}
     options = read_options(call.arguments[1], keys) if len(call.arguments) == 2 else {}
     for key, greedy in GREEDY_OPTIONS.items():
         if key in options:

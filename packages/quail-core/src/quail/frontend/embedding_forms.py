@@ -9,15 +9,11 @@ the vectors, so a similarity is two embeddings (each text embedded once, stored 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from sqlglot import exp
 
-from quail.frontend.calls import struct_field
-from quail.frontend.spec import Where
-from quail.frontend.syntax import AiCall, ai_call, fail_at, safe_sql, unsupported, where_of
+from quail.frontend.calls import MODEL_OPTION, struct_field
+from quail.frontend.syntax import AiCall, ai_call, fail_at, safe_sql, unsupported
 
-MODEL_OPTION = "model"
 IGNORED = frozenset({"connection_id", "task_type"})
 """Named arguments that say how a warehouse's service runs the call (`task_type` picks a Vertex AI model's prompt;
 Quail's embedding models take none): accepted, and nothing for Quail to do."""
@@ -27,15 +23,6 @@ REFUSED = {
     "output_dimensionality": "Quail's embedding models return their own number of dimensions",
 }
 COSINE = "LIST_COSINE_SIMILARITY"
-
-
-@dataclass(frozen=True)
-class EmbeddingModel:
-    """A model an embedding call names (`AI_EMBED('m', …)`, `endpoint => 'm'`, `{'model': 'm'}`)."""
-
-    spelling: str
-    name: str
-    where: Where
 
 
 def canonical_embeddings(statement: exp.Expression) -> exp.Expression:
@@ -59,28 +46,6 @@ def _check_options(call: AiCall, options: exp.Expression) -> None:
             raise unsupported(f"{call.spelling} option {safe_sql(entry)}", entry, "its one option is {'model': 'name'}")
         if not (isinstance(field[1], exp.Literal) and field[1].is_string):
             raise unsupported(f"{call.spelling} model {safe_sql(field[1])}", field[1], "name the model as a string")
-
-
-def embedding_models(statement: exp.Expression) -> tuple[EmbeddingModel, ...]:
-    """The models the canonical embedding calls of `statement` name."""
-    found = []
-    for call in [c for c in (ai_call(n) for n in statement.walk()) if c is not None and c.kind == "embed"]:
-        model = model_option(call)
-        if model is not None:
-            found.append(EmbeddingModel(call.spelling, model, where_of(call.node)))
-    return tuple(found)
-
-
-def model_option(call: AiCall) -> str | None:
-    """The model a canonical embedding call names, or None for the session's embedding model."""
-    if len(call.arguments) < 2:
-        return None
-    options = call.arguments[1]
-    for entry in options.expressions if isinstance(options, exp.Struct) else ():
-        field = struct_field(entry)
-        if field is not None and field[0].lower() == MODEL_OPTION and isinstance(field[1], exp.Literal):
-            return str(field[1].this)
-    return None
 
 
 def embedded_text(call: AiCall) -> exp.Expression:

@@ -11,13 +11,11 @@ Options Quail has no use for are accepted and dropped; those it cannot honour ar
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 from sqlglot import exp
 
-from quail.frontend.calls import struct_field
+from quail.frontend.calls import MODEL_OPTION, struct_field
 from quail.frontend.embedding_forms import canonical_embeddings
-from quail.frontend.spec import Where
 from quail.frontend.syntax import (
     AiCall,
     ai_call,
@@ -25,18 +23,15 @@ from quail.frontend.syntax import (
     refuse_other_ai_functions,
     safe_sql,
     unsupported,
-    where_of,
 )
 from quail.schemas import Kind, SchemaField, SchemaType, from_json_schema, json_schema, struct
 
 IGNORED = frozenset({"connection_id", "max_error_ratio", "optimization_mode"})
 """Named arguments of the warehouses that say how their service runs the call: nothing for Quail to do."""
 PROMPT_NAMES = frozenset({"prompt", "input"})
+MODEL_NAMES = frozenset({"endpoint", "model"})
+"""Named arguments naming the model a call answers with: kept as the canonical call's `model` option."""
 REFUSED = {
-    "endpoint": "Quail answers with the session's model (EngineConfig.model / --model); a model per call is not "
-                "supported yet",
-    "model": "Quail answers with the session's model (EngineConfig.model / --model); a model per call is not "
-             "supported yet",
     "model_params": "a judgement is one next-token readout: no temperature or output length applies",
     "examples": "give them in the options object: {'examples': [('a document', TRUE), ...]} after the prompt, "
                 "[('a document', 'label'), ...] after AI.CLASSIFY's labels",
@@ -203,10 +198,6 @@ def unused_options(statement: exp.Expression) -> tuple[str, ...]:
     """A remark per named argument that Quail accepts and has no use for (`connection_id => …`), for explain()."""
     remarks = []
     for call in [c for c in (ai_call(n) for n in statement.walk()) if c is not None]:
-        model = _model_argument(call) if call.kind == "generate" else None
-        if model is not None:
-            remarks.append(f"{call.spelling}: model {model.sql()} is answered by the session's model "
-                           "(EngineConfig.model / --model); a model per call is not supported yet")
         for argument in call.arguments:
             if isinstance(argument, exp.Kwarg) and argument.this.name.lower() in IGNORED:
                 remarks.append(f"{call.spelling}: {argument.this.name} => {argument.expression.sql()} accepted and "
@@ -249,10 +240,13 @@ def _positional(call: AiCall) -> list[exp.Expression] | None:
         return None
     if not named and call.kind == "classify" and first is not None and _is_plain(first):
         return None
-    prompt, categories = None, None
+    prompt, categories, model = None, None, None
     for argument in named:
         name = argument.this.name.lower()
         if name in IGNORED:
+            continue
+        if name in MODEL_NAMES:
+            model = _model_name(argument.expression, call)
             continue
         if name in REFUSED:
             raise unsupported(f"{call.spelling}(..., {name} => ...)", argument, REFUSED[name])
@@ -268,7 +262,25 @@ def _positional(call: AiCall) -> list[exp.Expression] | None:
         positional.insert(1, categories)
     if call.kind == "filter" and len(positional) == 2 and isinstance(positional[1], exp.Boolean):
         positional.pop()  # Snowflake's error-details flag: Quail's errors are raised, not returned per row
+    if model is not None:
+        _with_model_option(positional, 2 if call.kind == "classify" else 1, model)
     return positional
+
+
+def _model_name(node: exp.Expression, call: AiCall) -> exp.Expression:
+    """The model a call names: a string (a catalog model or an alias, `Session` resolves it)."""
+    if not _is_text(node):
+        raise unsupported(f"{call.spelling} model {safe_sql(node)}", node, "name the model as a string")
+    return node
+
+
+def _with_model_option(arguments: list[exp.Expression], place: int, model: exp.Expression) -> None:
+    """The model as the `model` entry of the options object at `place` (made when the call has none)."""
+    entry = exp.PropertyEQ(this=exp.to_identifier(MODEL_OPTION), expression=model.copy())
+    if len(arguments) > place and isinstance(arguments[place], exp.Struct):
+        arguments[place].append("expressions", entry)
+    elif len(arguments) == place:
+        arguments.append(exp.Struct(expressions=[entry]))
 
 
 GENERATE_NAMES = {"prompt": 1, "model": 0, "endpoint": 0, "model_parameters": 2, "model_params": 2,
@@ -279,8 +291,8 @@ GENERATE_NAMES = {"prompt": 1, "model": 0, "endpoint": 0, "model_parameters": 2,
 
 def _generate_arguments(call: AiCall) -> list[exp.Expression] | None:
     """AI.GENERATE / AI_COMPLETE as (PROMPT(...)[, options]): BigQuery's `model_params` JSON and Snowflake's
-    `model_parameters` object both become the options object `calls.generate_arguments` reads; the model is
-    named in explain (`unused_options`), never used. None when the call is in that form already."""
+    `model_parameters` object both become the options object `calls.generate_arguments` reads, with the model
+    the call names as its `model` entry. None when the call is in that form already."""
     first = call.arguments[0] if call.arguments else None
     if (isinstance(first, exp.Anonymous) and str(first.name).upper() == "PROMPT"
             and not any(isinstance(a, exp.Kwarg) for a in call.arguments)):
@@ -305,6 +317,9 @@ def _generate_arguments(call: AiCall) -> list[exp.Expression] | None:
     if 1 not in slots:
         raise fail_at(f"{call.spelling} has no prompt", call.node)
     options = _model_parameters(slots[2], call) if 2 in slots else exp.Struct(expressions=[])
+    if 0 in slots:
+        options.append("expressions", exp.PropertyEQ(this=exp.to_identifier(MODEL_OPTION),
+                                                     expression=_model_name(slots[0], call).copy()))
     schema = _schema_of(call, slots.get(3))
     if schema is not None:
         options.append("expressions", exp.PropertyEQ(this=exp.to_identifier("output_schema"),
@@ -473,38 +488,6 @@ def _literal(node: exp.Expression) -> object:
 
 
 _SLOT_NAMES = {0: "model", 1: "prompt", 2: "model parameters", 3: "response format"}
-
-
-@dataclass(frozen=True)
-class NamedModel:
-    """A model a generation call names as a string (`AI_COMPLETE('llama3.1-8b', …)`, `endpoint => '…'`)."""
-
-    spelling: str
-    name: str
-    where: Where
-
-
-def named_models(statement: exp.Expression) -> tuple[NamedModel, ...]:
-    """Every model the statement's generation calls name as a string, before the calls are respelled (the PROMPT
-    form drops the model)."""
-    found = []
-    for call in [c for c in (ai_call(n) for n in statement.walk()) if c is not None and c.kind == "generate"]:
-        model = _model_argument(call)
-        if model is not None and _is_text(model):
-            found.append(NamedModel(call.spelling, str(model.this), where_of(model)))
-    return tuple(found)
-
-
-def _model_argument(call: AiCall) -> exp.Expression | None:
-    """The model a generation call names: `model =>` / `endpoint =>`, or AI_COMPLETE's first argument when it is a
-    string (BigQuery's AI.GENERATE has no positional model)."""
-    offset = 0 if call.spelling.startswith("AI_") else 1
-    for index, argument in enumerate(call.arguments):
-        if isinstance(argument, exp.Kwarg) and argument.this.name.lower() in ("model", "endpoint"):
-            return argument.expression
-        if not isinstance(argument, exp.Kwarg) and index + offset == 0 and _is_text(argument):
-            return argument
-    return None
 
 
 def _model_parameters(node: exp.Expression, call: AiCall) -> exp.Expression:

@@ -211,3 +211,5 @@ class QuerySpec:
     """None when the statement is a plain projection (the builder's shape): the compiler writes it."""
     remarks: tuple[str, ...] = ()
     """What the plan should say of the statement itself (options accepted but of no use to Quail)."""
+    model: str | None = None
+    """The catalog model the block's AI calls name (`frontend.models`); None: the session's."""

@@ -41,8 +41,8 @@ from quail.frontend.calls import (
     selectivity,
     string_option,
 )
-from quail.frontend.embedding_forms import EmbeddingModel, embedding_models
-from quail.frontend.forms import NamedModel, canonical_calls, named_models, unused_options
+from quail.frontend.forms import canonical_calls, unused_options
+from quail.frontend.models import NamedModel, block_models, named_models
 from quail.frontend.relational import (
     INTERNAL_PREFIX,
     OUTPUTS_RELATION,
@@ -127,9 +127,7 @@ class ParsedStatement:
     remarks: tuple[str, ...] = ()
     """Options accepted and of no use to Quail (`connection_id => …`), for explain()."""
     models: tuple[NamedModel, ...] = ()
-    """The models its generation calls name (read before the calls are respelled: the PROMPT form has none)."""
-    embedding_models: tuple[EmbeddingModel, ...] = ()
-    """The models its embedding calls name."""
+    """The models its calls name (`frontend.models`), as written: the session resolves them."""
 
 
 def parse_sql(text: str, catalog: RelationalCatalog, dialect: Dialect = "snowflake") -> QuerySpec:
@@ -152,12 +150,11 @@ def parse_statement(text: str, catalog: RelationalCatalog, dialect: Dialect = "s
         raise CompileError(f"unknown SQL dialect {dialect!r}; use 'snowflake' or 'bigquery'")
     parsed = parse_one(text, dialect)
     remarks = unused_options(parsed)
-    models = named_models(parsed)
     statement = _known_case(canonical_calls(parsed), catalog)
     _refuse_internal_names(statement)
     if not isinstance(statement, exp.Query):
         raise CompileError(_not_a_query(text))
-    return ParsedStatement(statement, remarks, models, embedding_models(statement))
+    return ParsedStatement(statement, remarks, named_models(statement))
 
 
 def read_statement(statement: exp.Expression, catalog: RelationalCatalog, dialect: Dialect) -> QuerySpec:
@@ -264,6 +261,7 @@ class _Reader:
     """A SELECT item repeats a WHERE filter: the tail writes TRUE for it."""
     counter: itertools.count = field(default_factory=lambda: itertools.count(1))
     arrival: int = 0
+    model: str | None = None
 
     # -- the statement --------------------------------------------------------------------------
 
@@ -277,6 +275,12 @@ class _Reader:
             raise GeneralRuleOnly("AI aggregates answer per group: the general rule reads them")
         if any(call.kind == "embed" for call in ai_calls(statement)):
             raise GeneralRuleOnly("embeddings are values of distinct texts: the general rule reads them")
+        models = block_models(statement)
+        if len(models) > 1:
+            raise GeneralRuleError(f"the AI calls of one query block answer with {len(models)} models "
+                                   f"({', '.join(sorted(m or 'the session model' for m in models))}); an AI join "
+                                   "and every AI call of its block answer with one")
+        self.model = next(iter(models), None)
         self.block = ai_block(statement)
         allowed = BLOCK_ARGS | ({"with_", "with"} if self.block is statement else set())
         refuse_unknown_args(self.block, allowed, "write it in a query around the AI block, or in a CTE")
@@ -345,7 +349,7 @@ class _Reader:
             verdicts=tuple(self.verdicts), scan=tuple(condition for condition, _ in self.scan),
             links=tuple(self.links), ctes=self.ctes_sql, relational=relational,
             pair_conditions=tuple(self.pair_conditions), scan_order=scan_order,
-            left_conditions=tuple(self.left_conditions),
+            left_conditions=tuple(self.left_conditions), model=self.model,
         )
 
     def order_of(self, node: exp.Expression) -> int:

@@ -66,6 +66,10 @@ class QuerySession(Protocol):
 
     def check_open(self) -> None: ...
 
+    def with_model(self, model: ModelSpec) -> QuerySession:
+        """This session answering with `model` (a model a call names; `runtime.facets`)."""
+        ...
+
 
 @dataclass(frozen=True)
 class PreparedQuery:
@@ -138,7 +142,8 @@ class Query:
             candidate, refusal = None, str(error)
         shown = candidate.plan if candidate is not None else self.logical_plan
         sharding = planned_shards(self.session, candidate.graph, self.prepared()) if candidate is not None else []
-        return explain_text(shown, candidate, self.order, rules, refusal, sharding=sharding)
+        return explain_text(shown, candidate, self.order, rules, self.session.model.name, refusal,
+                            sharding=sharding)
 
     def run(self, plan: PhysicalCandidate | PhysicalGraph | None = None) -> QueryResult:
         """Execute; `plan` may be an edited physical graph of this query."""
@@ -315,6 +320,6 @@ def run_candidate(session: QuerySession, order: OrderRule, candidate: PhysicalCa
         null_inputs=null_inputs(graph, node_metrics), unparsed=unparsed(graph, answers, session.tokenizer.decode),
     )
     rules = ", ".join(rule.name for rule in registry.logical_rules)
-    text = explain_text(candidate.plan, candidate, order, rules, measured=node_metrics,
+    text = explain_text(candidate.plan, candidate, order, rules, session.model.name, measured=node_metrics,
                         engine=response.metrics.notes, sharding=render_shards(response.metrics.shards))
     return QueryResult(output.tables[(graph.root, "table")], answers, report, text)

@@ -10,25 +10,21 @@ the plan is written here rather than asked of the backend; explain() shows it wi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from sqlglot import exp
 
-from quail.backends.base import ModelBackend, PhysicalCandidate, TokenizerSource
+from quail.backends.base import PhysicalCandidate
 from quail.backends.default import Backend
 from quail.catalog.devices import DeviceSpec
 from quail.catalog.models import ModelSpec
-from quail.compute.base import ComputeProvider
 from quail.config import EngineConfig
-from quail.data.database import Database
-from quail.data.tokenizer import Tokenizer
-from quail.data.tokens import TokenStore
-from quail.errors import Refusal, RefusalError
+from quail.errors import RefusalError
 from quail.frontend.calls import call_value
-from quail.frontend.embedding_forms import model_option
 from quail.frontend.lookups import LOOKUP_ALIAS, VALUE, Lookup
+from quail.frontend.models import model_option
 from quail.frontend.relational import OUTPUTS_RELATION, rows_relation
 from quail.frontend.syntax import AiCall, ai_calls
 from quail.logical.expressions import ColumnRef, OutputColumn
@@ -45,26 +41,6 @@ from quail.runtime.views import scan_views
 TEXT = "doc0"
 
 
-@dataclass(frozen=True)
-class _EmbeddingSession:
-    """The asking session with the embedding model in place of its generative one: what the coordinator runs a
-    request of (its model, its tokenizer, its identity in the answer store)."""
-
-    config: EngineConfig
-    registry: ExtensionRegistry
-    model: ModelSpec
-    device: DeviceSpec
-    backend: ModelBackend
-    compute: ComputeProvider
-    database: Database
-    token_store: TokenStore
-    tokenizer: Tokenizer
-    owner: QuerySession
-
-    def check_open(self) -> None:
-        self.owner.check_open()
-
-
 class EmbeddingQuery:
     """One AI.EMBED lookup: plan(), explain(), run() as a `Query` offers them. The texts are read when it runs (the
     relations it reads are registered then)."""
@@ -73,16 +49,12 @@ class EmbeddingQuery:
         self.session = session
         self.lookup = lookup
         self.call = _call(lookup)
-        self.model, chosen = embedding_model(session.registry, session.config, model_option(self.call),
-                                             self.call.spelling)
-        self.remarks = (*chosen, f"embedded by {self.model.name} ({self.model.dimensions} dimensions) on backend "
-                                 f"{session.backend.name!r}")
-        self._embedding: _EmbeddingSession | None = None
+        self.model = embedding_model(session.registry, session.config, model_option(self.call))
+        self.remarks = (f"embedded by {self.model.name} ({self.model.dimensions} dimensions) on backend "
+                        f"{session.backend.name!r}",)
 
-    def _session(self) -> _EmbeddingSession:
-        if self._embedding is None:
-            self._embedding = _embedding_session(self.session, self.model)
-        return self._embedding
+    def _session(self) -> QuerySession:
+        return self.session.with_model(self.model)
 
     def _prepared(self) -> PreparedQuery:
         session = self._session()
@@ -126,7 +98,7 @@ class EmbeddingQuery:
             candidate, refusal = self.plan(), None
         except RefusalError as error:
             candidate, refusal = None, str(error)
-        return explain_text(self._scan(), candidate, "by_cost", "none (embeddings)", refusal)
+        return explain_text(self._scan(), candidate, "by_cost", "none (embeddings)", self.model.name, refusal)
 
     def run(self) -> QueryResult:
         prepared = self._prepared()
@@ -136,18 +108,10 @@ class EmbeddingQuery:
         return self.run().collect()
 
 
-def embedding_model(registry: ExtensionRegistry, config: EngineConfig, named: str | None,
-                    call: str) -> tuple[ModelSpec, tuple[str, ...]]:
-    """The catalog embedding model a call answers with, and what explain says of the choice: the one it names when
-    the catalog has it (the session already refused a generative one), else EngineConfig.embedding_model."""
-    found = registry.models.get(named) if named is not None else None
-    if found is not None and found.kind == "embedding":
-        return found, ()
-    model = registry.model(config.embedding_model)
-    if named is None:
-        return model, ()
-    return model, (f"{call}: model {named!r} is not one of Quail's embedding models; answered by {model.name!r} "
-                   "(EngineConfig.embedding_model)",)
+def embedding_model(registry: ExtensionRegistry, config: EngineConfig, named: str | None) -> ModelSpec:
+    """The catalog embedding model a call answers with: the one it names (a catalog model or an alias the session
+    has checked), else EngineConfig.embedding_model."""
+    return registry.model(config.embedding_model if named is None else config.catalog_name(named))
 
 
 def encoder_seconds(model: ModelSpec, device: DeviceSpec, positions: int) -> float:
@@ -162,19 +126,6 @@ def _call(lookup: Lookup) -> AiCall:
     calls = [c for c in ai_calls(lookup.inner) if c.kind == "embed"]
     assert calls, "an embedding lookup's query holds its call"
     return calls[0]
-
-
-def _embedding_session(session: QuerySession, model: ModelSpec) -> _EmbeddingSession:
-    backend = session.backend
-    verdict = backend.supports(model, session.device, session.config.gpus)
-    if not verdict.accepted:
-        raise RefusalError(Refusal(f"backend {backend.name!r} cannot run embedding model {model.name!r} on device "
-                                   f"{session.device.name!r}", (verdict.reason or "no reason given",)))
-    if not isinstance(backend, TokenizerSource):
-        raise RefusalError(Refusal(f"no tokenizer for embedding model {model.name!r}",
-                                   (f"backend {backend.name!r} offers none",)))
-    return _EmbeddingSession(session.config, session.registry, model, session.device, backend, session.compute,
-                             session.database, session.token_store, backend.tokenizer(model), session)
 
 
 def _graph(node: ph.AiEmbed, table: str, call: AiCall) -> PhysicalGraph:

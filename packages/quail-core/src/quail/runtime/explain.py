@@ -92,7 +92,7 @@ def render_shards(shards: Sequence[ShardMetrics]) -> list[str]:
     return lines
 
 
-def explain_text(logical: LogicalNode, candidate: PhysicalCandidate | None, order_rule: str, rules: str,
+def explain_text(logical: LogicalNode, candidate: PhysicalCandidate | None, order_rule: str, rules: str, model: str,
                  refusal: str | None = None, measured: Mapping[str, NodeMetrics] | None = None,
                  engine: tuple[str, ...] = (), sharding: Sequence[str] = ()) -> str:
     optimized = "optimized, " if candidate is not None else ""
@@ -102,7 +102,7 @@ def explain_text(logical: LogicalNode, candidate: PhysicalCandidate | None, orde
         return "\n".join(sections)
     sol = "?" if candidate.sol_seconds is None else f"{candidate.sol_seconds:.3g} s"
     sections += [
-        f"== Physical plan (backend {candidate.backend}; order rule {order_rule}; "
+        f"== Physical plan (backend {candidate.backend}, model {model}; order rule {order_rule}; "
         f"estimated {candidate.estimated_seconds:.3g} s; speed of light {sol}) ==",
         render_physical(candidate.graph, measured),
         "== Planner decisions ==",

@@ -121,7 +121,7 @@ class LookupQuery:
         worked = self._work(run=True)
         assert worked.table is not None
         return QueryResult(worked.table, _answers(worked.results), _report(self.session, worked, started,
-                                                                               self.order),
+                                                                               self.order, self.remarks),
                            _explain(worked, worked.results, False, self.remarks))
 
     def collect(self) -> pa.Table:
@@ -241,15 +241,16 @@ def _answers(results: Mapping[str, QueryResult]) -> dict[str, pa.Table]:
             for node, table in result.answer_tables.items()}
 
 
-def _report(session: Session, worked: _Worked, started: float, order: OrderRule | None) -> QueryReport:
+def _report(session: Session, worked: _Worked, started: float, order: OrderRule | None,
+            statement_remarks: tuple[str, ...]) -> QueryReport:
     reports = [result.query_report for result in worked.results.values()]
     remarks = [f"answered by the general rule: {len(worked.results)} AI call(s) as lookups over the distinct "
-               "inputs of their tables, the statement on DuckDB"]
+               "inputs of their tables, the statement on DuckDB", *statement_remarks]
     for report in reports:
         remarks.extend(r for r in report.remarks if r not in remarks)
 
     return QueryReport(
-        backend=session.backend.name, model=session.model.name, device=session.device.name,
+        backend=session.backend.name, model=_models(session, reports), device=session.device.name,
         order_rule=order or "by_cost", wall_s=time.perf_counter() - started,
         estimated_seconds=sum_known([r.estimated_seconds for r in reports]) if reports else 0.0,
         sol_seconds=sum_known([r.sol_seconds for r in reports]) if reports else 0.0,
@@ -266,6 +267,13 @@ def _report(session: Session, worked: _Worked, started: float, order: OrderRule 
         null_inputs={f"{name}/{node}": count for name, result in worked.results.items()
                      for node, count in (result.query_report.null_inputs or {}).items()},
     )
+
+
+def _models(session: Session, reports: list[QueryReport]) -> str:
+    """The generative models the lookups answered with (a call may name its own); the session's when none did."""
+    models = session.registry.models
+    used = [r.model for r in reports if r.model in models and models[r.model].kind == "generative"]
+    return ", ".join(dict.fromkeys(used)) or session.model.name
 
 
 def _explain(worked: _Worked, results: Mapping[str, QueryResult], verbose: bool, remarks: tuple[str, ...]) -> str:

@@ -22,7 +22,7 @@ import torch
 import quail
 from quail.extend import datasets
 
-GENERATE = ("SELECT r.id, AI_COMPLETE('any', PROMPT('Retell the review {{0}} in your own words, at length.', r.body), "
+GENERATE = ("SELECT r.id, AI_COMPLETE(PROMPT('Retell the review {{0}} in your own words, at length.', r.body), "
             "{{'max_tokens': {tokens}}}) AS g FROM reviews r WHERE r.id <= {documents}")
 EXTRACT = ("SELECT r.id, AI_EXTRACT(r.body, {{'praised': 'What does the critic praise?', 'actor': 'Which actor is "
            "named?'}}) AS x FROM reviews r WHERE r.id <= {documents}")
