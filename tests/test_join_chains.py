@@ -72,8 +72,8 @@ class Chain:
 @st.composite
 def chains(draw: st.DrawFn) -> Chain:
     """A left-deep chain: each new table is linked to an earlier one by an AI join or an equality; extra
-    equalities to any earlier table, column predicates and single-table AI filters come and go; every
-    condition stands in the ON of its table or in WHERE."""
+    equalities to any earlier table, column predicates, single-table AI filters and a second AI predicate over two
+    tables an AI join reads come and go; every condition stands in the ON of its table or in WHERE."""
     dialect = draw(st.sampled_from(["snowflake", "bigquery"]))
     count = draw(st.integers(2, 4))
     order = draw(st.permutations(list(ALIASES.values())))[:count]
@@ -95,6 +95,10 @@ def chains(draw: st.DrawFn) -> Chain:
         for other in keyed:
             if not uses_ai or draw(st.booleans()):
                 place(alias, _key(alias, other) or "")
+    if draw(st.integers(0, 2)) == 0:  # a second AI predicate over two tables an AI join already reads
+        first, second = sorted(draw(st.sampled_from(sorted(sorted(p) for p in ai_pairs))), key=order.index)
+        place(second, _ai(second, first, dialect).replace("Do {0} and {1} share a subject?",
+                                                          'Do {0} or {1} speak of "grief"?'))
     for alias in order:
         if draw(st.booleans()):
             place(alias, COLUMN[alias])
@@ -183,3 +187,12 @@ def test_random_join_chains_match_the_oracle_with_and_without_stored_answers(cha
     with tempfile.TemporaryDirectory() as directory, _session(Path(directory) / "a.sqlite") as session:
         session.sql(warm_with.sql, dialect=warm_with.dialect).run()
         _check(session, chain, expected, f"after {warm_with.sql}")
+
+
+def test_an_equality_with_an_empty_table_plans_and_returns_no_rows(tmp_path):
+    """The planner's pair fraction of an equality reads the key columns' value counts: an empty side has none."""
+    with _session(tmp_path / "answers.sqlite") as session:
+        session.register("nobody", pa.table({"film_id": pa.array([], pa.int64())}))
+        sql = ("SELECT f.id FROM films f JOIN nobody n ON n.film_id = f.id JOIN topics t "
+               "ON AI_FILTER(PROMPT('Do {0} and {1} share a subject?', f.body, t.topic))")
+        assert session.sql(sql).run().collect().num_rows == 0

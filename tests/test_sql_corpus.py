@@ -433,13 +433,6 @@ INVALID: list[Invalid] = [
     Invalid("join_using", SF, f"SELECT r.id FROM reviews r JOIN aspects a USING (id) WHERE {JOIN_RA}",
             "USING"),
     Invalid("not_a_select_statement", SF, "INSERT INTO reviews VALUES (1)", "INSERT is not a query"),
-    Invalid("two_ai_predicates_in_one_on", SF,
-            f"SELECT r.id FROM reviews r JOIN aspects a ON {JOIN_RA} "
-            "AND AI_FILTER(PROMPT('Does {1} describe {0}?', r.body, a.aspect))", "two AI predicates in one ON clause"),
-    Invalid("two_ai_predicates_join_the_same_tables", SF,
-            f"SELECT r.id FROM reviews r JOIN aspects a ON {JOIN_RA} "
-            "WHERE AI_FILTER(PROMPT('Does {1} describe {0}?', r.body, a.aspect))",
-            "two AI predicates join the same tables"),
     Invalid("on_clause_refers_to_a_later_table", SF,
             "SELECT r.id FROM reviews r JOIN aspects a ON AI_FILTER(PROMPT('{0} {1}', r.body, c.text)) "
             "JOIN claims c ON AI_FILTER(PROMPT('{0} {1}', a.aspect, c.text))", "which is joined later"),

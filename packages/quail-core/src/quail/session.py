@@ -21,12 +21,14 @@ from quail.data.tokens import TokenStore
 from quail.errors import CompileError, ConfigError, GeneralRuleError, GeneralRuleOnly, QuailError, Refusal, RefusalError
 from quail.frontend.blocking import blocked_joins
 from quail.frontend.builder import Docs
+from quail.frontend.chains import pair_chain
 from quail.frontend.models import NamedModel, with_models
 from quail.frontend.spec import QuerySpec, TableSpec
 from quail.frontend.sql import Dialect, ParsedStatement, parse_statement, read_parsed
-from quail.frontend.syntax import where_of
+from quail.frontend.syntax import safe_sql, where_of
 from quail.plugins.registry import ExtensionRegistry
 from quail.runtime.blocking import BlockedQuery
+from quail.runtime.chains import ChainedQuery
 from quail.runtime.coordinator import Query
 from quail.runtime.facets import ModelFacet, model_facet
 from quail.runtime.lookups import LookupQuery
@@ -134,7 +136,7 @@ class Session:
     # -- queries ------------------------------------------------------------------------------
 
     def sql(self, text: str, dialect: Dialect = "snowflake",
-            order: OrderRule | None = None) -> Query | LookupQuery | BlockedQuery:
+            order: OrderRule | None = None) -> Query | LookupQuery | BlockedQuery | ChainedQuery:
         """The statement planned as one query block (filters, joins, KV reuse) where it is one; otherwise by the
         general rule, each AI call a lookup over its table (`quail.frontend.lookups`). When neither can run it,
         the planner's CompileError says why."""
@@ -148,6 +150,16 @@ class Session:
                 if b.model is not None:
                     self._named(NamedModel("blocking", b.model, "embedding", where_of(node)))
             return self._blocked(parsed, text, dialect, order)
+        return self._planned(parsed, text, dialect, order)
+
+    def _planned(self, parsed: ParsedStatement, text: str, dialect: Dialect,
+                 order: OrderRule | None) -> Query | LookupQuery | ChainedQuery:
+        """A statement's query: a chain of two AI predicates over the same two tables in two steps
+        (`quail.frontend.chains`), each planned here again; one block whole; else by the general rule."""
+        chain = pair_chain(parsed.statement)
+        if chain is not None:
+            return ChainedQuery(self, lambda step: self._planned(step, safe_sql(step.statement, dialect), dialect,
+                                                                 order), parsed, chain, order)
         try:
             return self._query_of(read_parsed(parsed, text, self.database, dialect), order)
         except GeneralRuleOnly:

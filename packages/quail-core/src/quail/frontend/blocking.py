@@ -129,7 +129,7 @@ def without_blocking(statement: exp.Expression, pairs: PairsRelation, condition:
     joins = select.args["joins"]
     joins.insert(joins.index(join), pairs_join)
     select.set("joins", joins)
-    _expand_star(select, pairs)
+    expand_star(select, pairs.alias)
     return statement
 
 
@@ -170,11 +170,12 @@ def _alias(column: exp.Column) -> str:
     return column.table
 
 
-def _expand_star(select: exp.Select, pairs: PairsRelation) -> None:
-    """`SELECT *` reads every table of FROM: the pairs relation is not the user's, so each table's columns instead."""
+def expand_star(select: exp.Select, hidden: str) -> None:
+    """`SELECT *` reads every table of FROM: a relation of Quail's (`hidden`, the alias it is joined under) is not
+    the user's, so each other table's columns instead."""
     if not any(isinstance(e, exp.Star) for e in select.expressions):
         return
-    items = [item for alias, item in block_sources(select).items() if alias != pairs.alias]
+    items = [item for alias, item in block_sources(select).items() if alias != hidden]
     stars = [exp.column(exp.Star(), table=item.alias_or_name) for item in items]
     expanded = [s for e in select.expressions for s in (stars if isinstance(e, exp.Star) else [e])]
     select.set("expressions", expanded)

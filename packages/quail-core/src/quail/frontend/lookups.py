@@ -167,10 +167,15 @@ def _standalone(block: exp.Select) -> bool:
 
 def _planned_block(block: exp.Select, ctes: Mapping[str, exp.CTE], name: str) -> Block:
     inner = _with_ctes(block.copy(), block, ctes)
-    stand_in = inner.copy()
-    for call in ai_calls(stand_in):
+    return Block(name, inner, safe_sql(block), stand_in(inner))
+
+
+def stand_in(query: exp.Expression) -> str:
+    """`query` with each AI call a typed NULL, in DuckDB's SQL: DuckDB describes its columns without model work."""
+    copied = query.copy()
+    for call in ai_calls(copied):
         call.node.replace(call_value(call, exp.cast(exp.null(), duckdb_type(output_type(call)))))
-    return Block(name, inner, safe_sql(block), stand_in.sql("duckdb"))
+    return copied.sql("duckdb")
 
 
 # -- one call ------------------------------------------------------------------------------------------------
@@ -454,6 +459,11 @@ def _with_ctes(select: exp.Select, reader: exp.Expression, ctes: Mapping[str, ex
     if needed:
         select.set("with_", exp.With(expressions=[c.copy() for c in needed], recursive=_recursive(needed)))
     return select
+
+
+def cte_clause(select: exp.Select, statement: exp.Expression) -> exp.Select:
+    """`select` (a query Quail writes from parts of `statement`) with a WITH of the statement's CTEs it reads."""
+    return _with_ctes(select, select, _ctes(statement))
 
 
 def _recursive(ctes: Sequence[exp.CTE]) -> bool:

@@ -68,7 +68,7 @@ def _pair_fraction(equality: Equality, providers: Mapping[str, TableRows]) -> fl
     right = pa.table({"k": counts[1].field("values"), "b": counts[1].field("counts")})
     matched = left.join(right, "k", join_type="inner")
     pairs = pc.sum(pc.multiply(matched.column("a").cast(pa.int64()), matched.column("b").cast(pa.int64()))).as_py()
-    total = pc.sum(counts[0].field("counts")).as_py() * pc.sum(counts[1].field("counts")).as_py()
+    total = (pc.sum(counts[0].field("counts")).as_py() or 0) * (pc.sum(counts[1].field("counts")).as_py() or 0)
     return (pairs or 0) / total if total else 0.0
 
 

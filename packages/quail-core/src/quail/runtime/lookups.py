@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -120,8 +120,10 @@ class LookupQuery:
         started = time.perf_counter()
         worked = self._work(run=True)
         assert worked.table is not None
-        return QueryResult(worked.table, _answers(worked.results), _report(self.session, worked, started,
-                                                                               self.order, self.remarks),
+        remarks = (f"answered by the general rule: {len(worked.results)} AI call(s) as lookups over the distinct "
+                   "inputs of their tables, the statement on DuckDB", *self.remarks)
+        report = merged_report(self.session, worked.results, started, self.order, remarks)
+        return QueryResult(worked.table, merged_answers(worked.results), report,
                            _explain(worked, worked.results, False, self.remarks))
 
     def collect(self) -> pa.Table:
@@ -236,19 +238,20 @@ def _empty(lookup: Lookup) -> pa.Table:
 # -- what the run says ---------------------------------------------------------------------------------------
 
 
-def _answers(results: Mapping[str, QueryResult]) -> dict[str, pa.Table]:
+def merged_answers(results: Mapping[str, QueryResult]) -> dict[str, pa.Table]:
+    """The answer tables of queries run as parts of one statement, each under `name/node`."""
     return {f"{name}/{node}": table for name, result in results.items()
             for node, table in result.answer_tables.items()}
 
 
-def _report(session: Session, worked: _Worked, started: float, order: OrderRule | None,
-            statement_remarks: tuple[str, ...]) -> QueryReport:
-    reports = [result.query_report for result in worked.results.values()]
-    remarks = [f"answered by the general rule: {len(worked.results)} AI call(s) as lookups over the distinct "
-               "inputs of their tables, the statement on DuckDB", *statement_remarks]
+def merged_report(session: Session, results: Mapping[str, QueryResult], started: float, order: OrderRule | None,
+                  remarks: Sequence[str]) -> QueryReport:
+    """One report of the queries a statement ran as parts (`results` by name): their work summed, each node's
+    metrics under `name/node`, `remarks` first and then theirs."""
+    reports = [result.query_report for result in results.values()]
+    said = list(remarks)
     for report in reports:
-        remarks.extend(r for r in report.remarks if r not in remarks)
-
+        said.extend(r for r in report.remarks if r not in said)
     return QueryReport(
         backend=session.backend.name, model=_models(session, reports), device=session.device.name,
         order_rule=order or "by_cost", wall_s=time.perf_counter() - started,
@@ -260,11 +263,11 @@ def _report(session: Session, worked: _Worked, started: float, order: OrderRule 
         cached_tokens=sum_known([r.cached_tokens for r in reports]) if reports else 0,
         minimum_tokens=sum_known([r.minimum_tokens for r in reports]) if reports else 0,
         stages=tuple(s for r in reports for s in r.stages),
-        node_metrics={f"{name}/{node}": metrics for name, result in worked.results.items()
+        node_metrics={f"{name}/{node}": metrics for name, result in results.items()
                       for node, metrics in result.query_report.node_metrics.items()},
-        remarks=tuple(remarks), engine=tuple(dict.fromkeys(e for r in reports for e in r.engine)),
+        remarks=tuple(said), engine=tuple(dict.fromkeys(e for r in reports for e in r.engine)),
         shards=tuple(s for r in reports for s in r.shards),
-        null_inputs={f"{name}/{node}": count for name, result in worked.results.items()
+        null_inputs={f"{name}/{node}": count for name, result in results.items()
                      for node, count in (result.query_report.null_inputs or {}).items()},
     )
 
@@ -272,7 +275,8 @@ def _report(session: Session, worked: _Worked, started: float, order: OrderRule 
 def _models(session: Session, reports: list[QueryReport]) -> str:
     """The generative models the lookups answered with (a call may name its own); the session's when none did."""
     models = session.registry.models
-    used = [r.model for r in reports if r.model in models and models[r.model].kind == "generative"]
+    used = [name for r in reports for name in r.model.split(", ") if name in models
+            and models[name].kind == "generative"]
     return ", ".join(dict.fromkeys(used)) or session.model.name
 
 
