@@ -349,3 +349,21 @@ def test_a_correlated_equality_narrows_the_inner_table_to_the_outer_tables_value
     assert narrowed.report["fresh_tokens"] < wide.report["fresh_tokens"]
     for sql, result in ((narrow, narrowed), (under_or, wide)):
         assert same_rows(result.collect(), oracle_rows(sql, "snowflake"), ordered=False) is None
+
+
+def test_calls_of_two_blocks_over_the_same_rows_are_asked_as_one_query(session):
+    """Two branches of a UNION read the same rows of one table: their calls are one query's outputs (each document
+    tokenized once, its KV shared by the calls); a third over other rows stays a lookup of its own."""
+    sql = ("SELECT r.id, AI_CLASSIFY(r.body, ['acting', 'plot']) AS c FROM reviews r WHERE r.stars > 1 "
+           "UNION ALL SELECT r.id, CAST(AI_FILTER(PROMPT('Is {0} about \"acting\"?', r.body)) AS VARCHAR) "
+           "FROM reviews r WHERE r.stars > 1 "
+           "UNION ALL SELECT r.id, CAST(AI.SCORE(PROMPT('Is {0} good?', r.body)) > 0.5 AS VARCHAR) FROM reviews r")
+    query = session.sql(sql)
+    assert isinstance(query, LookupQuery)
+    text = query.explain()
+    assert text.count("asked as one query over the same rows (2 calls, v0 … v1)") == 1
+    result = query.run()
+    problem = same_rows(result.collect(), oracle_rows(sql, "snowflake"), ordered=False)
+    assert problem is None, problem
+    models = {name.split("/")[0] for name in result.report["node_metrics"]}
+    assert len(models) == 2, "one query for the two calls over the same rows, one for the third"

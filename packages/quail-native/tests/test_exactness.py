@@ -1091,3 +1091,96 @@ def test_generations_after_a_filter_reuse_its_documents_kv_and_still_equal_trans
             extra += len(node.tail) + len(answer["tokens"]) - (answer["finish"] == "length")
     assert run.answers(nodes[0].id), "the filter must keep some rows for the check to mean anything"
     assert run.report["fresh_tokens"] == alone.report["fresh_tokens"] + extra, "no document computed twice"
+
+
+OUTPUTS_SQL = (f"SELECT r.id, AI.CLASSIFY(r.body, [{', '.join(repr(x) for x in LABELS)}]) AS topic, "
+               f"AI.SCORE({sql_prompt(POSITIVE, 'r.body')}) AS positivity, "
+               f"AI.IF({sql_prompt(BORING, 'r.body')}) AS boring, "
+               "AI.GENERATE(PROMPT('Continue the review {0}', r.body), model_params => JSON "
+               "'{\"generationConfig\": {\"maxOutputTokens\": 5}}').result AS more "
+               f"FROM reviews r WHERE AI.IF({sql_prompt(ACTING, 'r.body')})")
+
+
+def check_outputs_over_kept_kv(run: Run) -> list[int]:
+    """Every output's answers equal a plain forward of its whole prompt; returns the rows the filter kept."""
+    filt = next(n for n in run.graph.nodes if isinstance(n, ph.AiFilter) and n.id == "filter_r")
+    naive = check_filter_answers(run, filt)
+    survivors = [r for r in range(N) if naive[(r, filt.stages[0].predicate.position)]]
+    classify, score, generate = run.node(ph.AiClassify), run.node(ph.AiScore), run.node(ph.AiGenerate)
+    verdict = next(n for n in run.graph.nodes if isinstance(n, ph.AiFilter) and n.id != "filter_r")
+    for answer in run.answers(classify.id):
+        prompt = classify.preamble + run.doc("r", answer["r"]) + classify.tail
+        for got, label in zip(answer["margins"], classify.label_tokens, strict=True):
+            assert got == pytest.approx(run.naive.label_log_prob(prompt, label), abs=TOL), answer["r"]
+    for answer in run.answers(score.id):
+        assert answer["margin"] == pytest.approx(run.naive.margin(score.preamble + run.doc("r", answer["r"]) +
+                                                                  score.question), abs=TOL)
+    for answer in run.answers(verdict.id):
+        assert answer["margin"] == pytest.approx(run.naive.margin(verdict.prompt(run.doc("r", answer["r"]), 0)),
+                                                 abs=TOL)
+    for answer in run.answers(generate.id):
+        prompt = generate.preamble + run.doc("r", answer["r"]) + generate.tail
+        assert (answer["tokens"], answer["finish"]) == run.naive.greedy(prompt, generate.max_tokens, generate.stop)
+    for node in (classify, score, verdict, generate):
+        assert sorted(a["r"] for a in run.answers(node.id)) == survivors, node.id
+    return survivors
+
+
+@pytest.mark.parametrize("chunk", CHUNKS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_output_over_one_alias_reads_the_document_kv_computed_once(kind, chunk, open_run):
+    """A filter, then a label, a score, a value and a generation over the same reviews: each node keeps the
+    survivors' document KV for the next, which computes only its own tail over it — every answer still a plain
+    forward of its whole prompt, and each document computed once (every later node a KV hit per survivor)."""
+    run = open_run(kind, chunk, OUTPUTS_SQL, dialect=BQ)
+    survivors = check_outputs_over_kept_kv(run)
+    assert survivors, "the filter must keep some rows for the check to mean anything"
+    order = [n for n in run.graph.nodes if isinstance(n, ph.DocumentNode)]
+    keeping = [getattr(n, "retain_kv", False) for n in order]
+    assert keeping == [True] * (len(order) - 1) + [False], [n.describe() for n in order]
+    for node in order[1:]:
+        metrics = run.metrics(node.id)
+        assert (metrics["kv_hits"], metrics["kv_misses"]) == (len(survivors), 0), node.id
+    classify, score, generate = run.node(ph.AiClassify), run.node(ph.AiScore), run.node(ph.AiGenerate)
+    verdict = next(n for n in order if isinstance(n, ph.AiFilter) and n.id != "filter_r")
+    fed = sum(len(a["tokens"]) - (a["finish"] == "length") for a in run.answers(generate.id))
+    tails = {classify.id: len(classify.tail) + sum(len(t) - 1 for t in classify.label_tokens),
+             score.id: len(score.question), verdict.id: len(verdict.frame) + len(verdict.stages[0].question),
+             generate.id: len(generate.tail)}
+    for node_id, tail in tails.items():  # its own tail per survivor, never the document again
+        extra = fed if node_id == generate.id else 0
+        assert run.metrics(node_id)["fresh_tokens"] == len(survivors) * tail + extra, node_id
+
+
+@pytest.mark.parametrize("pages", (24, 40))
+@pytest.mark.parametrize("kind", KINDS)
+def test_outputs_over_kept_kv_stay_exact_when_a_tiny_arena_evicts_it(kind, pages, open_run, tiny_checkpoints):
+    """The kept documents compete for a few pages with every node's own work: those evicted are recomputed (a miss
+    each), and every answer stays a plain forward of its whole prompt."""
+    engine = {"kv_page_tokens": PAGE, "kv_budget_bytes": arena_bytes(tiny_checkpoints[kind], pages)}
+    run = open_run(kind, 96, OUTPUTS_SQL, dialect=BQ, engine=engine)
+    check_outputs_over_kept_kv(run)
+    assert run.report["kv"]["evictions"] > 0 or pages == 40
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_calls_of_two_blocks_over_the_same_rows_share_the_document_kv(kind, open_run):
+    """The general rule asks a UNION's two calls over the same reviews as one query: the label node keeps each
+    document's KV and the score reads it — every document computed once, both answers a plain forward."""
+    labels = ", ".join(repr(x) for x in LABELS)
+    sql = (f"SELECT r.id, AI.CLASSIFY(r.body, [{labels}]) AS x FROM reviews r UNION ALL "
+           f"SELECT r.id, CAST(AI.SCORE({sql_prompt(POSITIVE, 'r.body')}) AS STRING) FROM reviews r")
+    run = open_run(kind, 160, sql, dialect=BQ)
+    metrics = run.report["node_metrics"]
+    [score] = [name for name in metrics if name.split("/")[-1].startswith("score_")]
+    [classify] = [name for name in metrics if name.split("/")[-1].startswith("classify_")]
+    assert score.split("/")[0] == classify.split("/")[0], "one query for both calls"
+    assert (metrics[score]["kv_hits"], metrics[score]["kv_misses"]) == (N, 0)
+    [graph] = [candidate.graph for candidate in run.query.plan()]
+    node = next(n for n in graph.nodes if isinstance(n, ph.AiScore))
+    scores = [row for row in run.result.to_rows() if row["x"] not in LABELS]
+    assert len(scores) == N
+    for row in scores:
+        review = IDS["reviews"].index(row["id"])
+        margin = run.naive.margin(node.preamble + run.naive.encode(REVIEWS[review]) + node.question)
+        assert float(row["x"]) == pytest.approx(1.0 / (1.0 + math.exp(-margin)), abs=TOL), review

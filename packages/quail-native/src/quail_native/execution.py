@@ -106,7 +106,8 @@ class NativeExecution:
             return predicate_holds(predicate, margin, calibration.offset(predicate.position))
 
         found = run_filter(self.state, node.alias, rows, inputs.tokens(node.alias), layout, holds, self.margin,
-                           node.retain_kv, share=node.share_prefixes, lead=calibration.lead(self.state, node.preamble))
+                           node.retain_kv, share=node.share_prefixes, lead=calibration.lead(self.state, node.preamble),
+                           retain_all=node.retain_kv and node.retain_all)
         return filter_answers(node.alias, [f.row for f in found],
                                      [stages[f.stage].predicate.position for f in found],
                                      [f.answer for f in found], [f.margin for f in found])
@@ -140,8 +141,8 @@ class NativeExecution:
     def classify(self, node: AiClassify, inputs: NodeInputs) -> pa.Table:
         rows = inputs.rows(node.alias)
         model = self.loaded.model
-        layout = LabelLayout(node.preamble, node.tail, tuple(node.label_tokens))
-        scores = run_labels(self.state, rows, inputs.tokens(node.alias), layout,
+        layout = LabelLayout(node.preamble, node.tail, tuple(node.label_tokens), node.retain_kv)
+        scores = run_labels(self.state, node.alias, rows, inputs.tokens(node.alias), layout,
                             lambda hidden, targets: log_probabilities(model, hidden, targets))
         names = [label.name for label in node.labels]
         chosen = [names[choose_label(scores[r])] for r in rows]
@@ -151,7 +152,7 @@ class NativeExecution:
         rows = inputs.rows(node.alias)
         texts = inputs.tokens(node.alias)
         found = run_filter(self.state, node.alias, rows, texts, FilterLayout(node.preamble, (), (node.question,)),
-                           lambda _k, _m: True, self.margin, retain=False)
+                           lambda _k, _m: True, self.margin, retain=node.retain_kv, retain_all=node.retain_kv)
         return score_answers(node.alias, node.output, [f.row for f in found], [f.margin for f in found])
 
     # -- generation ---------------------------------------------------------------------------

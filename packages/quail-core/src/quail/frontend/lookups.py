@@ -23,6 +23,7 @@ from sqlglot import exp
 
 from quail.errors import CompileError
 from quail.frontend.calls import call_value, duckdb_type, output_type, value_type
+from quail.frontend.models import model_option
 from quail.frontend.syntax import OUTPUT_TYPES, AiCall, AiKind, ai_call, ai_calls, conjuncts, fail_at, safe_sql
 
 LOOKUP_ALIAS = "d"
@@ -120,6 +121,39 @@ def next_stage(statement: exp.Expression, relations: Describer, prefix: str, cou
     for node, replacement in replacements:
         node.replace(replacement)
     return Stage(tuple(lookups), statement)
+
+
+def shared_rows(lookups: Sequence[Lookup | Block]) -> list[tuple[Lookup | Block, ...]]:
+    """The round's lookups in groups asked as one query: calls over the same distinct rows of the same table (the same
+    documents, conditions and model) share their documents' tokens and KV there, as the calls of one block do. An
+    embedding lookup and a planned block stand alone."""
+    groups: dict[str, list[Lookup | Block]] = {}
+    for index, lookup in enumerate(lookups):
+        key = _rows_key(lookup) if isinstance(lookup, Lookup) and lookup.kind != "embed" else f"\x00{index}"
+        groups.setdefault(key, []).append(lookup)
+    return [tuple(group) for group in groups.values()]
+
+
+def shared_inner(group: Sequence[Lookup]) -> exp.Select:
+    """One AI query answering every lookup of `group` (`shared_rows`): the distinct rows once, the i-th call as
+    column `v{i}`."""
+    inner = group[0].inner.copy()
+    values = [exp.alias_(_value_of(lookup).copy(), f"{VALUE}{i}") for i, lookup in enumerate(group)]
+    inner.set("expressions", [*inner.expressions[:-1], *values])
+    return inner
+
+
+def _rows_key(lookup: Lookup) -> str:
+    """What a lookup's query reads and with which model: its inner query without the call."""
+    rows = lookup.inner.copy()
+    rows.set("expressions", rows.expressions[:-1])
+    call = ai_call(_value_of(lookup))
+    return f"{rows.sql()}\x00{model_option(call) if call is not None else None}"
+
+
+def _value_of(lookup: Lookup) -> exp.Expression:
+    value = lookup.inner.expressions[-1]
+    return value.this if isinstance(value, exp.Alias) else value
 
 
 def _ancestors(node: exp.Expression) -> list[exp.Expression]:

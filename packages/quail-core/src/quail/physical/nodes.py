@@ -150,6 +150,10 @@ class AiFilter(DocumentNode):
     frame: TokenIds
     stages: tuple[FilterStage, ...]
     retain_kv: bool = False
+    """Keep each surviving document's KV for a later node over the same documents (a join anchored on them, an
+    output of theirs)."""
+    retain_all: bool = False
+    """With `retain_kv`, keep every document's KV, not only survivors': an AI_FILTER value, whose rows all go on."""
     share_prefixes: bool = False
     calibration: tuple[TokenIds, ...] = ()
     """Content-free documents: when given, a stage holds iff the margin beats their mean margin."""
@@ -172,9 +176,13 @@ class AiFilter(DocumentNode):
 
     def describe(self) -> str:
         order = " → ".join(f"#{s.predicate.position} {s.predicate.prompt.template!r}" for s in self.stages)
-        kept = ", keep survivors' KV" if self.retain_kv else ""
+        kept = (", keep documents' KV" if self.retain_all else ", keep survivors' KV") if self.retain_kv else ""
         shared = ", borrow shared document prefixes" if self.share_prefixes else ""
         return f"AiFilter {self.alias} stages {order}{kept}{shared}{_calibrated(self.calibration)}"
+
+
+def _kept(retain: bool) -> str:
+    return ", keep document KV for a later node" if retain else ""
 
 
 def _calibrated(documents: tuple[TokenIds, ...]) -> str:
@@ -248,6 +256,9 @@ class AiClassify(DocumentNode):
     labels: tuple[Label, ...]
     tail: TokenIds
     label_tokens: tuple[TokenIds, ...]
+    retain_kv: bool = False
+    """Keep each document's KV for a later node over the same documents (an engine that keeps KV takes a document's
+    from an earlier node when it has it, whatever this says)."""
 
     OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(answers=PortType.LABELS)
 
@@ -256,7 +267,8 @@ class AiClassify(DocumentNode):
         return filter_prompt(self.preamble, document, (), self.tail)
 
     def describe(self) -> str:
-        return f"AiClassify #{self.position} {self.alias} AS {self.output} [{', '.join(x.name for x in self.labels)}]"
+        return (f"AiClassify #{self.position} {self.alias} AS {self.output} [{', '.join(x.name for x in self.labels)}]"
+                f"{_kept(self.retain_kv)}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -268,6 +280,8 @@ class AiScore(DocumentNode):
     prompt: Prompt
     question: TokenIds
     answers: AnswerTokens | None = None
+    retain_kv: bool = False
+    """Keep each document's KV for a later node over the same documents."""
 
     OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(answers=PortType.SCORES)
 
@@ -276,7 +290,7 @@ class AiScore(DocumentNode):
         return filter_prompt(self.preamble, document, (), self.question)
 
     def describe(self) -> str:
-        return f"AiScore #{self.position} {self.alias} AS {self.output}"
+        return f"AiScore #{self.position} {self.alias} AS {self.output}{_kept(self.retain_kv)}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -293,8 +307,8 @@ class AiGenerate(DocumentNode):
     schema: SchemaType | None = None
     """A structured generation is held to this schema's JSON (`grammar`); None: free text."""
     retain_kv: bool = False
-    """Keep each document's KV for a generation over the same documents that runs later (an engine that keeps
-    KV takes a document's from an earlier node when it has it, whatever this says)."""
+    """Keep each document's KV for a later node over the same documents (an engine that keeps KV takes a
+    document's from an earlier node when it has it, whatever this says)."""
 
     OUTPUTS: ClassVar[Mapping[str, PortType]] = _ports(answers=PortType.GENERATIONS)
 
@@ -312,8 +326,8 @@ class AiGenerate(DocumentNode):
         return filter_prompt(self.preamble, document, (), self.tail)
 
     def describe(self) -> str:
-        kept = ", keep document KV for a later generation" if self.retain_kv else ""
-        return f"AiGenerate #{self.position} {self.alias} AS {self.output} (at most {self.max_tokens} tokens){kept}"
+        return (f"AiGenerate #{self.position} {self.alias} AS {self.output} (at most {self.max_tokens} tokens)"
+                f"{_kept(self.retain_kv)}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -80,18 +80,30 @@ class _GraphBuilder:
     """Aliases whose row is NULL where a LEFT JOIN found no partner."""
     pair_conditions: tuple[PairCondition, ...] = ()
     """The query's conditions over two tables' columns: a join between them asks only the pairs that pass."""
-    generations: dict[str, int] = field(default_factory=dict)
-    """Per alias: the generations over its documents not laid out yet (the ones that run later)."""
+    readers: dict[str, int] = field(default_factory=dict)
+    """Per alias: the AI outputs over its documents (labels, scores, values, generations) in the document-first
+    layout not laid out yet — the ones that run later and read a document's KV an earlier node kept."""
 
     def anchored_again(self, position: int, anchor: str) -> bool:
         """Whether a join that runs after this one anchors on the same alias (its KV is then kept)."""
         later = self.join_order[self.join_order.index(position) + 1:]
         return any(self.decisions.anchors.get(p) == anchor for p in later)
 
-    def generated_later(self, alias: str, layout: ExamplesLayout = "document_first") -> bool:
-        """Whether a generation over `alias` runs after the node laid out now: its documents' KV is then kept for
-        it (a generation's preamble is the document-first one: a node laid out otherwise has other KV)."""
-        return layout == "document_first" and self.generations.get(alias, 0) > 0
+    def read_later(self, alias: str, layout: ExamplesLayout = "document_first") -> bool:
+        """Whether an AI output over `alias` runs after the node laid out now and reads its documents' KV: it is
+        then kept for it. Only in the document-first layout is a document's KV the same for every node (its
+        preamble holds no examples)."""
+        return layout == "document_first" and self.readers.get(alias, 0) > 0
+
+    def reading(self, node: Classify | Score | Verdict | Generate) -> str:
+        """The output's alias, no longer counted among the readers still to come (it is being laid out)."""
+        alias = node.prompt.aliases[0]
+        if self.reads_document_first(node):
+            self.readers[alias] -= 1
+        return alias
+
+    def reads_document_first(self, node: Classify | Score | Verdict | Generate) -> bool:
+        return isinstance(node, Generate) or self.decisions.layout(("output", node.position)) == "document_first"
 
     def add(self, node: ph.PhysicalNode, **inputs: Port) -> str:
         self.nodes.append(node)
@@ -103,9 +115,9 @@ class _GraphBuilder:
         self.pair_conditions = plan.pair_conditions if join_conditions else ()
         self.join_order = [n.predicate.position for n in reversed(walk(plan)) if isinstance(n, SemanticJoin)]
         for node in walk(plan):
-            if isinstance(node, Generate):
+            if isinstance(node, Classify | Score | Verdict | Generate) and self.reads_document_first(node):
                 alias = node.prompt.aliases[0]
-                self.generations[alias] = self.generations.get(alias, 0) + 1
+                self.readers[alias] = self.readers.get(alias, 0) + 1
         rows = self.rows(plan.child)
         if plan.limit is not None:
             rows = (self.add(ph.Limit("limit", count=plan.limit), rows=rows), "rows")
@@ -157,7 +169,7 @@ class _GraphBuilder:
         estimate = ph.NodeEstimate(rows=None, seconds=order.seconds if order else None)
         model = self.add(ph.AiFilter(f"filter_{node.alias}", estimate, alias=node.alias, column=bound.column,
                                      preamble=bound.preamble, frame=bound.frame, stages=stages,
-                                     retain_kv=node.alias in self.decisions.retained or self.generated_later(
+                                     retain_kv=node.alias in self.decisions.retained or self.read_later(
                                          node.alias, self.decisions.layout(("filter", node.alias))),
                                      share_prefixes=node.alias in self.decisions.shared_prefixes,
                                      calibration=self.calibration, answers=self.answers),
@@ -208,38 +220,39 @@ class _GraphBuilder:
 
     def classify(self, node: Classify) -> Port:
         rows = self.rows(node.child)
-        alias = node.prompt.aliases[0]
-        bound = bind_classify(node.prompt, node.labels, node.instructions, self.tokenizer, self.style,
-                              self.decisions.layout(("output", node.position)))
+        alias = self.reading(node)
+        layout = self.decisions.layout(("output", node.position))
+        bound = bind_classify(node.prompt, node.labels, node.instructions, self.tokenizer, self.style, layout)
         model = self.add(ph.AiClassify(f"classify_{node.output}", alias=alias, column=bound.column,
                                        output=node.output, position=node.position, labels=node.labels,
-                                       preamble=bound.preamble, tail=bound.tail, label_tokens=bound.labels),
+                                       preamble=bound.preamble, tail=bound.tail, label_tokens=bound.labels,
+                                       retain_kv=self.read_later(alias, layout)),
                          rows=self.documents(rows, (alias,), len(node.child.aliases) > 1))
         return self.add(ph.RecombineLabels(f"labels_{node.output}", alias=alias, output=node.output,
                                            allowed=node.allowed), rows=rows, answers=(model, "answers")), "rows"
 
     def score(self, node: Score) -> Port:
         rows = self.rows(node.child)
-        alias = node.prompt.aliases[0]
-        bound = bind_filters([AiPredicate(node.prompt, node.position)], self.tokenizer, self.style,
-                             self.decisions.layout(("output", node.position)))
+        alias = self.reading(node)
+        layout = self.decisions.layout(("output", node.position))
+        bound = bind_filters([AiPredicate(node.prompt, node.position)], self.tokenizer, self.style, layout)
         model = self.add(ph.AiScore(f"score_{node.output}", alias=alias, column=bound.column, output=node.output,
                                     position=node.position, prompt=node.prompt, preamble=bound.preamble,
-                                    question=bound.frame + bound.questions[0], answers=self.answers),
+                                    question=bound.frame + bound.questions[0], answers=self.answers,
+                                    retain_kv=self.read_later(alias, layout)),
                          rows=self.documents(rows, (alias,), len(node.child.aliases) > 1))
         return self.add(ph.RecombineScores(f"scores_{node.output}", alias=alias, output=node.output),
                         rows=rows, answers=(model, "answers")), "rows"
 
     def generate(self, node: Generate) -> Port:
         rows = self.rows(node.child)
-        alias = node.prompt.aliases[0]
-        self.generations[alias] -= 1
+        alias = self.reading(node)
         bound = bind_generate(node.prompt, self.tokenizer, self.style, node.schema)
         model = self.add(ph.AiGenerate(f"generate_{node.output}", alias=alias, column=bound.column,
                                        output=node.output, position=node.position, prompt=node.prompt,
                                        preamble=bound.preamble, tail=bound.tail, max_tokens=node.max_tokens,
                                        stop=bound.stop, schema=node.schema,
-                                       retain_kv=self.generated_later(alias)),
+                                       retain_kv=self.read_later(alias)),
                          rows=self.documents(rows, (alias,), len(node.child.aliases) > 1))
         return self.add(ph.RecombineTexts(f"texts_{node.output}", alias=alias, output=node.output,
                                           schema=node.schema),
@@ -248,12 +261,15 @@ class _GraphBuilder:
     def verdict(self, node: Verdict) -> Port:
         """AI_FILTER as a value: a one-stage AiFilter (it answers every row) whose answers become a column."""
         rows = self.rows(node.child)
-        alias = node.prompt.aliases[0]
+        alias = self.reading(node)
         predicate = AiPredicate(node.prompt, node.position, node.selectivity)
-        bound = bind_filters([predicate], self.tokenizer, self.style, self.decisions.layout(("output", node.position)))
+        layout = self.decisions.layout(("output", node.position))
+        bound = bind_filters([predicate], self.tokenizer, self.style, layout)
         stage = ph.FilterStage(predicate, bound.questions[0], *selectivity_of(node.selectivity))
+        later = self.read_later(alias, layout)
         model = self.add(ph.AiFilter(f"filter_{node.output}", alias=alias, column=bound.column,
                                      preamble=bound.preamble, frame=bound.frame, stages=(stage,),
+                                     retain_kv=later, retain_all=later,
                                      calibration=self.calibration, answers=self.answers),
                          rows=self.documents(rows, (alias,), len(node.child.aliases) > 1))
         return self.add(ph.RecombineVerdicts(f"verdicts_{node.output}", alias=alias, output=node.output),

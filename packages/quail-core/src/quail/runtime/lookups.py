@@ -22,7 +22,7 @@ from quail.backends.base import OrderRule, PhysicalCandidate
 from quail.compute.request import sum_known
 from quail.errors import CompileError
 from quail.frontend.aggregates import aggregates
-from quail.frontend.lookups import VALUE, Block, Lookup, has_ai_calls, next_stage
+from quail.frontend.lookups import VALUE, Block, Lookup, has_ai_calls, next_stage, shared_inner, shared_rows
 from quail.frontend.relational import relocated
 from quail.frontend.spec import QuerySpec
 from quail.frontend.sql import Dialect, ParsedStatement, read_statement
@@ -74,8 +74,14 @@ class _Relations:
 
 @dataclass(frozen=True)
 class _Round:
-    lookups: tuple[Lookup | Block, ...]
+    groups: tuple[tuple[Lookup | Block, ...], ...]
+    """The round's lookups, those asked as one query together (`shared_rows`)."""
     queries: tuple[Query, ...]
+    """One per group."""
+
+    @property
+    def lookups(self) -> tuple[Lookup | Block, ...]:
+        return tuple(lookup for group in self.groups for lookup in group)
 
 
 @dataclass
@@ -166,11 +172,28 @@ class LookupQuery:
                 return self.planner(spec, self.order).run()
         return run
 
-    def _query(self, lookup: Lookup | Block) -> Query:
-        """An embedding lookup's query embeds its distinct texts; every other lookup's is planned by the planner."""
+    def _query(self, group: tuple[Lookup | Block, ...]) -> Query:
+        """An embedding lookup's query embeds its distinct texts; every other group's is planned by the planner (the
+        calls of a group as the outputs of one query over their rows)."""
+        lookup = group[0]
         if isinstance(lookup, Lookup) and lookup.kind == "embed":
             return EmbeddingQuery(self.session, lookup)
-        return self.planner(read_statement(lookup.inner, self.session.database, self.dialect), self.order)
+        inner = lookup.inner if len(group) == 1 else shared_inner([g for g in group if isinstance(g, Lookup)])
+        return self.planner(read_statement(inner, self.session.database, self.dialect), self.order)
+
+    def _answers(self, lookup: Lookup | Block, result: QueryResult | None, index: int | None) -> pa.Table:
+        """The lookup's relation: its answers from `result` (the `index`-th value of a shared query), or an empty
+        stand-in when nothing ran."""
+        if result is None:
+            if isinstance(lookup, Block):
+                return self.session.database.describe(lookup.stand_in).empty_table()
+            return _empty(lookup)
+        table = result.collect()
+        if isinstance(lookup, Block):
+            return table
+        if index is not None:
+            table = table.select([*(f"doc{i}" for i in range(lookup.inputs)), f"{VALUE}{index}"])
+        return pa.table(dict(zip(lookup.columns, table.columns, strict=True)))
 
     def _work(self, run: bool) -> _Worked:
         """Every round's lookups, planned (and run when `run`), then the statement on DuckDB (when `run`) or
@@ -192,17 +215,15 @@ class LookupQuery:
                         raise CompileError("the AI calls of this statement read tables that are AI results of "
                                            "each other; write them in order, one CTE per step")
                     break
-                queries = tuple(self._query(lookup) for lookup in stage.lookups)
-                for lookup, query in zip(stage.lookups, queries, strict=True):
-                    if run:
-                        result = query.run()
-                        worked.results[lookup.name] = result
-                        relations[lookup.name] = _answers_of(lookup, result.collect())
-                    elif isinstance(lookup, Block):
-                        relations[lookup.name] = session.database.describe(lookup.stand_in).empty_table()
-                    else:
-                        relations[lookup.name] = _empty(lookup)
-            worked.rounds.append(_Round(stage.lookups, queries))
+                groups = tuple(shared_rows(stage.lookups))
+                queries = tuple(self._query(group) for group in groups)
+                for group, query in zip(groups, queries, strict=True):
+                    answered = query.run() if run else None
+                    if answered is not None:
+                        worked.results[group[0].name] = answered
+                    for index, lookup in enumerate(group):
+                        relations[lookup.name] = self._answers(lookup, answered, index if len(group) > 1 else None)
+            worked.rounds.append(_Round(groups, queries))
             worked.statement = stage.statement
         self._aggregates(worked, relations, prefix, counter, run)
         try:
@@ -221,13 +242,6 @@ class LookupQuery:
 
 GROUPS = pa.schema([pa.field("k", pa.list_(pa.string())), pa.field("v", pa.string())])
 """An AI aggregate's answers: each distinct group's texts, and the answer over them."""
-
-
-def _answers_of(lookup: Lookup | Block, table: pa.Table) -> pa.Table:
-    """A lookup's rows under its column names (doc0, ..., v); a block's rows as its query names them."""
-    if isinstance(lookup, Block):
-        return table
-    return pa.table(dict(zip(lookup.columns, table.columns, strict=True)))
 
 
 def _empty(lookup: Lookup) -> pa.Table:
@@ -284,12 +298,17 @@ def _explain(worked: _Worked, results: Mapping[str, QueryResult], verbose: bool,
     lines = ["== Answered by the general rule: each AI call a lookup over the distinct inputs of its table =="]
     lines.extend(f"- {remark}" for remark in remarks)
     for number, round_ in enumerate(worked.rounds, start=1):
-        for lookup, query in zip(round_.lookups, round_.queries, strict=True):
-            lines.extend(_described(lookup, number))
-            if number > 1 and lookup.name not in results:
+        for group, query in zip(round_.groups, round_.queries, strict=True):
+            for lookup in group:
+                lines.extend(_described(lookup, number))
+            name = group[0].name
+            if len(group) > 1:
+                lines.append(f"   asked as one query over the same rows ({len(group)} calls, v0 … v{len(group) - 1}): "
+                             "each document tokenized once, its KV shared by the calls")
+            if number > 1 and name not in results:
                 lines.append("   planned when the rounds before it have answered (it reads their results)")
                 continue
-            shown = results[lookup.name].explain() if lookup.name in results else query.explain(verbose)
+            shown = results[name].explain() if name in results else query.explain(verbose)
             lines.extend(f"   {line}" for line in shown.splitlines())
     lines.extend(f"-- AI aggregate {note}" for note in worked.aggregates)
     lines.append("== The statement on DuckDB, each AI call reading its lookup ==")

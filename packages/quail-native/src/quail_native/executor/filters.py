@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from quail_native.executor.lending import Lending, Loan
 from quail_native.executor.packing import Item, ItemResult
-from quail_native.executor.state import Batch, Lead, SharedState, Tokens, drop, run_passes
+from quail_native.executor.state import Batch, DocKey, Lead, SharedState, Tokens, drop, run_passes
 
 
 class FilterAnswer(NamedTuple):
@@ -36,6 +36,10 @@ class FilterDocument:
     doc_block: int | None = None
     frame_block: int | None = None
     loan: Loan = field(default_factory=Loan)
+    kept: bool = False
+    """An earlier node kept its document's KV (`SharedState.retain`): it takes no part in prefix sharing."""
+    lent: bool = False
+    """It took that KV (`doc_block`) when admitted: its first item computes the frame and question only."""
 
 
 @dataclass(frozen=True)
@@ -47,14 +51,18 @@ class FilterLayout:
 
 def run_filter(state: SharedState, alias: str, rows: Sequence[int], documents: dict[int, Tokens],
                layout: FilterLayout, answer: Callable[[int, float], bool], margin_of: Callable[[ItemResult], float],
-               retain: bool, share: bool = False, lead: Lead | None = None) -> list[FilterAnswer]:
+               retain: bool, share: bool = False, lead: Lead | None = None,
+               retain_all: bool = False) -> list[FilterAnswer]:
     """Every evaluated (document, stage), in the order they were answered; the `lead` items (calibration)
-    ride in the first pass, ahead of the documents."""
-    if retain:
-        state.release(alias)
-    run = _FilterRun(state, alias, layout, answer, margin_of, retain)
+    ride in the first pass, ahead of the documents. A document whose KV an earlier node kept computes only its
+    frame and question over it; with `retain` each surviving document's KV is kept for a later node (every
+    document's with `retain_all`: a value every row goes on with), and what earlier nodes kept for `alias` and
+    this one did not read is freed at the end."""
+    stale = set(state.retained_by.get(alias, ()))
+    run = _FilterRun(state, alias, layout, answer, margin_of, retain or retain_all, retain_all)
     run.schedule(rows, documents, share)
     run_passes(state, run.fill, run.done, run.after_pass, lead)
+    state.release(alias, stale - run.kept_keys)
     return run.out
 
 
@@ -72,7 +80,10 @@ class _FilterRun:
     answer: Callable[[int, float], bool]
     margin_of: Callable[[ItemResult], float]
     retain: bool
+    retain_all: bool = False
     out: list[FilterAnswer] = field(default_factory=list)
+    kept_keys: set[DocKey] = field(default_factory=set)
+    """The documents whose KV this node kept for a later one."""
     fresh: deque[FilterDocument] = field(default_factory=deque)
     ready: deque[FilterDocument] = field(default_factory=deque)
     in_flight: int = 0
@@ -84,7 +95,21 @@ class _FilterRun:
         self.total = len(rows)
         self.lending: Lending[FilterDocument] = Lending(self.state)
         docs = {r: FilterDocument(r, documents[r]) for r in rows}
-        self.fresh.extend(self.lending.plan(docs) if share else (docs[r] for r in rows))
+        for doc in docs.values():
+            doc.kept = self.state.kept(self.key(doc))
+        kept = [docs[r] for r in rows if docs[r].kept]  # first: they need no pages for their documents
+        rest = {r: doc for r, doc in docs.items() if not doc.kept}
+        self.fresh.extend([*kept, *(self.lending.plan(rest) if share else (rest[r] for r in rows if r in rest))])
+
+    def key(self, doc: FilterDocument) -> DocKey:
+        return (self.layout.preamble, doc.tokens)
+
+    def take(self, doc: FilterDocument) -> None:
+        """An admitted document whose KV an earlier node kept reads it (once looked up, never again)."""
+        if doc.kept and not doc.lent:
+            doc.kept = False
+            doc.doc_block = self.state.take(self.key(doc))
+            doc.lent = doc.doc_block is not None
 
     @property
     def keeps_frame(self) -> bool:
@@ -94,6 +119,12 @@ class _FilterRun:
         return self.keeps_frame or self.retain or bool(doc.loan.borrowers)
 
     def first_item(self, doc: FilterDocument) -> Item:
+        if doc.lent:
+            assert doc.doc_block is not None
+            tokens = self.layout.frame + self.layout.questions[0]
+            spans = ((0, len(self.layout.frame)),) if self.keeps_frame else ()
+            return Item(tokens, len(self.layout.preamble) + len(doc.tokens), (self.pre, doc.doc_block),
+                        (len(tokens) - 1,), spans)
         skip = self.lending.skipped(doc)
         body = doc.tokens[skip:]
         frame, question = self.layout.frame, self.layout.questions[0]
@@ -135,6 +166,7 @@ class _FilterRun:
 
     def admit(self, batch: Batch[FilterDocument], doc: FilterDocument, busy: bool) -> Item | None:
         """The document's first item, put in the pass when its tokens fit and the arena has its pages."""
+        self.take(doc)
         item = self.first_item(doc)
         if not batch.fits(len(item.tokens)) or not self.state.memory.admit(self.pages(doc, item), busy=busy):
             return None
@@ -155,13 +187,18 @@ class _FilterRun:
         self.in_flight -= 1
         self.finished += 1
         drop(self.state, doc.frame_block)
-        if verdict and self.retain and doc.doc_block is not None:
-            self.state.retain(self.alias, (self.layout.preamble, doc.tokens), doc.doc_block)
+        if (verdict or self.retain_all) and self.retain and doc.doc_block is not None:
+            self.state.retain(self.alias, self.key(doc), doc.doc_block)
+            self.kept_keys.add(self.key(doc))
         else:
             drop(self.state, doc.doc_block)
 
     def first_done(self, doc: FilterDocument, result: ItemResult) -> None:
         blocks = list(result.blocks)
+        if doc.lent:  # its document's KV was there already
+            if self.keeps_frame:
+                doc.frame_block = blocks.pop(0)
+            return
         keep = self.keeps_document(doc)
         if keep and self.lending.computes_body(doc):
             doc.doc_block = blocks.pop(0)

@@ -16,8 +16,13 @@ from quail_native.executor.state import Batch, SharedState, Tokens, drop, run_pa
 @dataclass(eq=False)
 class LabelDocument:
     row: int
+    document: Tokens
     tokens: Tokens
+    """[document][tail]."""
     block: int | None = None
+    """The KV its label continuations read after the preamble: [document][tail] — or [tail] alone after `lent`."""
+    lent: int | None = None
+    """The document's KV, kept by an earlier node (`SharedState.take`) or by this one for a later node."""
     scores: list[float] = field(default_factory=list)
     waiting: int = 0
     riding: bool = False
@@ -29,6 +34,8 @@ class LabelLayout:
     preamble: Tokens
     tail: Tokens
     labels: tuple[Tokens, ...]
+    retain: bool = False
+    """Keep each document's KV for a later node over the same documents."""
 
 
 LabelTag = tuple[LabelDocument, int | None]
@@ -43,8 +50,8 @@ READ_ROWS = 128
 134 MB), so a pass of many short documents is read in slices of this many rows."""
 
 
-def run_labels(state: SharedState, rows: Sequence[int], documents: dict[int, Tokens], layout: LabelLayout,
-               read: LabelReader) -> dict[int, list[float]]:
+def run_labels(state: SharedState, alias: str, rows: Sequence[int], documents: dict[int, Tokens],
+               layout: LabelLayout, read: LabelReader) -> dict[int, list[float]]:
     """Per row, each label's log-probability: the first token read after [doc][tail], the rest (labels of
     two or more tokens) from a continuation over the kept [doc][tail] KV — all packed many to a pass.
 
@@ -55,9 +62,14 @@ def run_labels(state: SharedState, rows: Sequence[int], documents: dict[int, Tok
     start = len(layout.preamble)
     longer = [k for k, label in enumerate(layout.labels) if len(label) > 1]
     continued = sum(len(layout.labels[k]) - 1 for k in longer)
-    fresh = deque(LabelDocument(r, documents[r] + layout.tail) for r in rows)
+    fresh = deque(LabelDocument(r, documents[r], documents[r] + layout.tail) for r in rows)
     ready: deque[tuple[LabelDocument, int]] = deque()
     out: dict[int, list[float]] = {}
+    stale = set(state.retained_by.get(alias, ()))
+    kept_keys: set[tuple[Tokens, Tokens]] = set()
+
+    def parents(doc: LabelDocument) -> tuple[int, ...]:
+        return (pre,) if doc.lent is None else (pre, doc.lent)
 
     def continuation(doc: LabelDocument, k: int, lender: Item | None = None) -> Item:
         """Label k's tokens after the document: over its kept KV, or riding on its item `lender`."""
@@ -66,7 +78,21 @@ def run_labels(state: SharedState, rows: Sequence[int], documents: dict[int, Tok
             return Item(label[:-1], start + len(doc.tokens), (pre,), tuple(range(len(label) - 1)), (), lender,
                         len(doc.tokens))
         assert doc.block is not None
-        return Item(label[:-1], start + len(doc.tokens), (pre, doc.block), tuple(range(len(label) - 1)))
+        return Item(label[:-1], start + len(doc.tokens), (*parents(doc), doc.block), tuple(range(len(label) - 1)))
+
+    def first_item(doc: LabelDocument, keep_rest: bool) -> Item:
+        """[document][tail] after the preamble — or [tail] over the document's kept KV — keeping the document's KV
+        apart when a later node reads it, and what the continuations read when they run in a later pass."""
+        if doc.lent is not None:
+            tail = layout.tail
+            return Item(tail, start + len(doc.document), parents(doc), (len(tail) - 1,),
+                        ((0, len(tail)),) if keep_rest else ())
+        document = len(doc.document)
+        if layout.retain and document:
+            spans = ((0, document), (document, len(layout.tail))) if keep_rest else ((0, document),)
+        else:
+            spans = ((0, len(doc.tokens)),) if keep_rest else ()
+        return Item(doc.tokens, start, (pre,), (len(doc.tokens) - 1,), spans)
 
     def fill(batch: Batch[LabelTag]) -> None:
         """Kept documents' label continuations, then fresh documents — with their continuations riding
@@ -74,14 +100,20 @@ def run_labels(state: SharedState, rows: Sequence[int], documents: dict[int, Tok
         while ready and batch.fits(len(layout.labels[ready[0][1]]) - 1):
             doc, k = ready.popleft()
             batch.add(continuation(doc, k), (doc, k))
-        while fresh and batch.fits(len(fresh[0].tokens)):
-            riding = batch.fits(len(fresh[0].tokens) + continued)
-            keep = ((0, len(fresh[0].tokens)),) if longer and not riding else ()
-            pages = state.arena.pages_for(len(fresh[0].tokens)) if keep else 0
+        while fresh:
+            doc = fresh[0]
+            key = (layout.preamble, doc.document)
+            if doc.lent is None and state.kept(key):
+                doc.lent = state.take(key)
+            item = first_item(doc, keep_rest=False)
+            if not batch.fits(len(item.tokens)):
+                break
+            riding = batch.fits(len(item.tokens) + continued) and doc.lent is None
+            item = first_item(doc, keep_rest=bool(longer) and not riding)
+            pages = sum(state.arena.pages_for(length) for _, length in item.keep if length > 0)
             if not state.memory.admit(pages, busy=bool(batch) or len(out) < len(rows) - len(fresh)):
                 break
-            doc = fresh.popleft()
-            item = Item(doc.tokens, start, (pre,), (len(doc.tokens) - 1,), keep)
+            fresh.popleft()
             batch.add(item, (doc, None))
             doc.riding = riding and bool(longer)
             if doc.riding:
@@ -92,7 +124,10 @@ def run_labels(state: SharedState, rows: Sequence[int], documents: dict[int, Tok
         doc, k = tag
         if k is None:
             doc.scores = found
-            doc.block = result.blocks[0] if result.blocks else None
+            blocks = list(result.blocks)
+            if doc.lent is None and layout.retain and doc.document:
+                doc.lent = blocks.pop(0)
+            doc.block = blocks[0] if blocks else None
             doc.waiting = len(longer)
             if not doc.riding:
                 ready.extend((doc, j) for j in longer)
@@ -101,6 +136,11 @@ def run_labels(state: SharedState, rows: Sequence[int], documents: dict[int, Tok
             doc.waiting -= 1
         if doc.waiting == 0:
             drop(state, doc.block)
+            if layout.retain and doc.lent is not None:
+                state.retain(alias, (layout.preamble, doc.document), doc.lent)
+                kept_keys.add((layout.preamble, doc.document))
+            else:
+                drop(state, doc.lent)
             out[doc.row] = doc.scores
 
     finished: list[tuple[LabelTag, ItemResult]] = []
@@ -112,6 +152,7 @@ def run_labels(state: SharedState, rows: Sequence[int], documents: dict[int, Tok
         state.report(len(out), len(rows))
 
     run_passes(state, fill, lambda tag, result: finished.append((tag, result)), after_pass)
+    state.release(alias, stale - kept_keys)
     return out
 
 

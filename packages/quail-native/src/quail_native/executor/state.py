@@ -7,7 +7,7 @@ passes over this state.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -119,13 +119,23 @@ class SharedState:
             keys.discard(key)
         return block
 
-    def release(self, alias: str) -> None:
-        """Free whatever was kept for `alias` and not consumed: its anchoring join has finished."""
-        for key in self.retained_by.pop(alias, set()):
+    def kept(self, key: DocKey) -> bool:
+        """Whether an earlier node kept this document's KV (it may have been evicted since: `take` then counts a
+        miss and the tokens recomputed)."""
+        return key in self.retained or key in self.evicted
+
+    def release(self, alias: str, keys: Collection[DocKey] | None = None) -> None:
+        """Free whatever was kept for `alias` (only `keys` of it, when given) and not consumed: the node that
+        would read it has finished."""
+        held = self.retained_by.get(alias, set())
+        for key in list(held if keys is None else held & set(keys)):
+            held.discard(key)
             block = self.retained.pop(key, None)
             if block is not None:
                 self.memory.unkeep(block)
                 self.arena.free(block)
+        if not held:
+            self.retained_by.pop(alias, None)
 
     def forget(self) -> None:
         for block in list(self.preambles.values()) + list(self.retained.values()):
