@@ -16,6 +16,7 @@ from test_general_rule import keyword_session
 
 import quail
 from quail.logical.nodes import render
+from quail.testing.rules import words
 
 ACTING = "Does the review mention \"acting\"? "
 # (dialect, the documented form, its PROMPT(...) equivalent — None where it is itself the only spelling)
@@ -160,3 +161,43 @@ def test_snowflakes_labels_are_an_array_holding_the_label(session):
 def test_another_field_of_ai_classifys_object_is_refused_naming_the_one_it_has(session, path):
     with pytest.raises(quail.CompileError, match="AI_CLASSIFY's object has one field, labels"):
         session.sql(f"SELECT r.id, {CLASSIFIED}{path} AS k FROM reviews r")
+
+
+MULTI = ["acting", "plot", "soundtrack music"]
+
+
+def _applies(label: str, body: str) -> bool:
+    """The keyword rule on a label's question: every word of the label in the review."""
+    return words(label) <= words(body)
+
+
+@pytest.mark.parametrize(("dialect", "call"), [
+    ("snowflake", f"AI_CLASSIFY(r.body, {MULTI}, {{'output_mode': 'multi'}})"),
+    ("snowflake", f"AI_CLASSIFY(r.body, {MULTI}, {{'output_mode': 'multi', 'task_description': 'Which topics?', "
+                  "'examples': [{'input': 'a great cast', 'labels': ['acting'], 'explanation': 'the actors'}]})"),
+    ("bigquery", f"AI.CLASSIFY(input => r.body, categories => {MULTI}, output_mode => 'multi')"),
+])
+def test_multi_label_classification_gives_every_label_that_applies(session, dialect, call):
+    """Snowflake's `output_mode: 'multi'`: each label a yes/no question of its own over the document, the labels
+    that hold in the order written (an empty list where none does, NULL for a NULL input); `:labels` reads the
+    same list, `:labels[0]` its first."""
+    got = session.sql(f"SELECT r.id, r.body, {call} AS topics FROM reviews r ORDER BY r.id", dialect=dialect).run()
+    rows = got.to_rows()
+    assert rows and any(len(row["topics"] or []) > 1 for row in rows) and any(row["topics"] == [] for row in rows)
+    for row in rows:
+        expected = None if row["body"] is None else [label for label in MULTI if _applies(label, row["body"])]
+        assert row["topics"] == expected, row
+    if dialect == "snowflake":
+        paths = session.sql(f"SELECT r.id, {call}:labels AS l, {call}:labels[0]::string AS first FROM reviews r "
+                            "ORDER BY r.id").run().to_rows()
+        assert [p["l"] for p in paths] == [row["topics"] for row in rows]
+        assert [p["first"] for p in paths] == [(row["topics"] or [None])[0] for row in rows]
+
+
+def test_multi_label_questions_share_the_documents_and_bad_modes_are_refused(session):
+    query = session.sql(f"SELECT r.id, AI_CLASSIFY(r.body, {MULTI}, {{'output_mode': 'multi'}}) AS t FROM reviews r")
+    assert isinstance(query, quail.Query), "one block: every label's question over each document"
+    with pytest.raises(quail.CompileError, match="output_mode 'several': write 'single' or 'multi'"):
+        session.sql("SELECT AI_CLASSIFY(r.body, ['a'], {'output_mode': 'several'}) FROM reviews r")
+    with pytest.raises(quail.CompileError, match="has no option 'colour' with output_mode 'multi'"):
+        session.sql("SELECT AI_CLASSIFY(r.body, ['a'], {'output_mode': 'multi', 'colour': 'red'}) FROM reviews r")

@@ -76,8 +76,12 @@ def classify_arguments(call: AiCall) -> tuple[PromptSpec, tuple[Label, ...], str
     else:
         prompt = read_prompt(first, "AI.CLASSIFY")
     labels = read_labels(call.arguments[1])
-    keys = {"task_description", "examples", MODEL_OPTION}
+    keys = {"task_description", "examples", "output_mode", MODEL_OPTION}
     options = read_options(call.arguments[2], keys) if len(call.arguments) == 3 else {}
+    mode = string_option(options, "output_mode")
+    if mode is not None and mode.lower() != "single":
+        raise unsupported(f"output_mode {mode!r} here", options["output_mode"], "write output_mode 'multi' in the "
+                          "call's own options object, or 'single'")
     if "examples" in options:
         prompt = replace(prompt, examples=read_examples(options["examples"], labels))
     return prompt, labels, string_option(options, "task_description")

@@ -14,7 +14,7 @@ import json
 
 from sqlglot import exp
 
-from quail.frontend.calls import MODEL_OPTION, struct_field
+from quail.frontend.calls import MODEL_OPTION, read_labels, struct_field
 from quail.frontend.embedding_forms import canonical_embeddings
 from quail.frontend.syntax import (
     AiCall,
@@ -186,12 +186,106 @@ def _labels(node: exp.JSONExtract | exp.Bracket) -> exp.Expression:
                           "label: read AI_CLASSIFY(…):labels, :labels[0] or ['labels'][0] (the call alone is the "
                           "label)")
     call = node.this
-    labels: exp.Expression = exp.Case(ifs=[exp.If(this=exp.Is(this=call.copy(), expression=exp.Null()),
-                                                  true=exp.Null())],
-                                      default=exp.Array(expressions=[call.copy()]))
+    found = ai_call(call)
+    assert found is not None
+    labels: exp.Expression = _each_label(found) if _multi_label(found) else exp.Case(
+        ifs=[exp.If(this=exp.Is(this=call.copy(), expression=exp.Null()), true=exp.Null())],
+        default=exp.Array(expressions=[call.copy()]))
     for part in rest:
         labels = exp.Bracket(this=exp.Paren(this=labels), expressions=[exp.Literal.number(part.this)])
     return labels
+
+
+OUTPUT_MODES = ("single", "multi")
+
+
+def _multi_label(call: AiCall) -> bool:
+    """Whether an AI_CLASSIFY asks for every label that applies (Snowflake's `{'output_mode': 'multi'}`, BigQuery's
+    `output_mode => 'multi'`) rather than the one that fits best."""
+    if call.kind != "classify":
+        return False
+    mode = _classify_options(call).get("output_mode")
+    if mode is None:
+        return False
+    if not (_is_text(mode) and str(mode.this).lower() in OUTPUT_MODES):
+        raise fail_at(f"{call.spelling} output_mode {safe_sql(mode)}: write 'single' or 'multi'", mode)
+    return str(mode.this).lower() == "multi"
+
+
+def _classify_options(call: AiCall) -> dict[str, exp.Expression]:
+    """AI_CLASSIFY's config entries: the options object after the labels, and BigQuery's named arguments."""
+    found = {a.this.name.lower(): a.expression for a in call.arguments if isinstance(a, exp.Kwarg)}
+    positional = [a for a in call.arguments if not isinstance(a, exp.Kwarg)]
+    if len(positional) > 2 and isinstance(positional[2], exp.Struct):
+        for entry in positional[2].expressions:
+            field = struct_field(entry)
+            if field is not None:
+                found.setdefault(field[0].lower(), field[1])
+    return found
+
+
+def _each_label(call: AiCall) -> exp.Expression:
+    """A multi-label AI_CLASSIFY as the labels whose yes/no question holds, in the order written: one AI_FILTER per
+    label (`Does it belong to the category "x"?` after the input), so every label is a judgement of its own over
+    the document's KV (`FLATTEN` of one-label lists: NULL where the input is NULL)."""
+    positional = [a for a in call.arguments if not isinstance(a, exp.Kwarg)]
+    named = {a.this.name.lower(): a.expression for a in call.arguments if isinstance(a, exp.Kwarg)}
+    first = named.get("input", positional[0] if positional else None)
+    categories = named.get("categories", positional[1] if len(positional) > 1 else None)
+    if first is None or categories is None:
+        raise fail_at(f"{call.spelling} takes the input and the labels", call.node)
+    options = _classify_options(call)
+    known = {"output_mode", "task_description", "examples", "input", "categories", *MODEL_NAMES, *IGNORED}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise fail_at(f"{call.spelling} has no option {unknown[0]!r} with output_mode 'multi'", call.node)
+    prompt = exp.Anonymous(this="PROMPT", expressions=[exp.Literal.string("{0}"), first.copy()]) \
+        if _is_plain(first) else _as_prompt(first, call)
+    template, arguments = str(prompt.expressions[0].this), prompt.expressions[1:]
+    task = options.get("task_description")
+    intro = f"{task.this}\n" if task is not None and _is_text(task) else ""
+    verdicts = []
+    for label in read_labels(categories):
+        if "{" in label.name + (label.description or "") or "}" in label.name + (label.description or ""):
+            raise fail_at(f"{call.spelling} label {label.name!r} has braces: a multi-label question cannot hold "
+                          "them", categories)
+        described = f" ({label.description})" if label.description else ""
+        text = f'{template}\n\n{intro}Does it belong to the category "{label.name}"{described}?'
+        entries = [exp.PropertyEQ(this=exp.to_identifier(key), expression=value) for key, value in
+                   (("examples", _label_examples(options.get("examples"), label.name, call)),
+                    (MODEL_OPTION, _named_model(options))) if value is not None]
+        question = exp.Anonymous(this="PROMPT", expressions=[exp.Literal.string(text), *(a.copy() for a in arguments)])
+        verdict = exp.Anonymous(this="AI_FILTER", expressions=[question, *([exp.Struct(expressions=entries)]
+                                                                             if entries else [])])
+        verdicts.append((verdict, label.name))
+    empty = exp.cast(exp.Array(expressions=[]), exp.DataType.build("VARCHAR[]", dialect="duckdb"))
+    lists = [exp.Case(ifs=[exp.If(this=verdict.copy(), true=exp.Array(expressions=[exp.Literal.string(name)]))],
+                      default=empty.copy()) for verdict, name in verdicts]
+    return exp.Case(ifs=[exp.If(this=exp.Is(this=verdicts[0][0].copy(), expression=exp.Null()), true=exp.Null())],
+                    default=exp.Anonymous(this="FLATTEN", expressions=[exp.Array(expressions=lists)]))
+
+
+def _named_model(options: dict[str, exp.Expression]) -> exp.Expression | None:
+    named = next((options[k] for k in (MODEL_OPTION, *sorted(MODEL_NAMES)) if k in options), None)
+    return None if named is None else named.copy()
+
+
+def _label_examples(node: exp.Expression | None, label: str, call: AiCall) -> exp.Expression | None:
+    """Snowflake's multi-label examples (`{'input': …, 'labels': [...], 'explanation': …}`) as one label's few-shot
+    examples: TRUE where the example lists the label."""
+    if node is None:
+        return None
+    try:
+        examples = _literal(node)
+    except ValueError as error:
+        raise fail_at(f"{call.spelling} examples {safe_sql(node)}: {error}", node) from None
+    if not isinstance(examples, list) or not all(isinstance(e, dict) and isinstance(e.get("input"), str)
+                                                 and isinstance(e.get("labels"), list) for e in examples):
+        raise fail_at(f"{call.spelling} examples with output_mode 'multi': write [{{'input': 'a text', 'labels': "
+                      "['a', ...]}}, ...]", node)
+    return exp.Array(expressions=[exp.Tuple(expressions=[exp.Literal.string(e["input"]),
+                                                         exp.Boolean(this=label in e["labels"])])
+                                  for e in examples])
 
 
 def unused_options(statement: exp.Expression) -> tuple[str, ...]:
@@ -215,6 +309,8 @@ def canonical_calls(statement: exp.Expression) -> exp.Expression:
         node.replace(_field_path(node))
     for node in [n for n in statement.walk() if _reads_classification(n)]:
         node.replace(_labels(node))
+    for call in [c for c in (ai_call(n) for n in list(statement.walk())) if c is not None and _multi_label(c)]:
+        call.node.replace(_each_label(call))
     canonical_embeddings(statement)
     refuse_other_ai_functions(statement)
     for call in [c for c in (ai_call(n) for n in list(statement.walk())) if c is not None and c.kind != "embed"]:
@@ -240,13 +336,16 @@ def _positional(call: AiCall) -> list[exp.Expression] | None:
         return None
     if not named and call.kind == "classify" and first is not None and _is_plain(first):
         return None
-    prompt, categories, model = None, None, None
+    prompt, categories, model, mode = None, None, None, None
     for argument in named:
         name = argument.this.name.lower()
         if name in IGNORED:
             continue
         if name in MODEL_NAMES:
             model = _model_name(argument.expression, call)
+            continue
+        if name == "output_mode" and call.kind == "classify":
+            mode = argument.expression
             continue
         if name in REFUSED:
             raise unsupported(f"{call.spelling}(..., {name} => ...)", argument, REFUSED[name])
@@ -262,8 +361,10 @@ def _positional(call: AiCall) -> list[exp.Expression] | None:
         positional.insert(1, categories)
     if call.kind == "filter" and len(positional) == 2 and isinstance(positional[1], exp.Boolean):
         positional.pop()  # Snowflake's error-details flag: Quail's errors are raised, not returned per row
-    if model is not None:
-        _with_model_option(positional, 2 if call.kind == "classify" else 1, model)
+    place = 2 if call.kind == "classify" else 1
+    for key, value in ((MODEL_OPTION, model), ("output_mode", mode)):
+        if value is not None:
+            _with_option(positional, place, key, value)
     return positional
 
 
@@ -274,9 +375,10 @@ def _model_name(node: exp.Expression, call: AiCall) -> exp.Expression:
     return node
 
 
-def _with_model_option(arguments: list[exp.Expression], place: int, model: exp.Expression) -> None:
-    """The model as the `model` entry of the options object at `place` (made when the call has none)."""
-    entry = exp.PropertyEQ(this=exp.to_identifier(MODEL_OPTION), expression=model.copy())
+def _with_option(arguments: list[exp.Expression], place: int, key: str, value: exp.Expression) -> None:
+    """A named argument (the model, an output mode) as an entry of the options object at `place` (made when the call
+    has none)."""
+    entry = exp.PropertyEQ(this=exp.to_identifier(key), expression=value.copy())
     if len(arguments) > place and isinstance(arguments[place], exp.Struct):
         arguments[place].append("expressions", entry)
     elif len(arguments) == place:
