@@ -54,6 +54,14 @@ FORMS = [
     ("snowflake", "SELECT r.id, AI_CLASSIFY(r.body, [{'label': 'acting', 'description': 'the cast'}, "
                   "{'label': 'plot', 'description': 'the story'}]) AS k FROM reviews r",
      "SELECT r.id, AI_CLASSIFY(r.body, [('acting', 'the cast'), ('plot', 'the story')]) AS k FROM reviews r"),
+    ("bigquery", f"SELECT r.id FROM reviews r WHERE AI.IF(('{ACTING}', r.body), examples => [('The cast shines', "
+                 "TRUE), ('A dull plot', FALSE)])",
+     f"SELECT r.id FROM reviews r WHERE AI.IF(PROMPT('{ACTING}{{0}}', r.body), {{'examples': [('The cast shines', "
+     "TRUE), ('A dull plot', FALSE)]})"),
+    ("bigquery", "SELECT r.id, AI.CLASSIFY(r.body, categories => ['acting', 'plot'], examples => [STRUCT('The cast "
+                 "shines' AS input, 'acting' AS output)]) AS k FROM reviews r",
+     "SELECT r.id, AI.CLASSIFY(r.body, ['acting', 'plot'], {'examples': [('The cast shines', 'acting')]}) AS k "
+     "FROM reviews r"),
     ("bigquery", "SELECT r.id, AI.CLASSIFY(r.body, categories => [STRUCT('acting' AS label, 'the cast' AS "
                  "description), STRUCT('plot' AS label, 'the story' AS description)]) AS k FROM reviews r",
      "SELECT r.id, AI.CLASSIFY(r.body, [('acting', 'the cast'), ('plot', 'the story')]) AS k FROM reviews r"),

@@ -245,7 +245,8 @@ def _example(entry: exp.Expression, labels: tuple[Label, ...] | None) -> Example
         raise unsupported(f"example {safe_sql(entry)}", entry, f"an example is {hint}")
     if labels is None:
         if not isinstance(answer, exp.Boolean):
-            raise unsupported(f"example answer {safe_sql(answer)}", answer, "the answer of an example is TRUE or FALSE")
+            raise unsupported(f"example answer {safe_sql(answer)}", answer, "the answer of an example is TRUE or FALSE "
+                              "(AI.SCORE is the probability of TRUE: a high-scoring example is TRUE)")
         return Example(str(text.this), "TRUE" if answer.this else "FALSE")
     names = [label.name for label in labels]
     if not (isinstance(answer, exp.Literal) and answer.is_string) or answer.this not in names:

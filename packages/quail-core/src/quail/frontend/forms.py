@@ -33,8 +33,6 @@ MODEL_NAMES = frozenset({"endpoint", "model"})
 """Named arguments naming the model a call answers with: kept as the canonical call's `model` option."""
 REFUSED = {
     "model_params": "a judgement is one next-token readout: no temperature or output length applies",
-    "examples": "give them in the options object: {'examples': [('a document', TRUE), ...]} after the prompt, "
-                "[('a document', 'label'), ...] after AI.CLASSIFY's labels",
     "output_schema": "AI.IF / AI.SCORE / AI.CLASSIFY return a fixed type",
 }
 
@@ -336,7 +334,7 @@ def _positional(call: AiCall) -> list[exp.Expression] | None:
         return None
     if not named and call.kind == "classify" and first is not None and _is_plain(first):
         return None
-    prompt, categories, model, mode = None, None, None, None
+    prompt, categories, model, mode, examples = None, None, None, None, None
     for argument in named:
         name = argument.this.name.lower()
         if name in IGNORED:
@@ -346,6 +344,9 @@ def _positional(call: AiCall) -> list[exp.Expression] | None:
             continue
         if name == "output_mode" and call.kind == "classify":
             mode = argument.expression
+            continue
+        if name == "examples":
+            examples = argument.expression
             continue
         if name in REFUSED:
             raise unsupported(f"{call.spelling}(..., {name} => ...)", argument, REFUSED[name])
@@ -362,7 +363,7 @@ def _positional(call: AiCall) -> list[exp.Expression] | None:
     if call.kind == "filter" and len(positional) == 2 and isinstance(positional[1], exp.Boolean):
         positional.pop()  # Snowflake's error-details flag: Quail's errors are raised, not returned per row
     place = 2 if call.kind == "classify" else 1
-    for key, value in ((MODEL_OPTION, model), ("output_mode", mode)):
+    for key, value in ((MODEL_OPTION, model), ("output_mode", mode), ("examples", examples)):
         if value is not None:
             _with_option(positional, place, key, value)
     return positional
