@@ -238,6 +238,16 @@ def further_statements(d: str) -> dict[str, str]:
                                                      f"{acting}) SELECT g.name, l.id FROM genres g LEFT JOIN liked l "
                                                      f"ON l.genre_id = g.genre_id WHERE {ai(PLOT, 'g.name', d=d)} IS "
                                                      "NOT TRUE",
+        "a PIVOT over an AI block": (f"SELECT * FROM (SELECT r.genre_id, r.stars FROM reviews r WHERE {acting}) "
+                                     "PIVOT (COUNT(stars) FOR genre_id IN (1, 2, 3))") if d == "snowflake" else
+                                    (f"SELECT * FROM (SELECT r.genre_id, r.stars FROM reviews r WHERE {acting}) "
+                                     "PIVOT (COUNT(stars) AS n FOR genre_id IN (1, 2, 3))"),
+        "a NATURAL JOIN beside an AI filter": f"SELECT r.id, g.name FROM reviews r NATURAL JOIN genres g WHERE "
+                                              f"{acting}",
+        "two AI predicates over the same two tables, in a CTE": f"WITH j AS (SELECT r.id, a.aspect FROM reviews r JOIN "
+                                                               f"aspects a ON {ai(SHARED, 'r.body', 'a.aspect', d=d)} "
+                                                               f"AND {ai(WITH, 'r.body', 'a.aspect', d=d)}) SELECT "
+                                                               "aspect, COUNT(*) AS n FROM j GROUP BY aspect",
         "evidence matched to claims by a correlated AI test": f"SELECT c.claim_id FROM claims c WHERE EXISTS (SELECT 1 "
                                                              f"FROM evidence e WHERE e.source = c.url AND {coffee}) "
                                                              f"{union} SELECT c.claim_id FROM claims c WHERE c.text IS "

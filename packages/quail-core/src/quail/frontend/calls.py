@@ -92,6 +92,8 @@ DEFAULT_MAX_TOKENS = 128
 (BigQuery) says otherwise: a paragraph — decoding costs a pass over the weights per token, so a generous default
 would make every unbounded call slow on a CPU."""
 MAX_TOKENS_LIMIT = 8192
+GENERATE_OPTIONS = {"max_tokens", "temperature", "top_p", "top_k", "guardrails", "output_schema", MODEL_OPTION}
+"""What a generation's options object may hold (the warehouses' model parameters, in `forms`' canonical form)."""
 GREEDY_OPTIONS = {"temperature": 0.0, "top_p": 1.0, "top_k": 1.0}
 """Sampling options a greedy decoder honours only at these values (top_k 1 is greedy; 0 or absent means unset)."""
 
@@ -104,8 +106,7 @@ def generate_arguments(call: AiCall) -> tuple[PromptSpec, int, SchemaType | None
         raise unsupported(f"{call.spelling} with {len(call.arguments)} arguments", call.node,
                           "pass the prompt and an optional {'max_tokens': n}")
     prompt = read_prompt(call.arguments[0], call.spelling)
-    keys = {"max_tokens", "temperature", "top_p", "top_k", "guardrails", "output_schema", MODEL_OPTION}
-    options = read_options(call.arguments[1], keys) if len(call.arguments) == 2 else {}
+    options = read_options(call.arguments[1], GENERATE_OPTIONS) if len(call.arguments) == 2 else {}
     for key, greedy in GREEDY_OPTIONS.items():
         if key in options:
             value = number(options[key])
@@ -118,6 +119,15 @@ def generate_arguments(call: AiCall) -> tuple[PromptSpec, int, SchemaType | None
     schema = _output_schema(options["output_schema"]) if "output_schema" in options else None
     default = STRUCTURED_MAX_TOKENS if schema is not None else DEFAULT_MAX_TOKENS
     return prompt, _max_tokens(options.get("max_tokens"), default), schema
+
+
+def generation_schema(call: AiCall) -> SchemaType | None:
+    """The output schema of a generation in its PROMPT form (None for text), read from its options alone: what its
+    value's type depends on, whatever its prompt reads."""
+    if len(call.arguments) != 2:
+        return None
+    options = read_options(call.arguments[1], GENERATE_OPTIONS)
+    return _output_schema(options["output_schema"]) if "output_schema" in options else None
 
 
 STRUCTURED_MAX_TOKENS = 256
@@ -141,7 +151,7 @@ def _output_schema(node: exp.Expression) -> SchemaType:
 def output_type(call: AiCall) -> pa.DataType:
     """The type of the call's output column: its kind's, or a structured generation's STRUCT (fields + status)."""
     if call.kind == "generate":
-        _, _, schema = generate_arguments(call)
+        schema = generation_schema(call)
         if schema is not None:
             return answer_type(schema)
     return OUTPUT_TYPES[call.kind]
@@ -160,7 +170,7 @@ def call_value(call: AiCall, output: exp.Expression) -> exp.Expression:
         return _struct([("result", output), ("status", exp.Literal.string(""))])
     if call.kind != "generate":
         return output
-    _, _, schema = generate_arguments(call)
+    schema = generation_schema(call)
     if call.spelling.startswith("AI."):
         fields = [("result", output)] if schema is None else [(f.name, _field(output, f.name)) for f in schema.fields]
         status = exp.Literal.string("") if schema is None else _field(output, STATUS)
@@ -183,7 +193,7 @@ def value_type(call: AiCall) -> pa.DataType:
         return pa.struct([pa.field("result", output), pa.field("status", pa.string())])
     if call.kind != "generate":
         return output
-    _, _, schema = generate_arguments(call)
+    schema = generation_schema(call)
     fields = [] if schema is None else [pa.field(f.name, arrow_type(f.type)) for f in schema.fields]
     if call.spelling.startswith("AI."):
         head = fields or [pa.field("result", pa.string())]

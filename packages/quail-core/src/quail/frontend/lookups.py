@@ -95,6 +95,10 @@ def has_ai_calls(node: exp.Expression) -> bool:
 def next_stage(statement: exp.Expression, relations: Describer, prefix: str, counter: itertools.count) -> Stage:
     """The AI calls answerable now (their table holds no AI call), each made a lookup named `{prefix}{n}`."""
     statement = statement.copy()
+    sample = statement.find(exp.TableSample)
+    if sample is not None:  # a lookup and the statement reading it would each draw other rows
+        raise fail_at("TABLESAMPLE beside AI calls: each reading of the table draws other rows; sample into a file "
+                      "first and register that", sample)
     ctes = _ctes(statement)
     lookups: list[Lookup | Block] = []
     replacements: list[tuple[exp.Expression, exp.Expression]] = []

@@ -156,13 +156,14 @@ def _readable(description: str, dialect: Dialect) -> str:
 
 
 def refuse_unknown_args(node: exp.Expression, allowed: set[str], hint: str = "") -> None:
-    """Refuse, by name, any clause sqlglot attached to `node` that Quail does not read."""
+    """Refuse, by name, any clause sqlglot attached to `node` that the planner of one block does not read (the
+    general rule may still answer the statement: DuckDB runs the clause)."""
     for key, value in node.args.items():
         if key in allowed or value is None or value is False or value == []:
             continue
         construct = CLAUSE_NAMES.get(key, key.upper().rstrip("_"))
         target = value if isinstance(value, exp.Expression) else node
-        raise unsupported(construct, target, hint)
+        raise beyond_one_block(construct, target, hint)
 
 
 def safe_sql(node: exp.Expression, dialect: str | None = None) -> str:
