@@ -248,6 +248,33 @@ def further_statements(d: str) -> dict[str, str]:
                                                                f"aspects a ON {ai(SHARED, 'r.body', 'a.aspect', d=d)} "
                                                                f"AND {ai(WITH, 'r.body', 'a.aspect', d=d)}) SELECT "
                                                                "aspect, COUNT(*) AS n FROM j GROUP BY aspect",
+        "two AI predicates over two tables in OR": f"SELECT r.id, a.aspect FROM reviews r JOIN aspects a ON "
+                                                  f"{ai(SHARED, 'r.body', 'a.aspect', d=d)} OR "
+                                                  f"{ai(WITH, 'r.body', 'a.aspect', d=d)}",
+        "an AI question over two tables in NOT and in SELECT": f"SELECT r.id, a.aspect, "
+                                                               f"{ai(SHARED, 'r.body', 'a.aspect', d=d)} AS shared "
+                                                               "FROM reviews r CROSS JOIN aspects a WHERE r.stars >= 4 "
+                                                               f"AND NOT {ai(WITH, 'r.body', 'a.aspect', d=d)}",
+        **({"a SEMI JOIN and an ANTI JOIN on AI": f"SELECT r.id FROM reviews r SEMI JOIN aspects a ON "
+                                                  f"{ai(SHARED, 'r.body', 'a.aspect', d=d)} UNION ALL SELECT r.id FROM "
+                                                  "reviews r ANTI JOIN aspects a ON "
+                                                  f"{ai(WITH, 'r.body', 'a.aspect', d=d)}"}
+           if d == "snowflake" else {}),
+        "a RIGHT JOIN on AI": f"SELECT r.id, a.aspect FROM reviews r RIGHT JOIN aspects a ON "
+                              f"{ai(SHARED, 'r.body', 'a.aspect', d=d)}",
+        "a FULL OUTER JOIN on AI": f"SELECT r.id, a.aspect FROM reviews r FULL OUTER JOIN aspects a ON "
+                                   f"{ai(SHARED, 'r.body', 'a.aspect', d=d)}",
+        "a LEFT JOIN on AI beside a condition on the left table": (f"SELECT r.id, a.aspect FROM reviews r LEFT JOIN "
+                                                                   "aspects a ON "
+                                                                   f"{ai(SHARED, 'r.body', 'a.aspect', d=d)} AND "
+                                                                   "r.stars > 2"),
+        "a correlated count of an AI question over the outer row": ("SELECT r.id FROM reviews r WHERE r.stars > "
+                                                                    "(SELECT COUNT(*) FROM aspects a WHERE "
+                                                                    f"{ai(SHARED, 'a.aspect', 'r.title', d=d)})"),
+        "an AI join beside a filter on a LEFT JOINed table": f"SELECT r.id, a.aspect, g.name FROM reviews r JOIN "
+                                                             f"aspects a ON {ai(SHARED, 'r.body', 'a.aspect', d=d)} "
+                                                             "LEFT JOIN genres g ON g.genre_id = r.genre_id WHERE "
+                                                             f"{ai(PLOT, 'g.name', d=d)} IS NOT FALSE",
         "evidence matched to claims by a correlated AI test": f"SELECT c.claim_id FROM claims c WHERE EXISTS (SELECT 1 "
                                                              f"FROM evidence e WHERE e.source = c.url AND {coffee}) "
                                                              f"{union} SELECT c.claim_id FROM claims c WHERE c.text IS "
@@ -322,12 +349,28 @@ def test_each_distinct_input_is_asked_once(session):
 
 
 def test_a_refusal_of_the_one_block_planner_still_names_what_neither_can_run(session):
-    """An AI predicate over two tables inside OR cannot be a lookup (it reads two tables): the planner's
-    refusal is what the user sees."""
-    sql = ("SELECT r.id FROM reviews r JOIN aspects a ON r.stars = a.weight WHERE r.id > 1 OR "
-           "AI_FILTER(PROMPT('Does {0} discuss {1}?', r.body, a.aspect))")
-    with pytest.raises(quail.CompileError, match="reads one table"):
+    """A score over two tables as a value cannot be a lookup (it reads two tables, and only a TRUE/FALSE question
+    is asked of pairs): the planner's refusal is what the user sees."""
+    sql = ("SELECT r.id, AI.SCORE(PROMPT('Does {0} discuss {1}?', r.body, a.aspect)) AS s FROM reviews r JOIN "
+           "aspects a ON r.stars = a.weight")
+    with pytest.raises(quail.CompileError, match="reads the documents of exactly one table"):
         session.sql(sql)
+
+
+def test_a_question_over_two_tables_outside_an_ai_join_is_asked_of_their_pairs(session):
+    """In OR, the pairs its block's WHERE keeps are asked (once each), as an AI join of the two tables; the
+    statement then reads whether each row's pair holds."""
+    sql = ("SELECT r.id, a.aspect FROM reviews r JOIN aspects a ON r.stars >= a.weight WHERE r.id > 205 AND "
+           "(r.stars = 5 OR AI_FILTER(PROMPT('Do {0} and {1} share a word?', r.body, a.aspect)))")
+    query = session.sql(sql)
+    assert isinstance(query, LookupQuery) and "over the pairs of its two tables" in query.explain()
+    result = query.run()
+    assert same_rows(result.collect(), oracle_rows(sql, "snowflake"), ordered=False) is None
+    reviews = [r for r in TABLES["reviews"].to_pylist() if r["id"] > 205 and r["body"] is not None]
+    aspects = [a for a in TABLES["aspects"].to_pylist() if a["aspect"] is not None]
+    asked = (result.report["answers"]["computed"] or 0) + (result.report["answers"]["duplicates"] or 0)
+    assert asked == len({(r["body"], a["aspect"]) for r in reviews for a in aspects}), \
+        "each pair of documents whose rows pass the WHERE's own conditions, once"
 
 
 def test_errors_of_the_statement_come_before_any_model_work(session):

@@ -53,12 +53,18 @@ def test_an_ai_join_and_its_blocks_calls_naming_one_model_are_planned_together_o
     assert problem is None, problem
 
 
-def test_an_ai_join_whose_block_mixes_models_is_refused_saying_so(session):
-    sql = ("SELECT r.id, a.aspect FROM reviews r JOIN aspects a ON AI.IF(('Does ', r.body, ' discuss ', a.aspect, "
-           "'?'), endpoint => 'gemini-2.5-flash') WHERE AI.IF(('Is it long? ', r.body))")
-    with pytest.raises(quail.CompileError, match=r"answer with 2 models .* an AI join and every AI call of its "
-                                                 r"block answer with one"):
-        session.sql(sql, dialect="bigquery")
+@pytest.mark.parametrize("in_cte", [False, True])
+def test_an_ai_join_whose_block_mixes_models_is_answered_by_the_general_rule(session, in_cte):
+    """The join's question is asked of the pairs of its two tables on its model, the filter on the session's."""
+    block = ("SELECT r.id, a.aspect FROM reviews r JOIN aspects a ON AI.IF(('Does ', r.body, ' discuss ', a.aspect, "
+             "'?'), endpoint => 'gemini-2.5-flash') WHERE AI.IF(('Is it about \"acting\"? ', r.body))")
+    sql = f"WITH j AS ({block}) SELECT * FROM j" if in_cte else block
+    result = session.sql(sql, dialect="bigquery").run()
+    plain = sql.replace(", endpoint => 'gemini-2.5-flash'", "")
+    problem = same_rows(result.collect(), oracle_rows(plain, "bigquery"), ordered=False)
+    assert problem is None, problem
+    assert result.report["model"] == f"{OTHER}, {SESSION_MODEL}" or result.report["model"] == \
+        f"{SESSION_MODEL}, {OTHER}"
 
 
 @pytest.mark.parametrize(("dialect", "named"), [

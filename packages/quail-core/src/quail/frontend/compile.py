@@ -261,8 +261,9 @@ class _Compiler:
     def _verdict(self, spec: VerdictSpec) -> _Output:
         prompt = self._prompt(spec.prompt, self.output_aliases)
         if len(prompt.aliases) != 1:
-            raise fail("an AI predicate over two tables stands at the top level of WHERE or ON (AND-ed); as a "
-                       "value (in OR, NOT, CASE, SELECT, ...) AI_FILTER reads one table", spec.where)
+            raise GeneralRuleError("an AI predicate over two tables stands at the top level of WHERE or ON (AND-ed); "
+                                   "as a value (in OR, NOT, CASE, SELECT, ...) AI_FILTER reads one table",
+                                   line=spec.where.line, column=spec.where.column)
         if spec.selectivity is not None and not 0.0 <= spec.selectivity <= 1.0:
             raise fail(f"selectivity must be a number in [0, 1], got {spec.selectivity!r}", spec.where)
         position = self.positions[("verdict", spec.order)]

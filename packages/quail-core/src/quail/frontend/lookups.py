@@ -23,7 +23,7 @@ from sqlglot import exp
 
 from quail.errors import CompileError
 from quail.frontend.calls import call_value, duckdb_type, output_type, value_type
-from quail.frontend.models import model_option
+from quail.frontend.models import block_models, model_option
 from quail.frontend.syntax import OUTPUT_TYPES, AiCall, AiKind, ai_call, ai_calls, conjuncts, fail_at, safe_sql
 
 LOOKUP_ALIAS = "d"
@@ -74,6 +74,9 @@ class Block:
     text: str
     stand_in: str
     """The block with each AI call a typed NULL: DuckDB describes its columns without any model work."""
+    pairs: bool = False
+    """An AI call over two tables asked of the pairs of their rows (`_pair_lookup`): its rows, the pairs of
+    documents it holds for."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,12 @@ class Stage:
 
 
 class _TwoTables(Exception):
-    """An AI call that reads two tables: not a lookup; its block may be planned whole."""
+    """An AI call that reads two (or more) tables: not a lookup of one; its block may be planned whole, or the call
+    asked of the pairs of its two tables (`_pair_lookup`)."""
+
+    def __init__(self, sources: Sequence[_Source]) -> None:
+        super().__init__()
+        self.sources = tuple(sources)
 
 
 def has_ai_calls(node: exp.Expression) -> bool:
@@ -103,7 +111,12 @@ def next_stage(statement: exp.Expression, relations: Describer, prefix: str, cou
     lookups: list[Lookup | Block] = []
     replacements: list[tuple[exp.Expression, exp.Expression]] = []
     located = _located(statement, ctes, relations)
-    blocks = _joining_blocks(located)
+    blocks, paired = _joining_blocks(located)
+    for call, two in paired:
+        pairs = _pair_lookup(call, two, ctes, f"{prefix}{next(counter)}")
+        if pairs is not None:
+            lookups.append(pairs)
+            replacements.append((call.node, _pair_reading(pairs.name, _documents(call))))
     for block in blocks:
         if any(_holds_ai(node, ctes) for node in block_sources(block).values()):
             continue  # it reads AI results: a later round
@@ -111,9 +124,8 @@ def next_stage(statement: exp.Expression, relations: Describer, prefix: str, cou
         lookups.append(_planned_block(block, ctes, name))
         replacements.append((block, exp.select("*").from_(exp.to_table(name))))
     for call, source in located:
-        if any(block in _ancestors(call.node) for block in blocks):
+        if any(block in _ancestors(call.node) for block in blocks) or isinstance(source, _TwoTables):
             continue
-        assert not isinstance(source, _TwoTables)
         lookup = _lookup(call, source, ctes, relations, f"{prefix}{next(counter)}")
         if lookup is None:
             continue
@@ -180,20 +192,93 @@ def _located(statement: exp.Expression, ctes: Mapping[str, exp.CTE], relations: 
     return located
 
 
-def _joining_blocks(located: Sequence[tuple[AiCall, _Source | _TwoTables | None]]) -> list[exp.Select]:
-    """The CTE bodies, derived tables and set-operation branches whose AI calls read two tables (AI joins): each
-    planned whole. Refused where such a call stands anywhere else (it cannot be a lookup, nor a block of its own)."""
-    blocks: list[exp.Select] = []
-    for call, source in located:
-        if not isinstance(source, _TwoTables):
-            continue
+def _joining_blocks(located: Sequence[tuple[AiCall, _Source | _TwoTables | None]]
+                    ) -> tuple[list[exp.Select], list[tuple[AiCall, _TwoTables]]]:
+    """The CTE bodies, derived tables and set-operation branches whose AI calls over two tables are all AI joins
+    (top-level AND terms of WHERE or of an inner or LEFT join's ON): each planned whole. Every other call over two
+    tables — in OR, NOT, CASE or SELECT, in a RIGHT or FULL join's ON, in a correlated subquery, in a block that is
+    not a query of its own, in a block whose calls name different models — is asked of the pairs of its two tables
+    instead (`_pair_lookup`)."""
+    two_table = [(call, source) for call, source in located if isinstance(source, _TwoTables)]
+    by_block: dict[int, tuple[exp.Select | None, list[tuple[AiCall, _TwoTables]]]] = {}
+    for call, source in two_table:
         block = call.node.find_ancestor(exp.Select)
-        if block is None or not _standalone(block):
-            raise fail_at(f"{call.spelling} over two tables outside the top-level AND of WHERE and ON: an AI "
-                          "value reads one table", call.node)
-        if all(block is not b for b in blocks):
+        by_block.setdefault(id(block), (block, []))[1].append((call, source))
+    blocks: list[exp.Select] = []
+    paired: list[tuple[AiCall, _TwoTables]] = []
+    for block, calls in by_block.values():
+        if block is not None and _standalone(block) and len(block_models(block)) == 1 and \
+                all(_joins_on(call, block, two) for call, two in calls):
             blocks.append(block)
-    return [b for b in blocks if not any(o is not b and o in _ancestors(b) for o in blocks)]
+        else:
+            paired.extend(calls)
+    kept = [b for b in blocks if not any(o is not b and o in _ancestors(b) for o in blocks)]
+    return kept, paired
+
+
+def _joins_on(call: AiCall, block: exp.Select, two: _TwoTables) -> bool:
+    """Whether the call is an AI join the planner of one block plans: both its tables in this block, the call a
+    top-level AND term of its WHERE or of an inner or LEFT join's ON."""
+    if any(source.block is not block for source in two.sources):
+        return False
+    node = call.node
+    while isinstance(node.parent, exp.And | exp.Paren):
+        node = node.parent
+    holder = node.parent
+    if isinstance(holder, exp.Where):
+        return holder.parent is block
+    return isinstance(holder, exp.Join) and holder.parent is block and holder.args.get("on") is node and \
+        (holder.args.get("side") or "").upper() in ("", "LEFT") and \
+        (holder.args.get("kind") or "").upper() in ("", "INNER", "OUTER", "CROSS")
+
+
+def _pair_lookup(call: AiCall, two: _TwoTables, ctes: Mapping[str, exp.CTE], name: str) -> Block | None:
+    """A TRUE/FALSE question over two tables asked of the pairs of their rows, as an AI join of the two (`SELECT
+    DISTINCT <documents> FROM a CROSS JOIN b WHERE <the call> [AND what is sound to apply below it]`, planned whole);
+    the statement then reads, per pair of documents, whether it is among the pairs that join
+    (`_pair_reading`). None while a table holds AI calls (a later round); refused where it cannot apply (a score or
+    label over two tables, a prompt over three tables or over expressions)."""
+    documents = _documents(call)
+    if call.kind != "filter" or len(two.sources) != 2 or not all(isinstance(d, exp.Column) for d in documents):
+        raise fail_at(f"{call.spelling} over {len(two.sources)} tables outside the top-level AND of WHERE and ON: "
+                      "only a TRUE/FALSE question over two tables' columns is asked of their pairs there", call.node)
+    if any(_holds_ai(source.node, ctes) for source in two.sources):
+        return None
+    first, second = two.sources
+    keys = [exp.alias_(document.copy(), f"{PAIR_KEY}{i}") for i, document in enumerate(documents)]
+    condition = exp.and_(call.node.copy(), *_pair_pushed(call, two))
+    inner = (exp.select(*keys).distinct().from_(first.node.copy()).join(second.node.copy(), join_type="cross")
+             .where(condition))
+    inner = _with_ctes(inner, inner, ctes)
+    return Block(name, inner, safe_sql(call.node), stand_in(inner), pairs=True)
+
+
+PAIR_KEY = "k"
+"""A pair lookup's columns: k0, k1, … — the call's documents in the order its prompt reads them."""
+
+
+def _pair_pushed(call: AiCall, two: _TwoTables) -> list[exp.Expression]:
+    """What may narrow the pairs asked: when both tables are the call's own block's and the block evaluates the call
+    after its WHERE (not in an ON clause), the WHERE's top-level conditions on either table alone or on the two
+    (no AI call, no subquery)."""
+    block = call.node.find_ancestor(exp.Select)
+    if block is None or any(s.block is not block for s in two.sources) or call.node.find_ancestor(exp.Join):
+        return []
+    where = block.args.get("where")
+    aliases = {s.alias.lower() for s in two.sources}
+    return [c.copy() for c in (conjuncts(where.this) if where is not None else [])
+            if not has_ai_calls(c) and c.find(exp.Select) is None
+            and {col.table.lower() for col in c.find_all(exp.Column)} <= aliases
+            and all(col.table for col in c.find_all(exp.Column))]
+
+
+def _pair_reading(name: str, documents: Sequence[exp.Expression]) -> exp.Expression:
+    """Whether this row's pair of documents is among those the question holds for: NULL where a document is NULL
+    (an AI value of NULL text is NULL), else whether the pair lookup `name` holds it."""
+    null = exp.or_(*(exp.Is(this=d.copy(), expression=exp.Null()) for d in documents))
+    found = exp.select("1").from_(exp.to_table(name, alias="p")).where(exp.and_(
+        *(exp.EQ(this=exp.column(f"{PAIR_KEY}{i}", table="p"), expression=d.copy()) for i, d in enumerate(documents))))
+    return exp.Case(ifs=[exp.If(this=null, true=exp.Null())], default=exp.Exists(this=found))
 
 
 def _standalone(block: exp.Select) -> bool:
@@ -253,7 +338,7 @@ def _sources(call: AiCall, ctes: Mapping[str, exp.CTE], relations: Describer) ->
         if source is not None:
             found[(source.alias, id(source.block))] = source
     if len(found) > 1:
-        raise _TwoTables
+        raise _TwoTables(list(found.values()))
     return next(iter(found.values()), None)
 
 

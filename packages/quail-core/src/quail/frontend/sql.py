@@ -851,8 +851,8 @@ class _Reader:
                 return exp.true()
         aliases = self._call_aliases(call)
         if len(aliases) != 1:
-            raise unsupported(f"{call.spelling} over {len(aliases)} tables outside the top-level AND of WHERE "
-                              "and ON", call.node, "an AI value (in OR, NOT, CASE, SELECT, ...) reads one table")
+            raise beyond_one_block(f"{call.spelling} over {len(aliases)} tables outside the top-level AND of WHERE "
+                                   "and ON", call.node, "an AI value (in OR, NOT, CASE, SELECT, ...) reads one table")
         return call_value(call, output_column(self._output(call).name))
 
     def _check_tail(self, statement: str) -> None:

@@ -317,6 +317,9 @@ def _explain(worked: _Worked, results: Mapping[str, QueryResult], verbose: bool,
 
 
 def _described(lookup: Lookup | Block, number: int) -> list[str]:
+    if isinstance(lookup, Block) and lookup.pairs:
+        return [f"-- round {number}, {lookup.name}: {lookup.text} over the pairs of its two tables: planned as an AI "
+                "join of them, the statement reading whether each pair of documents is among those it holds for"]
     if isinstance(lookup, Block):
         return [f"-- round {number}, {lookup.name}: the block {lookup.text} joins on AI: planned whole by the "
                 "planner of one block, its rows read as a table"]
