@@ -84,3 +84,16 @@ def test_two_ai_predicates_in_a_left_joins_on_are_asked_of_the_pairs_and_keep_un
     assert not isinstance(query, quail.Query)
     problem = same_rows(query.run().collect(), oracle_rows(sql, "snowflake"), ordered=False)
     assert problem is None, problem
+
+
+@pytest.mark.parametrize("column", ["r.body", "r.title"])
+def test_a_filter_on_one_of_the_two_tables_is_asked_in_the_first_step_only(session, column):
+    """The first step applies the block's AI filter on the reviews (and keys its pairs by the column it reads), so
+    the second never asks it again — with the answer store off, each review is asked once."""
+    sql = (f"SELECT r.id, a.aspect FROM reviews r JOIN aspects a ON {DISCUSS} AND {PRAISE} "
+           f"WHERE AI_FILTER(PROMPT('Is {{0}} about \"acting\"?', {column})) AND r.stars > 1")
+    result = session.sql(sql).run()
+    problem = same_rows(result.collect(), oracle_rows(sql, "snowflake"), ordered=False)
+    assert problem is None, problem
+    filters = [name for name in result.report["node_metrics"] if name.split("/")[-1].startswith("filter_")]
+    assert len(filters) == 1 and filters[0].startswith("pairs/"), filters

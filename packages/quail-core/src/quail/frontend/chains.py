@@ -67,7 +67,7 @@ def first_stage(chain: PairChain, statement: exp.Expression) -> exp.Select:
     earlier, later = chain.aliases
     kept = [c.copy() for c in _conditions(chain.block) if c is not chain.first.node and _aliases(c) <= {earlier, later}
             and c.find(exp.Select) is None and not _reads_both_by_ai(c)]
-    keys = [exp.alias_(document.copy(), f"{KEY}{i}") for i, document in enumerate(chain.documents)]
+    keys = [exp.alias_(column.copy(), f"{KEY}{i}") for i, column in enumerate(_keys(chain))]
     select = (exp.select(*keys).distinct().from_(sources[earlier].copy())
               .join(sources[later].copy(), join_type="cross").where(exp.and_(chain.first.node.copy(), *kept)))
     return cte_clause(select, statement)
@@ -80,16 +80,18 @@ def rest_stage(chain: PairChain, statement: exp.Expression, relation: str) -> ex
     located = pair_chain(statement)
     assert located is not None and located.first.node == chain.first.node
     block, earlier = located.block, located.aliases[0]
-    _drop(located.first.node)
+    keys = _keys(located)
+    for node in (located.first.node, *(condition for condition, _ in _implied(located))):
+        _drop(node)
     suffix = relation.rsplit("_", 1)[-1]
     alias = f"quail_pairs_{suffix}"
-    columns = [f"quail_{KEY}{i}_{suffix}" for i in range(len(located.documents))]
+    columns = [f"quail_{KEY}{i}_{suffix}" for i in range(len(keys))]
     inner = exp.select(*[exp.alias_(exp.column(f"{KEY}{i}"), name) for i, name in enumerate(columns)])
     table = exp.Subquery(this=inner.from_(exp.to_table(relation)), alias=exp.TableAlias(this=exp.to_identifier(alias)))
-    equal = [exp.EQ(this=exp.column(name, table=alias), expression=document.copy())
-             for name, document in zip(columns, located.documents, strict=True)]
-    on_earlier = [e for e, d in zip(equal, located.documents, strict=True) if d.table == earlier]
-    on_later = [e for e, d in zip(equal, located.documents, strict=True) if d.table != earlier]
+    equal = [exp.EQ(this=exp.column(name, table=alias), expression=key.copy())
+             for name, key in zip(columns, keys, strict=True)]
+    on_earlier = [e for e, k in zip(equal, keys, strict=True) if k.table == earlier]
+    on_later = [e for e, k in zip(equal, keys, strict=True) if k.table != earlier]
     joins = list(block.args.get("joins") or [])
     place = next(i for i, join in enumerate(joins) if join.this.alias_or_name == located.aliases[1])
     later = joins[place]
@@ -103,6 +105,33 @@ def rest_stage(chain: PairChain, statement: exp.Expression, relation: str) -> ex
         block.set("where", exp.Where(this=exp.and_(*on_later, *([where.this] if where is not None else []))))
     expand_star(block, alias)
     return statement
+
+
+def _implied(chain: PairChain) -> list[tuple[exp.Expression, list[exp.Column]]]:
+    """The block's AI filters over one of the two tables alone (top-level AND terms, prompts over plain columns): the
+    first step applies them, so a row whose pair of documents is among its tuples has passed them — the second step
+    needs not ask them again."""
+    found = []
+    for condition in _conditions(chain.block):
+        call = ai_call(condition)
+        if call is None or call.kind != "filter" or condition is chain.first.node:
+            continue
+        prompt = call.arguments[0] if call.arguments else None
+        documents = prompt.expressions[1:] if isinstance(prompt, exp.Anonymous) else []
+        columns = [d for d in documents if isinstance(d, exp.Column) and d.table]
+        if len(_aliases(condition)) == 1 and _aliases(condition) <= set(chain.aliases) and documents and \
+                len(columns) == len(documents):
+            found.append((condition, columns))
+    return found
+
+
+def _keys(chain: PairChain) -> list[exp.Column]:
+    """The pairs relation's columns: the first predicate's documents, then the columns the implied filters read."""
+    keys: dict[str, exp.Column] = {}
+    read = [*chain.documents, *(column for _, columns in _implied(chain) for column in columns)]
+    for column in read:
+        keys.setdefault(column.sql(), column)
+    return list(keys.values())
 
 
 def _chain(block: exp.Select, call: AiCall) -> PairChain | None:
