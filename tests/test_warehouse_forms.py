@@ -54,6 +54,9 @@ FORMS = [
     ("snowflake", "SELECT r.id, AI_CLASSIFY(r.body, [{'label': 'acting', 'description': 'the cast'}, "
                   "{'label': 'plot', 'description': 'the story'}]) AS k FROM reviews r",
      "SELECT r.id, AI_CLASSIFY(r.body, [('acting', 'the cast'), ('plot', 'the story')]) AS k FROM reviews r"),
+    ("bigquery", "SELECT r.id, AI.CLASSIFY(r.body, categories => ARRAY<STRUCT<description STRING, label STRING>>"
+                 "[('the cast', 'acting'), ('the story', 'plot')]) AS k FROM reviews r",
+     "SELECT r.id, AI.CLASSIFY(r.body, [('acting', 'the cast'), ('plot', 'the story')]) AS k FROM reviews r"),
     ("bigquery", f"SELECT r.id FROM reviews r WHERE AI.IF(('{ACTING}', r.body), examples => [('The cast shines', "
                  "TRUE), ('A dull plot', FALSE)])",
      f"SELECT r.id FROM reviews r WHERE AI.IF(PROMPT('{ACTING}{{0}}', r.body), {{'examples': [('The cast shines', "

@@ -346,6 +346,24 @@ def string_option(options: Options, key: str) -> str | None:
     raise unsupported(f"{key} {safe_sql(value)}", value, f"{key} is a string")
 
 
+def _typed_labels(node: exp.Cast) -> exp.Expression:
+    """BigQuery's typed array literal `ARRAY<STRUCT<label STRING, description STRING>>[('a', '…'), …]`: its tuples
+    as `(label, description)` in the order the type names those two fields."""
+    kind = node.args.get("to")
+    fields = kind.expressions[0].expressions if isinstance(kind, exp.DataType) and kind.expressions and \
+        isinstance(kind.expressions[0], exp.DataType) else []
+    names = [f.name.lower() for f in fields if isinstance(f, exp.ColumnDef)]
+    if sorted(names) != ["description", "label"]:
+        return node
+    order = [names.index("label"), names.index("description")]
+    entries = []
+    for entry in node.this.expressions:
+        if not (isinstance(entry, exp.Tuple) and len(entry.expressions) == 2):
+            return node
+        entries.append(exp.Tuple(expressions=[entry.expressions[i].copy() for i in order]))
+    return exp.Array(expressions=entries)
+
+
 def _label_fields(entry: exp.Struct) -> tuple[str, str | None] | None:
     """Snowflake's `{'label': 'a', 'description': '…'}` and BigQuery's `STRUCT('a' AS label, '…' AS description)`."""
     fields: dict[str, str] = {}
@@ -363,6 +381,8 @@ def _label_fields(entry: exp.Struct) -> tuple[str, str | None] | None:
 
 
 def read_labels(node: exp.Expression) -> tuple[Label, ...]:
+    if isinstance(node, exp.Cast) and isinstance(node.this, exp.Array):
+        node = _typed_labels(node)
     if not isinstance(node, exp.Array):
         raise unsupported(f"labels {safe_sql(node)}", node, "write ['a', 'b'] or [('a', 'description'), ...]")
     labels = []
