@@ -196,3 +196,16 @@ def test_an_equality_with_an_empty_table_plans_and_returns_no_rows(tmp_path):
         sql = ("SELECT f.id FROM films f JOIN nobody n ON n.film_id = f.id JOIN topics t "
                "ON AI_FILTER(PROMPT('Do {0} and {1} share a subject?', f.body, t.topic))")
         assert session.sql(sql).run().collect().num_rows == 0
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT f.id FROM films f WHERE EXISTS (SELECT 1 FROM comments c JOIN topics t ON AI_FILTER(PROMPT('Do {0} and "
+    "{1} share a subject?', c.remark, t.topic)) WHERE c.film_id = f.id)",
+    "SELECT f.id, (SELECT COUNT(*) FROM comments c JOIN topics t ON AI_FILTER(PROMPT('Do {0} and {1} share a "
+    "subject?', c.remark, t.topic)) WHERE c.film_id = f.id) AS n FROM films f",
+])
+def test_an_ai_join_inside_a_correlated_subquery_matches_the_oracle(tmp_path, sql):
+    """The subquery's AI join is asked of the pairs of its two tables (the general rule); DuckDB runs the correlated
+    subquery around the pairs it holds for."""
+    with _session(tmp_path / "answers.sqlite") as session:
+        _check(session, Chain(sql, "snowflake"), oracle_rows(sql, "snowflake", TABLES), "fresh")
