@@ -209,3 +209,44 @@ def test_an_ai_join_inside_a_correlated_subquery_matches_the_oracle(tmp_path, sq
     subquery around the pairs it holds for."""
     with _session(tmp_path / "answers.sqlite") as session:
         _check(session, Chain(sql, "snowflake"), oracle_rows(sql, "snowflake", TABLES), "fresh")
+
+
+@st.composite
+def questions_over_two_tables(draw: st.DrawFn) -> Chain:
+    """A TRUE/FALSE question over two tables where no AI join can hold it — under OR or NOT, as a SELECT value or a
+    CASE branch, in the ON of a RIGHT, FULL or LEFT join beside a condition on the preserved side — with column
+    predicates on either table coming and going."""
+    dialect = draw(st.sampled_from(["snowflake", "bigquery"]))
+    first, second = draw(st.permutations(list(ALIASES.values())))[:2]
+    tables = {v: k for k, v in ALIASES.items()}
+    question = _ai(first, second, dialect)
+    shape = draw(st.sampled_from(["or", "not", "select", "case", "right", "full", "left"]))
+    extra = [COLUMN[a] for a in (first, second) if draw(st.booleans())]
+    select = f"{ID[first]}, {ID[second]}"
+    source = f"{tables[first]} {first} CROSS JOIN {tables[second]} {second}"
+    where = list(extra)
+    if shape == "or":
+        where.append(f"({question} OR {COLUMN[first]})")
+    elif shape == "not":
+        where.append(f"NOT {question}")
+    elif shape == "select":
+        select += f", {question} AS q"
+    elif shape == "case":
+        select += f", CASE WHEN {question} THEN 'yes' ELSE 'no' END AS q"
+    else:
+        kind = {"right": "RIGHT", "full": "FULL OUTER", "left": "LEFT"}[shape]
+        beside = f" AND {COLUMN[first]}" if shape == "left" else ""
+        source = f"{tables[first]} {first} {kind} JOIN {tables[second]} {second} ON {question}{beside}"
+        where = []
+    sql = f"SELECT {select} FROM {source}" + (f" WHERE {' AND '.join(where)}" if where else "")
+    return Chain(sql, dialect)
+
+
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(chain=questions_over_two_tables())
+def test_random_questions_over_two_tables_outside_an_ai_join_match_the_oracle(chain: Chain):
+    expected = oracle_rows(chain.sql, chain.dialect, TABLES)
+    with tempfile.TemporaryDirectory() as directory, _session(Path(directory) / "a.sqlite") as session:
+        _check(session, chain, expected, "empty store")
+        _check(session, chain, expected, "every answer stored")
