@@ -259,14 +259,19 @@ PAIR_KEY = "k"
 
 def _pair_pushed(call: AiCall, two: _TwoTables) -> list[exp.Expression]:
     """What may narrow the pairs asked: when both tables are the call's own block's and the block evaluates the call
-    after its WHERE (not in an ON clause), the WHERE's top-level conditions on either table alone or on the two
-    (no AI call, no subquery)."""
+    after its joins and WHERE (not in an ON clause), the top-level conditions of its WHERE and of its inner joins' ON
+    clauses on either table alone or on the two (no AI call, no subquery)."""
     block = call.node.find_ancestor(exp.Select)
     if block is None or any(s.block is not block for s in two.sources) or call.node.find_ancestor(exp.Join):
         return []
     where = block.args.get("where")
+    found = conjuncts(where.this) if where is not None else []
+    for join in block.args.get("joins") or []:
+        inner = not join.args.get("side") and (join.args.get("kind") or "").upper() in ("", "INNER", "CROSS")
+        if inner and join.args.get("on") is not None:
+            found.extend(conjuncts(join.args["on"]))
     aliases = {s.alias.lower() for s in two.sources}
-    return [c.copy() for c in (conjuncts(where.this) if where is not None else [])
+    return [c.copy() for c in found
             if not has_ai_calls(c) and c.find(exp.Select) is None
             and {col.table.lower() for col in c.find_all(exp.Column)} <= aliases
             and all(col.table for col in c.find_all(exp.Column))]
