@@ -79,7 +79,9 @@ def test_naming_the_sessions_own_model_plans_as_naming_none(session, dialect, na
     assert render(query.logical_plan) == render(session.sql(plain).logical_plan)
 
 
-def test_a_named_model_the_backend_cannot_run_is_refused_before_any_model_work():
+def test_an_alias_of_any_catalog_model_plans_on_that_model_without_running_it():
+    """Planning (explain) on a model the alias names needs no model work: a 32B catalog model the keyword backend
+    accepts is planned on, by name, and nothing is booted."""
     with keyword_session(aliases={"big": "qwen3-32b"}) as opened:
         query = opened.sql("SELECT AI_COMPLETE('big', PROMPT('Summarize {0}', r.body)) AS s FROM reviews r")
         assert "qwen3-32b" in query.explain()

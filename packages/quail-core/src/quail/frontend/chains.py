@@ -20,11 +20,8 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from quail.frontend.blocking import expand_star
-from quail.frontend.lookups import block_sources, cte_clause
-from quail.frontend.syntax import AiCall, ai_call, ai_calls, conjuncts, safe_sql
-
-KEY = "k"
-"""The pairs relation's columns: k0, k1, … — the first predicate's documents in the order its prompt reads them."""
+from quail.frontend.lookups import PAIR_KEY, block_sources, cte_clause, inner_conditions, pairs_query
+from quail.frontend.syntax import AiCall, ai_call, ai_calls, safe_sql
 
 
 @dataclass(frozen=True)
@@ -48,7 +45,7 @@ def pair_chain(statement: exp.Expression) -> PairChain | None:
     top-level AND of its WHERE and inner joins' ON clauses, with the first of them; None when there is none."""
     for block in statement.find_all(exp.Select):
         by_tables: dict[frozenset[str], list[AiCall]] = {}
-        for condition in _conditions(block):
+        for condition in inner_conditions(block):
             call = ai_call(condition)
             aliases = _aliases(condition)
             if call is not None and call.kind == "filter" and len(aliases) == 2:
@@ -65,11 +62,9 @@ def first_stage(chain: PairChain, statement: exp.Expression) -> exp.Select:
     AND <the block's other conditions on those two tables alone, but its other AI predicates over both>."""
     sources = block_sources(chain.block)
     earlier, later = chain.aliases
-    kept = [c.copy() for c in _conditions(chain.block) if c is not chain.first.node and _aliases(c) <= {earlier, later}
+    kept = [c for c in inner_conditions(chain.block) if c is not chain.first.node and _aliases(c) <= {earlier, later}
             and c.find(exp.Select) is None and not _reads_both_by_ai(c)]
-    keys = [exp.alias_(column.copy(), f"{KEY}{i}") for i, column in enumerate(_keys(chain))]
-    select = (exp.select(*keys).distinct().from_(sources[earlier].copy())
-              .join(sources[later].copy(), join_type="cross").where(exp.and_(chain.first.node.copy(), *kept)))
+    select = pairs_query(sources[earlier], sources[later], _keys(chain), [chain.first.node, *kept])
     return cte_clause(select, statement)
 
 
@@ -85,8 +80,8 @@ def rest_stage(chain: PairChain, statement: exp.Expression, relation: str) -> ex
         _drop(node)
     suffix = relation.rsplit("_", 1)[-1]
     alias = f"quail_pairs_{suffix}"
-    columns = [f"quail_{KEY}{i}_{suffix}" for i in range(len(keys))]
-    inner = exp.select(*[exp.alias_(exp.column(f"{KEY}{i}"), name) for i, name in enumerate(columns)])
+    columns = [f"quail_{PAIR_KEY}{i}_{suffix}" for i in range(len(keys))]
+    inner = exp.select(*[exp.alias_(exp.column(f"{PAIR_KEY}{i}"), name) for i, name in enumerate(columns)])
     table = exp.Subquery(this=inner.from_(exp.to_table(relation)), alias=exp.TableAlias(this=exp.to_identifier(alias)))
     equal = [exp.EQ(this=exp.column(name, table=alias), expression=key.copy())
              for name, key in zip(columns, keys, strict=True)]
@@ -112,7 +107,7 @@ def _implied(chain: PairChain) -> list[tuple[exp.Expression, list[exp.Column]]]:
     first step applies them, so a row whose pair of documents is among its tuples has passed them — the second step
     needs not ask them again."""
     found = []
-    for condition in _conditions(chain.block):
+    for condition in inner_conditions(chain.block):
         call = ai_call(condition)
         if call is None or call.kind != "filter" or condition is chain.first.node:
             continue
@@ -144,17 +139,6 @@ def _chain(block: exp.Select, call: AiCall) -> PairChain | None:
         return None
     earlier, later = sorted(aliases, key=order.index)
     return PairChain(block, call, (earlier, later), tuple(d for d in documents if isinstance(d, exp.Column)))
-
-
-def _conditions(block: exp.Select) -> list[exp.Expression]:
-    """The top-level AND terms of the block's inner joins' ON clauses, then of its WHERE."""
-    found = []
-    for join in block.args.get("joins") or []:
-        inner = not join.args.get("side") and join.args.get("kind") in (None, "", "INNER", "CROSS")
-        if inner and join.args.get("on") is not None:
-            found.extend(conjuncts(join.args["on"]))
-    where = block.args.get("where")
-    return found + (conjuncts(where.this) if where is not None else [])
 
 
 def _aliases(node: exp.Expression) -> set[str]:

@@ -245,16 +245,35 @@ def _pair_lookup(call: AiCall, two: _TwoTables, ctes: Mapping[str, exp.CTE], nam
     if any(_holds_ai(source.node, ctes) for source in two.sources):
         return None
     first, second = two.sources
-    keys = [exp.alias_(document.copy(), f"{PAIR_KEY}{i}") for i, document in enumerate(documents)]
-    condition = exp.and_(call.node.copy(), *_pair_pushed(call, two))
-    inner = (exp.select(*keys).distinct().from_(first.node.copy()).join(second.node.copy(), join_type="cross")
-             .where(condition))
+    inner = pairs_query(first.node, second.node, documents, [call.node, *_pair_pushed(call, two)])
     inner = _with_ctes(inner, inner, ctes)
     return Block(name, inner, safe_sql(call.node), stand_in(inner), pairs=True)
 
 
 PAIR_KEY = "k"
-"""A pair lookup's columns: k0, k1, … — the call's documents in the order its prompt reads them."""
+"""A pairs query's columns: k0, k1, … — the documents (and columns) its keys name, in order."""
+
+
+def pairs_query(first: exp.Expression, second: exp.Expression, keys: Sequence[exp.Expression],
+                conditions: Sequence[exp.Expression]) -> exp.Select:
+    """`SELECT DISTINCT <keys> AS k0, … FROM <first> CROSS JOIN <second> WHERE <conditions>`: the tuples of
+    documents of the pairs of two tables' rows the conditions (a question over both among them) hold for — an AI
+    join the planner of one block plans. The pair lookups and the first step of a chain (`frontend.chains`) ask it."""
+    columns = [exp.alias_(key.copy(), f"{PAIR_KEY}{i}") for i, key in enumerate(keys)]
+    return (exp.select(*columns).distinct().from_(first.copy()).join(second.copy(), join_type="cross")
+            .where(exp.and_(*(c.copy() for c in conditions))))
+
+
+def inner_conditions(block: exp.Select) -> list[exp.Expression]:
+    """The top-level AND terms of the block's inner joins' ON clauses, then of its WHERE: what holds of every row
+    the block reads."""
+    found = []
+    for join in block.args.get("joins") or []:
+        inner = not join.args.get("side") and (join.args.get("kind") or "").upper() in ("", "INNER", "CROSS")
+        if inner and join.args.get("on") is not None:
+            found.extend(conjuncts(join.args["on"]))
+    where = block.args.get("where")
+    return found + (conjuncts(where.this) if where is not None else [])
 
 
 def _pair_pushed(call: AiCall, two: _TwoTables) -> list[exp.Expression]:
@@ -264,14 +283,8 @@ def _pair_pushed(call: AiCall, two: _TwoTables) -> list[exp.Expression]:
     block = call.node.find_ancestor(exp.Select)
     if block is None or any(s.block is not block for s in two.sources) or call.node.find_ancestor(exp.Join):
         return []
-    where = block.args.get("where")
-    found = conjuncts(where.this) if where is not None else []
-    for join in block.args.get("joins") or []:
-        inner = not join.args.get("side") and (join.args.get("kind") or "").upper() in ("", "INNER", "CROSS")
-        if inner and join.args.get("on") is not None:
-            found.extend(conjuncts(join.args["on"]))
     aliases = {s.alias.lower() for s in two.sources}
-    return [c.copy() for c in found
+    return [c for c in inner_conditions(block)
             if not has_ai_calls(c) and c.find(exp.Select) is None
             and {col.table.lower() for col in c.find_all(exp.Column)} <= aliases
             and all(col.table for col in c.find_all(exp.Column))]

@@ -31,40 +31,34 @@ class NamedModel:
     where: Where
 
 
-def model_entry(call: AiCall) -> tuple[exp.Struct, exp.Expression] | None:
-    """The options object holding the call's `model` entry, and that entry; None when the call names no model."""
+def _named(call: AiCall) -> tuple[exp.Struct, exp.Expression, exp.Literal] | None:
+    """The options object holding the call's `model` entry, that entry and the name it gives (a string); None when
+    the call names no model."""
     for options in call.arguments[1:]:
         if not isinstance(options, exp.Struct):
             continue
         for entry in options.expressions:
             field = struct_field(entry)
             if field is not None and field[0].lower() == MODEL_OPTION:
-                return options, entry
+                value = field[1]
+                return (options, entry, value) if isinstance(value, exp.Literal) and value.is_string else None
     return None
 
 
 def model_option(call: AiCall) -> str | None:
     """The model a canonical call names, or None for the one the session gives its kind of call."""
-    found = model_entry(call)
-    if found is None:
-        return None
-    value = struct_field(found[1])
-    assert value is not None
-    node = value[1]
-    return str(node.this) if isinstance(node, exp.Literal) and node.is_string else None
+    found = _named(call)
+    return None if found is None else str(found[2].this)
 
 
 def named_models(statement: exp.Expression) -> tuple[NamedModel, ...]:
     """Every model the canonical calls of `statement` name, where it is named."""
     found = []
     for call in _calls(statement):
-        entry = model_entry(call)
-        name = model_option(call)
-        if entry is not None and name is not None:
-            value = struct_field(entry[1])
-            assert value is not None
+        named = _named(call)
+        if named is not None:
             kind: ModelKind = "embedding" if call.kind == "embed" else "generative"
-            found.append(NamedModel(call.spelling, name, kind, where_of(value[1])))
+            found.append(NamedModel(call.spelling, str(named[2].this), kind, where_of(named[2])))
     return tuple(found)
 
 
@@ -72,12 +66,11 @@ def with_models(statement: exp.Expression, resolved: Mapping[tuple[str, ModelKin
     """`statement` (changed in place) with each call's model written as `resolved` says: the catalog model's name,
     or no `model` entry at all (None: the model the session gives that kind of call)."""
     for call in _calls(statement):
-        found = model_entry(call)
-        name = model_option(call)
-        if found is None or name is None:
+        named = _named(call)
+        if named is None:
             continue
-        options, entry = found
-        target = resolved[(name, "embedding" if call.kind == "embed" else "generative")]
+        options, entry, name = named
+        target = resolved[(str(name.this), "embedding" if call.kind == "embed" else "generative")]
         if target is None:
             entry.pop()
             if not options.expressions:

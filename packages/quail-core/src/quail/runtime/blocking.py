@@ -35,7 +35,7 @@ from quail.frontend.blocking import (
     unblocked,
     without_blocking,
 )
-from quail.frontend.embedding_forms import MODEL_OPTION
+from quail.frontend.calls import MODEL_OPTION
 from quail.frontend.lookups import LOOKUP_ALIAS, VALUE, Lookup
 from quail.frontend.spec import QuerySpec
 from quail.frontend.sql import Dialect, ParsedStatement, read_parsed

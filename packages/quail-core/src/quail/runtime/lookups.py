@@ -126,8 +126,11 @@ class LookupQuery:
         started = time.perf_counter()
         worked = self._work(run=True)
         assert worked.table is not None
-        remarks = (f"answered by the general rule: {len(worked.results)} AI call(s) as lookups over the distinct "
-                   "inputs of their tables, the statement on DuckDB", *self.remarks)
+        calls = sum(len(round_.lookups) for round_ in worked.rounds) + len(worked.aggregates)
+        queries = len(worked.results)
+        remarks = (f"answered by the general rule: {calls} AI call(s) as lookups over the distinct inputs of their "
+                   f"tables in {queries} {'query' if queries == 1 else 'queries'}, the statement on DuckDB",
+                   *self.remarks)
         report = merged_report(self.session, worked.results, started, self.order, remarks)
         return QueryResult(worked.table, merged_answers(worked.results), report,
                            _explain(worked, worked.results, False, self.remarks))

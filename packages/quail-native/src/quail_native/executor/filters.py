@@ -58,11 +58,10 @@ def run_filter(state: SharedState, alias: str, rows: Sequence[int], documents: d
     frame and question over it; with `retain` each surviving document's KV is kept for a later node (every
     document's with `retain_all`: a value every row goes on with), and what earlier nodes kept for `alias` and
     this one did not read is freed at the end."""
-    stale = set(state.retained_by.get(alias, ()))
     run = _FilterRun(state, alias, layout, answer, margin_of, retain or retain_all, retain_all)
-    run.schedule(rows, documents, share)
-    run_passes(state, run.fill, run.done, run.after_pass, lead)
-    state.release(alias, stale - run.kept_keys)
+    with state.reading(alias):
+        run.schedule(rows, documents, share)
+        run_passes(state, run.fill, run.done, run.after_pass, lead)
     return run.out
 
 
@@ -82,8 +81,6 @@ class _FilterRun:
     retain: bool
     retain_all: bool = False
     out: list[FilterAnswer] = field(default_factory=list)
-    kept_keys: set[DocKey] = field(default_factory=set)
-    """The documents whose KV this node kept for a later one."""
     fresh: deque[FilterDocument] = field(default_factory=deque)
     ready: deque[FilterDocument] = field(default_factory=deque)
     in_flight: int = 0
@@ -189,7 +186,6 @@ class _FilterRun:
         drop(self.state, doc.frame_block)
         if (verdict or self.retain_all) and self.retain and doc.doc_block is not None:
             self.state.retain(self.alias, self.key(doc), doc.doc_block)
-            self.kept_keys.add(self.key(doc))
         else:
             drop(self.state, doc.doc_block)
 

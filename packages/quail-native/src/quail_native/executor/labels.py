@@ -65,8 +65,6 @@ def run_labels(state: SharedState, alias: str, rows: Sequence[int], documents: d
     fresh = deque(LabelDocument(r, documents[r], documents[r] + layout.tail) for r in rows)
     ready: deque[tuple[LabelDocument, int]] = deque()
     out: dict[int, list[float]] = {}
-    stale = set(state.retained_by.get(alias, ()))
-    kept_keys: set[tuple[Tokens, Tokens]] = set()
 
     def parents(doc: LabelDocument) -> tuple[int, ...]:
         return (pre,) if doc.lent is None else (pre, doc.lent)
@@ -138,7 +136,6 @@ def run_labels(state: SharedState, alias: str, rows: Sequence[int], documents: d
             drop(state, doc.block)
             if layout.retain and doc.lent is not None:
                 state.retain(alias, (layout.preamble, doc.document), doc.lent)
-                kept_keys.add((layout.preamble, doc.document))
             else:
                 drop(state, doc.lent)
             out[doc.row] = doc.scores
@@ -151,8 +148,8 @@ def run_labels(state: SharedState, alias: str, rows: Sequence[int], documents: d
         finished.clear()
         state.report(len(out), len(rows))
 
-    run_passes(state, fill, lambda tag, result: finished.append((tag, result)), after_pass)
-    state.release(alias, stale - kept_keys)
+    with state.reading(alias):
+        run_passes(state, fill, lambda tag, result: finished.append((tag, result)), after_pass)
     return out
 
 

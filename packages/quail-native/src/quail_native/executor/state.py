@@ -7,7 +7,8 @@ passes over this state.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -42,6 +43,8 @@ class SharedState:
     progress: Callable[[int, int], None] | None = None
     pending: list[Item] = field(default_factory=list)
     """Preambles asked for since the last pass: they ride at the front of the next one."""
+    kept_now: set[DocKey] | None = None
+    """The documents whose KV the node running in `reading` has kept for a later one."""
 
     def report(self, done: int, total: int) -> None:
         if self.progress is not None:
@@ -89,8 +92,22 @@ class SharedState:
             self.preambles[tokens] = block
         return block
 
+    @contextmanager
+    def reading(self, alias: str) -> Iterator[None]:
+        """One node's run over `alias`'s documents: what earlier nodes kept for `alias` and this one neither took
+        nor kept again is freed when it ends (no node after it asked for it)."""
+        stale = set(self.retained_by.get(alias, ()))
+        self.kept_now = set()
+        try:
+            yield
+        finally:
+            kept, self.kept_now = self.kept_now, None
+            self.release(alias, stale - kept)
+
     def retain(self, alias: str, key: DocKey, block: int, reuse: float = 1.0) -> None:
-        """Keep a document's KV for the join anchored on `alias` (evictable, recomputed if evicted)."""
+        """Keep a document's KV for a later node over `alias` (evictable, recomputed if evicted)."""
+        if self.kept_now is not None:
+            self.kept_now.add(key)
         earlier = self.retained.get(key)
         if earlier is not None and earlier != block:
             self.arena.free(block)
