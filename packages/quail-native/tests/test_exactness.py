@@ -1033,6 +1033,42 @@ def test_greedy_generation_equals_transformers_generate(kind, chunk, open_run):
     assert run.report["minimum_tokens"] <= run.report["fresh_tokens"]
 
 
+@pytest.mark.skipif(kernels.one_row_status(torch.bfloat16) is None or DEVICE != "cpu",
+                    reason="the one-row decode kernels need a CPU with AVX-512 BF16")
+@pytest.mark.parametrize("kind", KINDS)
+def test_bf16_decoding_writes_the_same_tokens_with_the_one_row_kernels_as_with_onednn(kind, open_run, monkeypatch):
+    """A decode step of one sequence multiplies its projections and finds its head candidates in Quail's one-row
+    kernels (fp32 sums in another order than oneDNN's, one rounding): the chosen tokens are the ones the
+    oneDNN path chooses. Three documents, each alone in its query: every step after the first is one sequence."""
+    sql = ("SELECT r.id, AI_COMPLETE(PROMPT('Continue the review {0}', r.body), {'max_tokens': 24}) AS g "
+           "FROM reviews r WHERE r.id = ")
+    steps: list[bool] = []
+    head_top = kernels.head_top
+
+    def counted(*args):
+        found = head_top(*args)
+        steps.append(found is not None)
+        return found
+
+    with monkeypatch.context() as counting:
+        counting.setattr(kernels, "head_top", counted)
+        written = [generated(open_run(kind, CHUNKS[0], f"{sql}{i}", engine={"precision": "bf16"})) for i in IDS_ASKED]
+    with monkeypatch.context() as off:
+        off.setattr(kernels, "head_top", lambda *_: None)
+        off.setattr(kernels.OneRowProjection, "__call__", lambda *_: None)
+        off.setattr(kernels.RowDecoder, "__call__", lambda *_: None)
+        expected = [generated(open_run(kind, CHUNKS[0], f"{sql}{i}", engine={"precision": "bf16"})) for i in IDS_ASKED]
+    assert sum(steps) >= 30, f"{sum(steps)} steps of one sequence: too few for the check to mean anything"
+    assert written == expected
+
+
+IDS_ASKED = IDS["reviews"][:3]
+
+
+def generated(run: Run) -> list[tuple[tuple[int, ...], str]]:
+    return [(tuple(a["tokens"]), a["finish"]) for a in run.answers(run.node(ph.AiGenerate).id)]
+
+
 STRUCTURED_SQL = ("SELECT r.id, AI.GENERATE(('Describe ', r.body), output_schema => 'good BOOL, n INT64, "
                   "flags ARRAY<BOOL>, inner STRUCT<ok BOOL>', model_params => JSON "
                   "'{\"generationConfig\": {\"maxOutputTokens\": 64}}') AS g FROM reviews r")

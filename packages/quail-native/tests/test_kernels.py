@@ -494,3 +494,71 @@ def test_a_cpu_with_avx512_bf16_attends_with_the_fused_kernel_and_the_report_say
         if kernels.status().fused else f"two GEMMs around a softmax ({kernels.status().detail})"))
     assert kernels.attention_status(torch.float32) == ("fused fp32 kernel" if kernels.status().fused else
                                                        f"two GEMMs around a softmax ({kernels.status().detail})")
+
+
+needs_one_row_kernel = pytest.mark.skipif(kernels.one_row_status(torch.bfloat16) is None,
+                                          reason="the one-row kernels need AVX-512 BF16 and a built library")
+
+
+@needs_one_row_kernel
+@pytest.mark.parametrize(("rows", "width"), [(1536, 640), (640, 2048), (13, 40), (7, 96), (5, 17), (1, 1)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_a_one_row_projection_rounds_its_fp32_sum_once_as_f_linear_does(rows, width, with_bias) -> None:
+    """fp32 sums of exact bf16 products (in another order than oneDNN's), the bias added in fp32, one rounding:
+    within one bf16 step of the float64 product rounded to bf16, and mostly that very value."""
+    generator = torch.Generator().manual_seed(rows * width)
+    weight = (torch.randn(rows, width, generator=generator) * 0.05).to(torch.bfloat16)
+    bias = torch.randn(rows, generator=generator).to(torch.bfloat16) if with_bias else None
+    x = torch.randn(1, width, generator=generator).to(torch.bfloat16)
+    project = kernels.one_row_projection(weight, bias)
+    assert project is not None
+    got = project(x)
+    assert got is not None and got.shape == (1, rows) and got.dtype == torch.bfloat16
+    exact = x.double() @ weight.double().T + (0 if bias is None else bias.double())
+    gap = (got.double() - exact).abs()
+    assert bool((gap <= exact.abs() * 2.0 ** -8 * 1.01 + 1e-6).all())
+    assert (got != exact.to(torch.bfloat16)).float().mean().item() <= 0.02
+
+
+@needs_one_row_kernel
+def test_rows_and_layouts_the_one_row_kernel_does_not_take_are_left_to_the_caller() -> None:
+    weight = torch.randn(64, 32).to(torch.bfloat16)
+    project = kernels.one_row_projection(weight, None)
+    assert project is not None
+    assert project(torch.randn(2, 32).to(torch.bfloat16)) is None  # two rows: a GEMM
+    assert project(torch.randn(1, 32)) is None  # fp32
+    assert project(torch.randn(1, 64).to(torch.bfloat16)[:, ::2]) is None  # strided
+    assert kernels.one_row_projection(weight.T, None) is None  # not one contiguous block
+    assert kernels.one_row_projection(weight.float(), None) is None
+    assert kernels.one_row_projection(weight, torch.zeros(63, dtype=torch.bfloat16)) is None
+
+
+@needs_one_row_kernel
+@pytest.mark.parametrize(("vocabulary", "width", "top"), [(262144, 640, 8), (1001, 64, 8), (9, 17, 9), (50, 32, 1)])
+def test_the_head_top_kernel_finds_the_largest_logits_largest_first(vocabulary, width, top) -> None:
+    generator = torch.Generator().manual_seed(vocabulary)
+    head = (torch.randn(vocabulary, width, generator=generator) * 0.05).to(torch.bfloat16)
+    x = torch.randn(1, width, generator=generator).to(torch.bfloat16)
+    found = kernels.head_top(x, head, top)
+    assert found is not None
+    logits = (x.double() @ head.double().T)[0]
+    expected = logits.topk(top)
+    # fp32 sums may order two logits closer than their rounding differently: compare values, then ids elsewhere
+    assert torch.allclose(logits[found], expected.values, rtol=1e-5, atol=1e-6)
+    assert set(found.tolist()) == set(expected.indices.tolist()) or bool(
+        (logits[found].min() - logits[expected.indices].min()).abs() < 1e-5)
+
+
+@needs_one_row_kernel
+def test_equal_logits_go_to_the_lower_id_across_the_threads_shares() -> None:
+    """Every row of the head alike: the top ids are the first ones, whichever thread summed them."""
+    head = torch.ones(4099, 64, dtype=torch.bfloat16)
+    found = kernels.head_top(torch.ones(1, 64, dtype=torch.bfloat16), head, 5)
+    assert found is not None and found.tolist() == [0, 1, 2, 3, 4]
+
+
+def test_the_head_top_kernel_leaves_what_it_does_not_take_to_the_caller() -> None:
+    head = torch.randn(100, 32).to(torch.bfloat16)
+    assert kernels.head_top(torch.randn(2, 32).to(torch.bfloat16), head, 8) is None  # two rows
+    assert kernels.head_top(torch.randn(1, 32).to(torch.bfloat16), head, kernels.HEAD_MAX_TOP + 1) is None
+    assert kernels.head_top(torch.randn(1, 32), head.float(), 8) is None  # fp32: the exact head decides

@@ -86,6 +86,26 @@ def decode_rate(session: quail.Session, documents: int, tokens: int) -> Rate:
     return Rate(documents, written, max(whole.seconds - prefill.seconds, 1e-9))
 
 
+BANDWIDTH_PAIRS = 3
+"""Batch-1 measurements, each right after its own bandwidth probe: a shared machine's memory bandwidth moved
+between 45 and 85 GB/s from one second to the next here, so a probe taken once, before everything, said little
+about the bandwidth a decode run seconds later had."""
+
+
+@dataclass(frozen=True)
+class PairedDecode:
+    bandwidth: float
+    rate: Rate
+    ratio: float
+
+
+def paired_decode(session: quail.Session, tokens: int, step_bytes: float) -> PairedDecode:
+    """Batch-1 decoding beside the weight-bandwidth limit of the bandwidth probed just before it."""
+    bandwidth = memory_bandwidth()
+    rate = decode_rate(session, 1, tokens)
+    return PairedDecode(bandwidth, rate, rate.per_second / (bandwidth / step_bytes))
+
+
 def naive_loop(directory: Path, prompts: Sequence[tuple[int, ...]], lengths: Sequence[int]) -> float:
     """transformers' greedy `generate` on each prompt in turn, `lengths[i]` new tokens each (fp32, eager)."""
     from transformers import AutoModelForCausalLM
@@ -116,17 +136,19 @@ def run_generation(model: str, precision: str, out: Path, backends: Sequence[str
     spec = quail.ExtensionRegistry.with_built_ins().model(model)
     chosen = choose_precision(precision, torch.device("cpu"), spec.hidden, spec.ffn)
     bytes_per_weight = 4.0 if chosen.dtype == torch.float32 else 2.0
-    bandwidth = memory_bandwidth()
     lines: list[str] = []
     extract: dict[str, Timed] = {}
     with session_on(model, precision, "native", chunk_tokens) as session:
-        single = decode_rate(session, 1, tokens)
-        batched = decode_rate(session, documents, tokens)
         step = weight_bytes_per_step(spec, bytes_per_weight)
-        limit = bandwidth / step
+        paired = sorted((paired_decode(session, tokens, step) for _ in range(BANDWIDTH_PAIRS)),
+                        key=lambda pair: pair.ratio)
+        middle = paired[len(paired) // 2]
+        single, bandwidth, limit = middle.rate, middle.bandwidth, middle.bandwidth / step
         lines.append(f"decode, 1 sequence: {single.per_second:.2f} tokens/s; weight-bandwidth limit {limit:.2f} "
-                     f"tokens/s ({bandwidth / 1e9:.1f} GB/s measured, {step / 1e6:.0f} MB a step in "
-                     f"{chosen.dtype}); measured / limit {single.per_second / limit:.2f}")
+                     f"tokens/s ({bandwidth / 1e9:.1f} GB/s measured just before, {step / 1e6:.0f} MB a step in "
+                     f"{chosen.dtype}); measured / limit {middle.ratio:.2f} (the median of {len(paired)} such pairs: "
+                     + ", ".join(f"{pair.ratio:.2f} at {pair.bandwidth / 1e9:.0f} GB/s" for pair in paired) + ")")
+        batched = decode_rate(session, documents, tokens)
         lines.append(f"decode, {documents} sequences: {batched.per_second:.2f} tokens/s "
                      f"({batched.per_second / max(single.per_second, 1e-9):.1f}× one sequence)")
         extract["native"] = timed(session, EXTRACT.format(documents=documents))

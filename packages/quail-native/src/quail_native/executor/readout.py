@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from quail_native.models import kernels
 from quail_native.models.transformer import Transformer
 
 
@@ -70,13 +71,24 @@ def greedy_tokens(model: Transformer, hidden: torch.Tensor, allowed: torch.Tenso
     if hidden.shape[0] == 0:
         return []
     exact_head = model.head_weight.dtype == torch.float32
+    if not exact_head and allowed is None and hidden.shape[0] == 1:
+        top = kernels.head_top(hidden.to(model.head_weight.dtype), model.head_weight, NEAR_TOP)
+        if top is not None:  # one sequence: its candidates straight from the head, no logits written
+            return _exactly_largest(model, hidden, top.sort().values[None], None)
     logits = model.logits(hidden) if exact_head else model.logits(hidden, fp32=False)
     if allowed is not None:
         logits = logits.masked_fill(~allowed[:, : logits.shape[1]].to(logits.device), float("-inf"))
     if exact_head:
         return logits.argmax(dim=-1).tolist()
     top = logits.topk(min(NEAR_TOP, logits.shape[1]), dim=1).indices.sort(dim=1).values
-    exact = _exact(model, hidden, top)
+    return _exactly_largest(model, hidden, top, allowed)
+
+
+def _exactly_largest(model: Transformer, hidden: torch.Tensor, candidates: torch.Tensor,
+                     allowed: torch.Tensor | None) -> list[int]:
+    """Each row's candidate ([rows, k] ids in increasing order) of the largest fp32 logit among its allowed ones;
+    ties to the lower id."""
+    exact = _exact(model, hidden, candidates)
     if allowed is not None:
-        exact = exact.masked_fill(~allowed.to(top.device).gather(1, top), float("-inf"))
-    return top.gather(1, exact.argmax(dim=1, keepdim=True)).squeeze(1).tolist()
+        exact = exact.masked_fill(~allowed.to(candidates.device).gather(1, candidates), float("-inf"))
+    return candidates.gather(1, exact.argmax(dim=1, keepdim=True)).squeeze(1).tolist()

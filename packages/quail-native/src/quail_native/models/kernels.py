@@ -27,7 +27,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,6 +68,206 @@ def gelu_tanh_times(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     kernel(ctypes.c_void_p(gate.data_ptr()), ctypes.c_void_p(up.data_ptr()), ctypes.c_void_p(out.data_ptr()),
            ctypes.c_int64(gate.shape[0]), ctypes.c_int64(gate.shape[1]), ctypes.c_int64(gate.stride(0)))
     return out
+
+
+class OneRowProjection:
+    """`x @ weightᵀ (+ bias)` for a single bf16 row (a decode step of one sequence) in the library's kernel: one
+    read of the weight at the memory's rate, where oneDNN's one-row GEMM reached ~0.8 of it. Made once per weight
+    (`one_row_projection`), so a call checks only its row."""
+
+    def __init__(self, kernel: Callable[..., object], weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self._kernel = kernel
+        self._weight, self._bias = weight, bias  # kept alive: the kernel reads them by address
+        self._operands = (ctypes.c_void_p(weight.data_ptr()), ctypes.c_int64(weight.shape[0]),
+                          ctypes.c_int64(weight.shape[1]), ctypes.c_void_p(None if bias is None else bias.data_ptr()))
+        self._rows, self._dtype = weight.shape[0], weight.dtype
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
+        """[1, rows] for a [1, k] row of the weight's dtype whose k are contiguous; None for any other x."""
+        if not (x.dim() == 2 and x.shape[0] == 1 and x.dtype == self._dtype and x.stride(1) == 1 and x.is_cpu):
+            return None
+        out = torch.empty((1, self._rows), dtype=self._dtype)
+        self._kernel(ctypes.c_void_p(x.data_ptr()), *self._operands, ctypes.c_void_p(out.data_ptr()))
+        return out
+
+
+def one_row_projection(weight: torch.Tensor, bias: torch.Tensor | None) -> OneRowProjection | None:
+    """The one-row kernel for this weight, or None where it does not run: not bf16 on a CPU with AVX-512 BF16, no
+    library, a weight that is not one contiguous [rows, k] block (or a bias not matching it)."""
+    fits = (weight.is_cpu and weight.dim() == 2 and weight.is_contiguous()
+            and (bias is None or (bias.is_cpu and bias.dim() == 1 and bias.is_contiguous()
+                                  and bias.dtype == weight.dtype and bias.shape[0] == weight.shape[0])))
+    kernel = _kernel(_ONE_ROW_KERNELS, weight.dtype, fits)
+    return None if kernel is None else OneRowProjection(kernel, weight, bias)
+
+
+def head_top(x: torch.Tensor, head: torch.Tensor, top: int) -> torch.Tensor | None:
+    """The `top` largest logits' token ids of one row over a [vocabulary, hidden] head ([top] long, largest first,
+    ties to the lower id), computed in fp32 sums without writing the logits out — or None where the kernel does not
+    run (then the caller multiplies the whole head). A greedy choice needs no more: the head is read once a step
+    at the memory's rate."""
+    fits = (x.dim() == 2 and x.shape[0] == 1 and x.dtype == head.dtype and x.stride(1) == 1 and x.is_cpu
+            and head.is_cpu and head.dim() == 2 and head.is_contiguous() and x.shape[1] == head.shape[1]
+            and 1 <= top <= min(HEAD_MAX_TOP, head.shape[0]))
+    kernel = _kernel(_HEAD_TOP_KERNELS, head.dtype, fits)
+    if kernel is None:
+        return None
+    indices = torch.empty(top, dtype=torch.long)
+    kernel(ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(head.data_ptr()), ctypes.c_int64(head.shape[0]),
+           ctypes.c_int64(head.shape[1]), ctypes.c_int64(top), ctypes.c_void_p(indices.data_ptr()))
+    return indices
+
+
+def one_row_status(dtype: torch.dtype) -> str | None:
+    """For the report: what computes a decode step's one-row projections and head here, when not oneDNN."""
+    library = _library()[0] if dtype in _ONE_ROW_KERNELS else None
+    if library is None or not hasattr(library, _ONE_ROW_KERNELS[dtype]):
+        return None
+    return "one row (a decode step) and the greedy head in Quail's bf16 kernel"
+
+
+class _DecodeLayer(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_void_p) for name in (
+        "qkv", "qkv_bias", "o", "gate_up", "down", "input_norm", "post_attention_norm", "pre_feedforward_norm",
+        "post_feedforward_norm", "q_norm", "k_norm", "arena_keys", "arena_values")] + [("sliding", ctypes.c_int64)]
+
+
+class _DecodeStep(ctypes.Structure):
+    _fields_ = ([(name, ctypes.c_int64) for name in ("hidden", "heads", "kv_heads", "head_dim", "ffn", "gemma_norms",
+                                                     "gelu")]
+                + [("eps", ctypes.c_float), ("attention_scale", ctypes.c_float)]
+                + [(name, ctypes.c_int64) for name in ("arena_head_stride", "segments")]
+                + [(name, ctypes.c_void_p) for name in ("slots", "shapes")]
+                + [(name, ctypes.c_void_p * 2) for name in ("masks", "cos", "sin")])
+
+
+@dataclass(frozen=True)
+class DecodeLayerWeights:
+    """One layer as the decode kernel reads it: fused projection weights (contiguous bf16), norm weights as the
+    norm kernels apply them (`applied_norm`), and which RoPE tables and mask it takes."""
+
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    input_norm: torch.Tensor
+    post_attention_norm: torch.Tensor
+    pre_feedforward_norm: torch.Tensor | None
+    post_feedforward_norm: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    sliding: bool
+
+
+@dataclass(frozen=True)
+class DecodeShape:
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    gemma_norms: bool
+    gelu: bool
+    eps: float
+    attention_scale: float
+
+
+@dataclass(frozen=True)
+class DecodedRow:
+    x: torch.Tensor  # [1, hidden]: the last layer's output, before the final norm
+    keys: torch.Tensor  # [layers, kv_heads, 1, head_dim]
+    values: torch.Tensor
+
+
+class RowDecoder:
+    """A decode step of one sequence through every layer in one call of the library's kernel (the same kernels and
+    roundings as the layer-by-layer pass, without ~150 µs of Python between a layer's dozen operations). Made once
+    per model (`row_decoder`); a call returns None for a pass the kernel does not read, and the caller runs the
+    layers one by one."""
+
+    def __init__(self, kernel: Callable[..., object], shape: DecodeShape, layers: Sequence[DecodeLayerWeights]) -> None:
+        self._kernel, self._shape, self._layers = kernel, shape, tuple(layers)
+        self._arena: tuple[int, ...] = ()
+        self._structs = (_DecodeLayer * len(self._layers))()
+
+    def __call__(self, x: torch.Tensor, context: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                 segments: FlatSegments | None, masks: dict[str, torch.Tensor],
+                 tables: dict[str, tuple[torch.Tensor, ...]]) -> DecodedRow | None:
+        """One row x [1, hidden] over the layers' arena KV `context` under the pass's one-row layout."""
+        shape = self._shape
+        if not self._reads(x, context, segments, masks, tables) or segments is None:
+            return None
+        self._point_at(context)
+        step = _DecodeStep(shape.hidden, shape.heads, shape.kv_heads, shape.head_dim, shape.ffn, shape.gemma_norms,
+                           shape.gelu, shape.eps, shape.attention_scale, context[0][0].stride(0),
+                           segments.shapes.shape[0], segments.slots.data_ptr(), segments.shapes.data_ptr())
+        for index, kind in enumerate(("full", "sliding")):
+            step.masks[index] = masks[kind].data_ptr()
+            cos, sin = tables.get(kind, tables.get("full", ()))[:2]
+            step.cos[index], step.sin[index] = cos.data_ptr(), sin.data_ptr()
+        out = x.clone()
+        keys = torch.empty((len(self._layers), shape.kv_heads, 1, shape.head_dim), dtype=x.dtype)
+        values = torch.empty_like(keys)
+        failed = self._kernel(self._structs, ctypes.c_int64(len(self._layers)), ctypes.byref(step),
+                              ctypes.c_void_p(out.data_ptr()), ctypes.c_void_p(keys.data_ptr()),
+                              ctypes.c_void_p(values.data_ptr()))
+        if failed:
+            raise MemoryError("the decode kernel could not allocate its scratch")
+        return DecodedRow(out, keys, values)
+
+    def _reads(self, x: torch.Tensor, context: Sequence[tuple[torch.Tensor, torch.Tensor]],
+               segments: FlatSegments | None, masks: dict[str, torch.Tensor],
+               tables: dict[str, tuple[torch.Tensor, ...]]) -> bool:
+        """What the kernel reads: one contiguous bf16 row, every layer's arena KV [kv_heads, slots, head_dim]
+        alike, a one-row layout with its masks, contiguous one-row RoPE tables."""
+        shape = self._shape
+        if not (x.dtype == torch.bfloat16 and x.is_cpu and x.shape == (1, shape.hidden) and x.is_contiguous()
+                and segments is not None and segments.rows == 1 and len(context) == len(self._layers)):
+            return False
+        first = context[0][0]
+        if not (first.dtype == x.dtype and first.is_cpu and first.dim() == 3 and first.shape[0] == shape.kv_heads
+                and first.shape[2] == shape.head_dim and first.stride()[1:] == (shape.head_dim, 1)):
+            return False
+        if any(k.stride() != first.stride() or v.stride() != first.stride() or k.shape != first.shape
+               or v.shape != first.shape for k, v in context):
+            return False
+        if any(not (m.dtype == torch.bool and m.is_contiguous() and m.numel() == segments.mask_entries)
+               for m in (masks["full"], masks["sliding"])):
+            return False
+        return all(t.dtype == x.dtype and t.is_contiguous() and t.shape == (1, shape.head_dim)
+                   for pair in tables.values() for t in pair[:2])
+
+    def _point_at(self, context: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """The layer structs, (re)filled when the arena's tensors are not the ones they point at."""
+        arena = tuple(t.data_ptr() for pair in context for t in pair)
+        if arena == self._arena:
+            return
+        for struct, layer, (keys, values) in zip(self._structs, self._layers, context, strict=True):
+            for name in ("qkv", "qkv_bias", "o", "gate_up", "down", "input_norm", "post_attention_norm",
+                         "pre_feedforward_norm", "post_feedforward_norm", "q_norm", "k_norm"):
+                tensor = getattr(layer, name)
+                setattr(struct, name, None if tensor is None else tensor.data_ptr())
+            struct.arena_keys, struct.arena_values = keys.data_ptr(), values.data_ptr()
+            struct.sliding = layer.sliding
+        self._arena = arena
+
+
+def row_decoder(shape: DecodeShape, layers: Sequence[DecodeLayerWeights]) -> RowDecoder | None:
+    """The one-row decode kernel for these layers, or None where it does not run: not bf16 weights on a CPU with
+    AVX-512 BF16, no library, head_dim not a multiple of 32 (the attention kernel's), a weight the one-row
+    projection does not take."""
+    fits = shape.head_dim % 32 == 0 and all(
+        one_row_projection(weight, bias) is not None
+        for layer in layers for weight, bias in ((layer.qkv, layer.qkv_bias), (layer.o, None), (layer.gate_up, None),
+                                                 (layer.down, None)))
+    kernel = _kernel(_DECODE_KERNELS, layers[0].qkv.dtype if layers else torch.float32, fits and bool(layers))
+    return None if kernel is None else RowDecoder(kernel, shape, layers)
+
+
+def applied_norm(weight: torch.Tensor, gemma: bool, scale: float = 1.0) -> torch.Tensor:
+    """A norm weight as the norm kernels apply it (fp32, (1 + w) or w, times `scale`): what the decode kernel reads."""
+    return _applied(weight, gemma, scale)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool,
@@ -286,6 +486,11 @@ _ATTENTION_KERNELS = {torch.bfloat16: "quail_attention_bf16", torch.float32: "qu
 _GELU_KERNELS = {torch.bfloat16: "quail_gelu_tanh_times_bf16", torch.float32: "quail_gelu_tanh_times_f32"}
 _NORM_KERNELS = {torch.bfloat16: "quail_rms_norm_bf16", torch.float32: "quail_rms_norm_f32"}
 _NORM_ROPE_KERNELS = {torch.bfloat16: "quail_rms_norm_rope_bf16", torch.float32: "quail_rms_norm_rope_f32"}
+_ONE_ROW_KERNELS = {torch.bfloat16: "quail_gemv_bf16"}  # these two need AVX-512 BF16: absent from other builds
+_HEAD_TOP_KERNELS = {torch.bfloat16: "quail_head_top_bf16"}
+_DECODE_KERNELS = {torch.bfloat16: "quail_decode_row_bf16"}
+HEAD_MAX_TOP = 16
+"""The most candidates `head_top` keeps (the kernel's HEAD_MAX_TOP)."""
 
 
 def _norm_rows(x: torch.Tensor, residual: torch.Tensor | None) -> tuple[int, int, int] | None:

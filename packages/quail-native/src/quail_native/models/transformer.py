@@ -368,6 +368,20 @@ class Block(nn.Module):
             self.pre_feedforward_layernorm = RMSNorm(arch.hidden, arch.norm_eps, True)
             self.post_feedforward_layernorm = RMSNorm(arch.hidden, arch.norm_eps, True)
 
+    def decode_weights(self) -> kernels.DecodeLayerWeights:
+        """This layer as the one-row decode kernel reads it (after `fuse`)."""
+        attention, mlp, gemma = _fused(self.self_attn.fused), _fused(self.mlp.fused), self.gemma
+        q_norm, k_norm = self.self_attn.q_norm, self.self_attn.k_norm
+        scale = self.self_attn.arch.attention_scale
+        return kernels.DecodeLayerWeights(
+            attention.qkv.weight, attention.qkv.bias, attention.o.weight, mlp.gate_up.weight, mlp.down.weight,
+            kernels.applied_norm(self.input_layernorm.weight, gemma),
+            kernels.applied_norm(self.post_attention_layernorm.weight, gemma),
+            kernels.applied_norm(self.pre_feedforward_layernorm.weight, gemma) if gemma else None,
+            kernels.applied_norm(self.post_feedforward_layernorm.weight, gemma) if gemma else None,
+            None if q_norm is None else kernels.applied_norm(q_norm.weight, q_norm.gemma, scale),
+            None if k_norm is None else kernels.applied_norm(k_norm.weight, k_norm.gemma), self.kind == "sliding")
+
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...], context: tuple[torch.Tensor, torch.Tensor],
                 layout: AttentionLayout, keep: torch.Tensor | None = None,
                 written: WrittenRows | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -404,6 +418,8 @@ class Transformer(nn.Module):
         """The head prepacked for the CPU's GEMM, made on the first read of the whole head (a decode step, a label
         readout) once `fuse_projections` allows it: a copy of the head, which TRUE/FALSE readouts never need."""
         self.pack_head = False
+        self.row_decoder: kernels.RowDecoder | None = None
+        """Every layer of a one-row pass (a decode step of one sequence) in one kernel call, where it runs."""
 
     def fuse_projections(self) -> None:
         """Fewer, wider GEMMs per layer (q/k/v and gate/up), with weights prepacked for the CPU's GEMM
@@ -413,6 +429,12 @@ class Transformer(nn.Module):
             block.self_attn.fuse()
             block.mlp.fuse()
         self.pack_head = True
+        self.row_decoder = kernels.row_decoder(self._decode_shape(), [block.decode_weights() for block in self.layers])
+
+    def _decode_shape(self) -> kernels.DecodeShape:
+        arch = self.arch
+        return kernels.DecodeShape(arch.hidden, arch.heads, arch.kv_heads, arch.head_dim, arch.ffn, arch.gemma_norms,
+                                   arch.activation == "gelu_tanh", arch.norm_eps, arch.attention_scale)
 
     @property
     def head_weight(self) -> torch.Tensor:
@@ -433,6 +455,11 @@ class Transformer(nn.Module):
         `written` rows' KV goes into the context in each layer before any row attends."""
         x = self.embed(tokens)
         tables = self.rope(positions, x.dtype)
+        if self.row_decoder is not None and written is None and x.shape[0] == 1 and readout.tolist() == [0]:
+            decoded = self.row_decoder(x, context, layout.flat, layout.masks, tables)
+            if decoded is not None:
+                return ForwardOutput(self.norm(decoded.x), list(decoded.keys.unbind(0)),
+                                     list(decoded.values.unbind(0)))
         keys, values = [], []
         last = len(self.layers) - 1
         for index, block in enumerate(self.layers):
