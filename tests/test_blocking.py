@@ -113,10 +113,41 @@ def test_bigquery_spelling_and_select_star(session):
     assert "l" not in table.column_names and "aspect" in table.column_names and "body" in table.column_names
 
 
-def test_explain_shows_the_pairs_before_and_after(session):
-    text = session.sql(JOIN.replace("{options}", ", {'blocking': 'top_k', 'k': 2}")).explain()
-    assert "65 pairs of distinct texts (13 × 5) → 26 asked" in text
-    assert "estimated recall: measured when the query runs" in text
+def test_explain_shows_the_pairs_before_and_after_and_a_recall_estimated_before_the_run(session):
+    text = session.sql(JOIN.replace("{options}", ", {'blocking': 'top_k', 'k': 1}")).explain()
+    assert "65 pairs of distinct texts (13 × 5) → 13 asked" in text
+    found = re.search(r"estimated recall before the run ([\d.]+) \(≥ ([\d.]+) at 95 %\): (\d+) of 13 sampled kept "
+                      r"pairs and (\d+) of 32 left out hold", text)
+    assert found, text
+    estimate, lower, inside_true, outside_true = (float(found.group(1)), float(found.group(2)), int(found.group(3)),
+                                                  int(found.group(4)))
+    # every kept pair is in the pilot here (13 ≤ 32): its count inside is the run's own
+    run = session.sql(JOIN.replace("{options}", ", {'blocking': 'top_k', 'k': 1}")).run()
+    assert inside_true == len(run.collect())
+    outside = 65 - 13
+    assert estimate == pytest.approx(round(inside_true / (inside_true + outside_true / 32 * outside), 3), abs=1e-3)
+    assert lower <= estimate
+    truth = unblocked(session)
+    assert abs(estimate - len(run.collect()) / len(truth)) < 0.2
+
+
+def test_the_pilot_is_stored_so_the_run_after_explain_asks_none_of_its_pairs_again(tmp_path):
+    with keyword_session(store=tmp_path / "store") as opened:
+        query = opened.sql(JOIN.replace("{options}", ", {'blocking': 'top_k', 'k': 1}"))
+        query.explain()
+        result = query.run()
+    work = result.query_report.node_metrics
+    asked = {name: m.computed_answers or 0 for name, m in work.items()
+             if name.startswith("join") or name.startswith("blocking/sample/")}
+    assert asked and sum(asked.values()) == 0, asked  # the kept pairs and the left-out sample: all from the pilot
+
+
+def test_explain_says_when_no_pilot_pair_holds():
+    left = pa.table({"id": [1, 2], "body": ["zzz qqq", "www vvv"]})
+    right = pa.table({"aspect_id": [1, 2, 3], "aspect": ["music", "plot", "acting"]})
+    with keyword_session(tables={"reviews": left, "aspects": right}) as opened:
+        text = opened.sql(JOIN.replace("{options}", ", {'blocking': 'top_k', 'k': 1}")).explain()
+    assert "estimated recall: no sampled pair holds, so the pilot cannot tell" in text
 
 
 def test_a_large_unblocked_join_is_proposed_blocking():

@@ -5,7 +5,9 @@ twice); a flat inner-product index over the `{1}` texts' unit vectors gives ever
 (exact: on the sizes a model can judge, an exhaustive search is milliseconds — see docs/embeddings.md); the pairs are
 registered as a relation and the rewritten statement is planned by the ordinary planner, which asks the model only
 about them. After the run, a sample of the pairs left out is judged with the same prompt, so the report estimates
-what the blocking missed (recall) from measurement, not assumption.
+what the blocking missed (recall) from measurement, not assumption. `explain()` estimates it before the run the same
+way from a pilot — a sample of the kept pairs and the same sample of the left-out ones, judged while explaining and
+kept by the answer store, so the run that follows asks none of them again.
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ class Pairs:
     seconds: float
     outside: Callable[[int], pa.Table]
     """Up to n pairs not in `table`, drawn at random (the same draw every time)."""
+    inside: Callable[[int], pa.Table]
+    """Up to n pairs of `table`, drawn at random without repeats (the same draw every time)."""
     work: Mapping[str, NodeMetrics]
     """The embedding runs' node metrics (`blocking/left/...`, `blocking/right/...`), for the report."""
 
@@ -139,7 +143,9 @@ class BlockedQuery:
             return self.run().explain()
         with self._registered() as query:
             shown = query.explain(verbose)
-        return "\n".join([*_described(self.blocked, self.pairs(), None), shown])
+        pairs = self.pairs()
+        pilot = pilot_recall(self.session, self._planner, self.anchored()[0], pairs, self.dialect)
+        return "\n".join([*_described(self.blocked, pairs, pilot.describe()), shown])
 
     def run(self) -> QueryResult:
         self.session.check_open()
@@ -150,7 +156,7 @@ class BlockedQuery:
             asked = asked_pairs(query, result, blocked)
         pairs = self.pairs()
         recall = estimate_recall(self.session, self._planner, blocked, pairs, asked, self.dialect)
-        lines = _described(self.blocked, pairs, recall)
+        lines = _described(self.blocked, pairs, recall.describe())
         report = replace(result.query_report, remarks=(*lines, *result.query_report.remarks),
                          wall_s=time.perf_counter() - started, blocking=recall.report(pairs),
                          node_metrics={**result.query_report.node_metrics, **pairs.work, **recall.work})
@@ -204,9 +210,13 @@ def block(session: QuerySession, blocked: BlockedJoin, name: str) -> Pairs:
         return pa.table({LEFT: [left_texts[i] for i, _ in drawn], RIGHT: [right_texts[j] for _, j in drawn]},
                         schema=PAIRS)
 
+    def inside(count: int) -> pa.Table:
+        drawn = np.random.default_rng(SEED).permutation(table.num_rows)[:count]
+        return table.take(pa.array(np.sort(drawn), pa.int64()))
+
     work = {f"blocking/{side}/{node}": metrics for side, result in (("left", left), ("right", right))
             for node, metrics in result.query_report.node_metrics.items()}
-    return Pairs(table, len(left_texts), len(right_texts), time.perf_counter() - started, outside, work)
+    return Pairs(table, len(left_texts), len(right_texts), time.perf_counter() - started, outside, inside, work)
 
 
 def nearest(left: np.ndarray, right: np.ndarray, k: int | None, similarity: float | None) -> list[tuple[int, int]]:
@@ -267,10 +277,7 @@ class Recall:
         """The estimate at the upper end of the Wilson 95 % interval of the share of left-out pairs that hold."""
         if self.estimate is None or not self.sampled:
             return self.estimate
-        z, n, share = 1.96, self.sampled, self.sampled_true / self.sampled
-        spread = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n))
-        high = (share + z * z / (2 * n) + spread) / (1 + z * z / n)
-        found = self.inside_true + high * self.outside
+        found = self.inside_true + _wilson(self.sampled_true, self.sampled)[1] * self.outside
         return 1.0 if found == 0 else self.inside_true / found
 
     def report(self, pairs: Pairs) -> BlockingReport:
@@ -319,13 +326,80 @@ def estimate_recall(session: QuerySession, planner: Planner, blocked: BlockedJoi
     sample = pairs.outside(min(RECALL_SAMPLE, outside) if asked_all else 0)
     if sample.num_rows == 0:
         return Recall(len(asked.true), 0, 0, outside, asked_all)
-    relation = PairsRelation(f"__quail_sample_{uuid.uuid4().hex[:8]}")
+    holding, work = _judged(session, planner, blocked, sample, dialect, "sample")
+    return Recall(len(asked.true), sample.num_rows, holding, outside, asked_all, work)
+
+
+def _judged(session: QuerySession, planner: Planner, blocked: BlockedJoin, sample: pa.Table, dialect: Dialect,
+            label: str) -> tuple[int, dict[str, NodeMetrics]]:
+    """How many of the sampled pairs hold, asked with the blocked join's own prompt (the two tables joined through
+    the sample), and the model work it took (`blocking/<label>/...`)."""
+    relation = PairsRelation(f"__quail_{label}_{uuid.uuid4().hex[:8]}")
     statement = _sample_statement(blocked, relation)
     with session.database.registered({relation.name: sample}):
         spec = read_parsed(ParsedStatement(statement), statement.sql(dialect=dialect), session.database, dialect)
         judged = planner(spec, None).run()
-    work = {f"blocking/sample/{node}": metrics for node, metrics in judged.query_report.node_metrics.items()}
-    return Recall(len(asked.true), sample.num_rows, judged.count(), outside, asked_all, work)
+    return judged.count(), {f"blocking/{label}/{node}": m for node, m in judged.query_report.node_metrics.items()}
+
+
+@dataclass(frozen=True)
+class Pilot:
+    """The recall estimated before the run: the share of a sample of the kept pairs that holds and the share of a
+    sample of the pairs left out (the very draw the run's own estimate asks again), scaled to the two sets' sizes."""
+
+    inside: int
+    inside_true: int
+    kept: int
+    sampled: int
+    sampled_true: int
+    outside: int
+
+    @property
+    def estimate(self) -> float | None:
+        """None when no sampled pair holds: the pilot then says nothing of how many the blocks miss."""
+        if self.outside == 0:
+            return 1.0
+        if self.inside_true == 0 and self.sampled_true == 0:
+            return None
+        return self._recall(self.inside_true / max(self.inside, 1), self.sampled_true / max(self.sampled, 1))
+
+    def lower_bound(self) -> float | None:
+        """At the low end of the Wilson 95 % interval of the kept pairs' share and the high end of the left-out's."""
+        if self.estimate is None or self.outside == 0:
+            return self.estimate
+        return self._recall(_wilson(self.inside_true, self.inside)[0], _wilson(self.sampled_true, self.sampled)[1])
+
+    def _recall(self, inside_share: float, outside_share: float) -> float:
+        held, missed = inside_share * self.kept, outside_share * self.outside
+        return held / (held + missed) if held + missed else 0.0
+
+    def describe(self) -> str:
+        counts = (f"{self.inside_true} of {self.inside} sampled kept pairs and {self.sampled_true} of {self.sampled} "
+                  f"left out hold (asked while explaining; the answer store keeps them for the run)")
+        if self.estimate is None:
+            return f"estimated recall: no sampled pair holds, so the pilot cannot tell ({counts})"
+        return f"estimated recall before the run {self.estimate:.3f} (≥ {self.lower_bound():.3f} at 95 %): {counts}"
+
+
+def _wilson(held: int, asked: int) -> tuple[float, float]:
+    """The Wilson 95 % interval of a share `held` of `asked` ((0, 0) for nothing asked)."""
+    if not asked:
+        return 0.0, 0.0
+    z, share = 1.96, held / asked
+    middle = share + z * z / (2 * asked)
+    spread = z * math.sqrt(share * (1 - share) / asked + z * z / (4 * asked * asked))
+    scale = 1 + z * z / asked
+    return (middle - spread) / scale, (middle + spread) / scale
+
+
+def pilot_recall(session: QuerySession, planner: Planner, blocked: BlockedJoin, pairs: Pairs,
+                 dialect: Dialect) -> Pilot:
+    """The recall estimated before the run from RECALL_SAMPLE kept pairs and RECALL_SAMPLE left out, judged now."""
+    outside = pairs.before - pairs.after
+    inside, left_out = pairs.inside(min(RECALL_SAMPLE, pairs.after)), pairs.outside(min(RECALL_SAMPLE, outside))
+    inside_true = _judged(session, planner, blocked, inside, dialect, "pilot")[0] if inside.num_rows else 0
+    sampled_true = _judged(session, planner, blocked, left_out, dialect, "pilot")[0] if left_out.num_rows else 0
+    return Pilot(inside.num_rows, inside_true, pairs.after, left_out.num_rows, sampled_true, outside)
 
 
 def _sample_statement(blocked: BlockedJoin, pairs: PairsRelation) -> exp.Select:
@@ -363,12 +437,7 @@ def _texts_and_vectors(table: pa.Table) -> tuple[list[str], np.ndarray]:
     return texts, np.asarray(vectors, np.float32).reshape(len(vectors), dimensions)
 
 
-def _described(blocked: BlockedJoin, pairs: Pairs, recall: Recall | None) -> list[str]:
-    lines = [f"similarity blocking of {blocked.call}: {blocked.describe()} — {pairs.before:,} pairs of distinct "
-             f"texts ({pairs.left_texts:,} × {pairs.right_texts:,}) → {pairs.after:,} asked "
-             f"({pairs.before / max(pairs.after, 1):.1f}× fewer; embeddings and search {pairs.seconds:.2f} s)"]
-    if recall is None:
-        lines.append("estimated recall: measured when the query runs, on a sample of the pairs left out")
-    else:
-        lines.append(recall.describe())
-    return lines
+def _described(blocked: BlockedJoin, pairs: Pairs, recall: str) -> list[str]:
+    return [f"similarity blocking of {blocked.call}: {blocked.describe()} — {pairs.before:,} pairs of distinct "
+            f"texts ({pairs.left_texts:,} × {pairs.right_texts:,}) → {pairs.after:,} asked "
+            f"({pairs.before / max(pairs.after, 1):.1f}× fewer; embeddings and search {pairs.seconds:.2f} s)", recall]

@@ -1094,6 +1094,15 @@ typedef struct {
     const uint16_t *cos[2], *sin[2]; /* the row's RoPE tables (the sine signed), full and sliding */
 } DecodeStep;
 
+/* One row's RMSNorm into out (plus `residual` when given), on this thread: at one row a parallel region costs more
+ * than the norm. The same arithmetic as quail_rms_norm_bf16. */
+static void norm_row(const uint16_t *x, int64_t width, const float *weight, float eps, int gemma,
+                     const uint16_t *residual, uint16_t *out) {
+    normalize_bf16(x, width, weight, eps, gemma, out);
+    if (residual != NULL)
+        for (int64_t j = 0; j < width; j++) out[j] = narrow(widen(residual[j]) + widen(out[j]));
+}
+
 /* RoPE of one head in place, then the query scale, rounded as torch's ops round: n · cos, + swap(n) · sin, · s. */
 static void rotate_head(uint16_t *head, int64_t dim, const uint16_t *c, const uint16_t *s, float scale) {
     int64_t half = dim / 2;
@@ -1155,7 +1164,7 @@ int quail_decode_row_bf16(const DecodeLayer *layers, int64_t count, const Decode
         const DecodeLayer *layer = &layers[l];
         int kind = layer->sliding ? 1 : 0;
         uint16_t *k = keys + l * kv, *v = values + l * kv;
-        quail_rms_norm_bf16(x, 1, hidden, 1, hidden, layer->input_norm, step->eps, gemma, NULL, normed);
+        norm_row(x, hidden, layer->input_norm, step->eps, gemma, NULL, normed);
         quail_gemv_bf16(normed, layer->qkv, projected, hidden, layer->qkv_bias, qkv);
         position_heads(qkv, step->heads, step, layer->q_norm, step->cos[kind], step->sin[kind],
                        step->attention_scale, q);
@@ -1171,18 +1180,18 @@ int quail_decode_row_bf16(const DecodeLayer *layers, int64_t count, const Decode
         quail_gemv_bf16(attended, layer->o, hidden, queries, NULL, out);
         memcpy(kept, x, (size_t)hidden * sizeof(uint16_t));
         if (gemma) {
-            quail_rms_norm_bf16(out, 1, hidden, 1, hidden, layer->post_attention_norm, step->eps, gemma, kept, x);
-            quail_rms_norm_bf16(x, 1, hidden, 1, hidden, layer->pre_feedforward_norm, step->eps, gemma, NULL, normed);
+            norm_row(out, hidden, layer->post_attention_norm, step->eps, gemma, kept, x);
+            norm_row(x, hidden, layer->pre_feedforward_norm, step->eps, gemma, NULL, normed);
         } else {
             add_rows(x, out, hidden);
-            quail_rms_norm_bf16(x, 1, hidden, 1, hidden, layer->post_attention_norm, step->eps, gemma, NULL, normed);
+            norm_row(x, hidden, layer->post_attention_norm, step->eps, gemma, NULL, normed);
         }
         quail_gemv_bf16(normed, layer->gate_up, 2 * ffn, hidden, NULL, gate_up);
         activate(gate_up, ffn, (int)step->gelu, act);
         quail_gemv_bf16(act, layer->down, hidden, ffn, NULL, out);
         if (gemma) {
             memcpy(kept, x, (size_t)hidden * sizeof(uint16_t));
-            quail_rms_norm_bf16(out, 1, hidden, 1, hidden, layer->post_feedforward_norm, step->eps, gemma, kept, x);
+            norm_row(out, hidden, layer->post_feedforward_norm, step->eps, gemma, kept, x);
         } else {
             add_rows(x, out, hidden);
         }
