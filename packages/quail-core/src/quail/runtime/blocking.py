@@ -375,9 +375,9 @@ class Pilot:
 
     def describe(self) -> str:
         counts = (f"{self.inside_true} of {self.inside} sampled kept pairs and {self.sampled_true} of {self.sampled} "
-                  f"left out hold (asked while explaining; the answer store keeps them for the run)")
+                  f"left out hold — asked while explaining; the answer store keeps them for the run")
         if self.estimate is None:
-            return f"estimated recall: no sampled pair holds, so the pilot cannot tell ({counts})"
+            return f"estimated recall: no sampled pair holds, so the pilot cannot tell: {counts}"
         return f"estimated recall before the run {self.estimate:.3f} (≥ {self.lower_bound():.3f} at 95 %): {counts}"
 
 
