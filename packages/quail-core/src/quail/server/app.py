@@ -6,7 +6,7 @@
     GET  /v1/tables                     the registered tables and their columns
     GET  /v1/backends                   the installed backends and whether each runs the model here
     POST /v1/compile   {sql, dialect}   compiles only: 200, or the CompileError / RefusalError
-    POST /v1/explain   {sql, dialect}   the plan, no model run
+    POST /v1/explain   {sql, dialect}   the plan (model work only for a blocked join: its embeddings and recall pilot)
     POST /v1/queries   {sql, dialect}   compiles and queues: 202 with the job
     GET  /v1/queries                    the jobs the server keeps
     GET  /v1/queries/{id}               one job: state, progress, error, report and plan once finished
