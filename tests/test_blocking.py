@@ -119,6 +119,7 @@ def test_explain_shows_the_pairs_before_and_after_and_a_recall_estimated_before_
     found = re.search(r"estimated recall before the run ([\d.]+) \(≥ ([\d.]+) at 95 %\): (\d+) of 13 sampled kept "
                       r"pairs and (\d+) of 32 left out hold", text)
     assert found, text
+    assert "the run asks them again: the answer store is off" in text
     estimate, lower, inside_true, outside_true = (float(found.group(1)), float(found.group(2)), int(found.group(3)),
                                                   int(found.group(4)))
     # every kept pair is in the pilot here (13 ≤ 32): its count inside is the run's own
@@ -134,7 +135,7 @@ def test_explain_shows_the_pairs_before_and_after_and_a_recall_estimated_before_
 def test_the_pilot_is_stored_so_the_run_after_explain_asks_none_of_its_pairs_again(tmp_path):
     with keyword_session(store=tmp_path / "store") as opened:
         query = opened.sql(JOIN.replace("{options}", ", {'blocking': 'top_k', 'k': 1}"))
-        query.explain()
+        assert "asked while explaining; the answer store keeps them for the run" in query.explain()
         result = query.run()
     work = result.query_report.node_metrics
     asked = {name: m.computed_answers or 0 for name, m in work.items()
@@ -143,7 +144,8 @@ def test_the_pilot_is_stored_so_the_run_after_explain_asks_none_of_its_pairs_aga
 
 
 def test_explain_says_when_no_pilot_pair_holds():
-    left = pa.table({"id": [1, 2], "body": ["zzz qqq", "www vvv"]})
+    """40 kept pairs, 32 of them in the pilot, none holding (nor any left-out one): nothing to estimate from."""
+    left = pa.table({"id": list(range(40)), "body": [f"zzz qqq {i}" for i in range(40)]})
     right = pa.table({"aspect_id": [1, 2, 3], "aspect": ["music", "plot", "acting"]})
     with keyword_session(tables={"reviews": left, "aspects": right}) as opened:
         text = opened.sql(JOIN.replace("{options}", ", {'blocking': 'top_k', 'k': 1}")).explain()

@@ -390,3 +390,38 @@ def test_every_registered_backend_answers_through_execute_request_or_is_refused_
         quail.release_engines()
     assert {"native", "vllm", "stock_vllm", "example", "example-keyword"} <= set(ran), (ran, refused)
     assert "sglang" in refused, "SGLang needs a CUDA GPU"
+
+
+def test_two_threads_running_model_work_on_local_take_the_engines_in_turn(monkeypatch):
+    """Sessions in one process share the local provider's engines (a server's planning session explaining a blocked
+    join while the other runs a query): their requests never overlap on them."""
+    import threading
+
+    from quail.compute import local
+
+    inside, most = [0], [0]
+    serve = local.serve
+
+    def counted(context):
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        time.sleep(0.05)
+        try:
+            return serve(context)
+        finally:
+            inside[0] -= 1
+
+    monkeypatch.setattr(local, "serve", counted)
+    sql = "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Does the review praise the acting? {0}', r.body))"
+    sessions = [keyword_session(), keyword_session()]
+    answers: list[int] = []
+    threads = [threading.Thread(target=lambda s=s: answers.append(s.sql(sql).run().collect().num_rows))
+               for s in sessions]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for session in sessions:
+        session.close()
+    assert len(answers) == 2 and answers[0] == answers[1]
+    assert most[0] == 1

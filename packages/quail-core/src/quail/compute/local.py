@@ -6,6 +6,8 @@ the same model without booting again.
 
 from __future__ import annotations
 
+import threading
+
 from quail.backends.base import BackendExecutionContext, RuntimeState
 from quail.compute.base import Caller
 from quail.compute.lifetime import on_release
@@ -15,6 +17,10 @@ from quail.serving.engines import forget_kv_all, release_all, serve
 
 RUNTIME_STATE: RuntimeState = {}
 """Every engine the local provider has booted in this process."""
+ENGINES_IN_USE = threading.RLock()
+"""One request at a time on this process's engines. Sessions share them — a server's planning session explaining a
+blocked join (its embeddings and recall pilot) while the other runs a query, two threads of one notebook — and an
+engine's KV arena and kernels serve one request at a time: the second waits."""
 
 
 class LocalProvider:
@@ -25,7 +31,8 @@ class LocalProvider:
             return serve(BackendExecutionContext(part, caller.registry, RUNTIME_STATE, caller.progress))
 
         rounds = rounds_of(request)
-        return run(request) if rounds is None else execute_in_rounds(request, rounds, run)
+        with ENGINES_IN_USE:
+            return run(request) if rounds is None else execute_in_rounds(request, rounds, run)
 
     def close(self) -> None:
         release_all(RUNTIME_STATE)

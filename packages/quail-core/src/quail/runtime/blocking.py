@@ -211,6 +211,7 @@ def block(session: QuerySession, blocked: BlockedJoin, name: str) -> Pairs:
                         schema=PAIRS)
 
     def inside(count: int) -> pa.Table:
+        """`count` kept pairs drawn without repeats (the same draw every time), in the table's order."""
         drawn = np.random.default_rng(SEED).permutation(table.num_rows)[:count]
         return table.take(pa.array(np.sort(drawn), pa.int64()))
 
@@ -250,17 +251,25 @@ def nearest(left: np.ndarray, right: np.ndarray, k: int | None, similarity: floa
 
 @dataclass(frozen=True)
 class Recall:
-    """The estimate, over pairs of distinct texts: the kept pairs the model said TRUE, and of a uniform sample of the
-    pairs left out, how many it said TRUE. None where the run did not ask every kept pair (a LIMIT stopped it, or a
-    condition between the tables removed some): the two counts would then measure different things."""
+    """The recall of the blocks, estimated over pairs of distinct texts: of the `kept` pairs, `inside` judged and
+    `inside_true` of them held (after a run: every kept pair, the run's own answers; before it, a pilot's sample);
+    of a uniform sample of the `outside` pairs left out, `sampled` judged and `sampled_true` held. None where the run
+    did not ask every kept pair (a LIMIT stopped it, or a condition between the tables removed some): the counts
+    would then measure different things."""
 
+    inside: int
     inside_true: int
+    kept: int
     sampled: int
     sampled_true: int
     outside: int
-    asked_all: bool
+    asked_all: bool = True
+    before_run: bool = False
+    """A pilot's estimate (`explain()`), from a sample of the kept pairs judged before the run."""
+    stored: bool = True
+    """Whether the answer store keeps the judged pairs (a pilot's are then not asked again by the run)."""
     work: Mapping[str, NodeMetrics] = field(default_factory=dict)
-    """The sample's node metrics (`blocking/sample/...`), for the report."""
+    """The samples' node metrics (`blocking/sample/...`, `blocking/pilot_kept/...`, ...), for the report."""
 
     @property
     def missed(self) -> float:
@@ -268,29 +277,67 @@ class Recall:
 
     @property
     def estimate(self) -> float | None:
-        found = self.inside_true + self.missed
+        """None also when a pilot saw no pair hold: it then says nothing of how many the blocks miss."""
         if not self.asked_all:
             return None
-        return 1.0 if found == 0 else self.inside_true / found
+        if self.outside == 0:
+            return 1.0
+        if self.inside_true == 0 and self.sampled_true == 0:
+            return None if self.inside < self.kept else 1.0
+        return self._recall(_share(self.inside_true, self.inside), _share(self.sampled_true, self.sampled))
 
     def lower_bound(self) -> float | None:
-        """The estimate at the upper end of the Wilson 95 % interval of the share of left-out pairs that hold."""
-        if self.estimate is None or not self.sampled:
+        """At the high end of the Wilson 95 % interval of the left-out pairs' share that holds and — where only a
+        sample of the kept pairs was judged — the low end of theirs (each end one-sided 97.5 %, so jointly ≥ 95 %)."""
+        if self.estimate is None or self.outside == 0:
             return self.estimate
-        found = self.inside_true + _wilson(self.sampled_true, self.sampled)[1] * self.outside
-        return 1.0 if found == 0 else self.inside_true / found
+        inside = (_share(self.inside_true, self.inside) if self.inside == self.kept
+                  else _wilson(self.inside_true, self.inside)[0])
+        return self._recall(inside, _wilson(self.sampled_true, self.sampled)[1])
+
+    def _recall(self, inside_share: float, outside_share: float) -> float:
+        """The kept pairs expected to hold over those expected to hold anywhere."""
+        held, missed = inside_share * self.kept, outside_share * self.outside
+        return held / (held + missed) if held + missed else 1.0
 
     def report(self, pairs: Pairs) -> BlockingReport:
         return BlockingReport(pairs.before, pairs.after, self.sampled, self.sampled_true, self.inside_true,
                               self.estimate)
 
     def describe(self) -> str:
+        """The remark: the estimate, its bound and the counts it comes from."""
         if not self.asked_all:
             return ("recall not estimated: the run did not ask every kept pair (a LIMIT or a condition between the "
                     "tables stopped it)")
+        if self.before_run:
+            return self._described_pilot()
         return (f"estimated recall {self.estimate:.3f} (≥ {self.lower_bound():.3f} at 95 %): {self.sampled_true} of "
                 f"{self.sampled} sampled pairs outside the blocks hold, so about {self.missed:,.0f} of the "
                 f"{self.outside:,} left out would; {self.inside_true:,} held inside")
+
+    def _described_pilot(self) -> str:
+        again = ("the answer store keeps them for the run" if self.stored
+                 else "the run asks them again: the answer store is off")
+        counts = (f"{self.inside_true} of {self.inside} sampled kept pairs and {self.sampled_true} of {self.sampled} "
+                  f"left out hold — asked while explaining; {again}")
+        if self.estimate is None:
+            return f"estimated recall: no sampled pair holds, so the pilot cannot tell: {counts}"
+        return f"estimated recall before the run {self.estimate:.3f} (≥ {self.lower_bound():.3f} at 95 %): {counts}"
+
+
+def _share(held: int, asked: int) -> float:
+    return held / asked if asked else 0.0
+
+
+def _wilson(held: int, asked: int) -> tuple[float, float]:
+    """The Wilson 95 % interval of a share `held` of `asked` (nothing asked: anything, (0, 1))."""
+    if not asked:
+        return 0.0, 1.0
+    z, share = 1.96, held / asked
+    middle = share + z * z / (2 * asked)
+    spread = z * math.sqrt(share * (1 - share) / asked + z * z / (4 * asked * asked))
+    scale = 1 + z * z / asked
+    return (middle - spread) / scale, (middle + spread) / scale
 
 
 @dataclass(frozen=True)
@@ -324,10 +371,11 @@ def estimate_recall(session: QuerySession, planner: Planner, blocked: BlockedJoi
     outside = pairs.before - pairs.after
     asked_all = len(asked.pairs) >= pairs.after
     sample = pairs.outside(min(RECALL_SAMPLE, outside) if asked_all else 0)
+    kept = pairs.after
     if sample.num_rows == 0:
-        return Recall(len(asked.true), 0, 0, outside, asked_all)
+        return Recall(kept, len(asked.true), kept, 0, 0, outside, asked_all)
     holding, work = _judged(session, planner, blocked, sample, dialect, "sample")
-    return Recall(len(asked.true), sample.num_rows, holding, outside, asked_all, work)
+    return Recall(kept, len(asked.true), kept, sample.num_rows, holding, outside, asked_all, work=work)
 
 
 def _judged(session: QuerySession, planner: Planner, blocked: BlockedJoin, sample: pa.Table, dialect: Dialect,
@@ -342,64 +390,18 @@ def _judged(session: QuerySession, planner: Planner, blocked: BlockedJoin, sampl
     return judged.count(), {f"blocking/{label}/{node}": m for node, m in judged.query_report.node_metrics.items()}
 
 
-@dataclass(frozen=True)
-class Pilot:
-    """The recall estimated before the run: the share of a sample of the kept pairs that holds and the share of a
-    sample of the pairs left out (the very draw the run's own estimate asks again), scaled to the two sets' sizes."""
-
-    inside: int
-    inside_true: int
-    kept: int
-    sampled: int
-    sampled_true: int
-    outside: int
-
-    @property
-    def estimate(self) -> float | None:
-        """None when no sampled pair holds: the pilot then says nothing of how many the blocks miss."""
-        if self.outside == 0:
-            return 1.0
-        if self.inside_true == 0 and self.sampled_true == 0:
-            return None
-        return self._recall(self.inside_true / max(self.inside, 1), self.sampled_true / max(self.sampled, 1))
-
-    def lower_bound(self) -> float | None:
-        """At the low end of the Wilson 95 % interval of the kept pairs' share and the high end of the left-out's."""
-        if self.estimate is None or self.outside == 0:
-            return self.estimate
-        return self._recall(_wilson(self.inside_true, self.inside)[0], _wilson(self.sampled_true, self.sampled)[1])
-
-    def _recall(self, inside_share: float, outside_share: float) -> float:
-        held, missed = inside_share * self.kept, outside_share * self.outside
-        return held / (held + missed) if held + missed else 0.0
-
-    def describe(self) -> str:
-        counts = (f"{self.inside_true} of {self.inside} sampled kept pairs and {self.sampled_true} of {self.sampled} "
-                  f"left out hold — asked while explaining; the answer store keeps them for the run")
-        if self.estimate is None:
-            return f"estimated recall: no sampled pair holds, so the pilot cannot tell: {counts}"
-        return f"estimated recall before the run {self.estimate:.3f} (≥ {self.lower_bound():.3f} at 95 %): {counts}"
-
-
-def _wilson(held: int, asked: int) -> tuple[float, float]:
-    """The Wilson 95 % interval of a share `held` of `asked` ((0, 0) for nothing asked)."""
-    if not asked:
-        return 0.0, 0.0
-    z, share = 1.96, held / asked
-    middle = share + z * z / (2 * asked)
-    spread = z * math.sqrt(share * (1 - share) / asked + z * z / (4 * asked * asked))
-    scale = 1 + z * z / asked
-    return (middle - spread) / scale, (middle + spread) / scale
-
-
 def pilot_recall(session: QuerySession, planner: Planner, blocked: BlockedJoin, pairs: Pairs,
-                 dialect: Dialect) -> Pilot:
-    """The recall estimated before the run from RECALL_SAMPLE kept pairs and RECALL_SAMPLE left out, judged now."""
+                 dialect: Dialect) -> Recall:
+    """The recall estimated before the run from RECALL_SAMPLE kept pairs and the RECALL_SAMPLE left out that the
+    run's own estimate asks, judged now (with the answer store on, the run asks none of them again)."""
     outside = pairs.before - pairs.after
     inside, left_out = pairs.inside(min(RECALL_SAMPLE, pairs.after)), pairs.outside(min(RECALL_SAMPLE, outside))
-    inside_true = _judged(session, planner, blocked, inside, dialect, "pilot")[0] if inside.num_rows else 0
-    sampled_true = _judged(session, planner, blocked, left_out, dialect, "pilot")[0] if left_out.num_rows else 0
-    return Pilot(inside.num_rows, inside_true, pairs.after, left_out.num_rows, sampled_true, outside)
+    inside_true, inside_work = (_judged(session, planner, blocked, inside, dialect, "pilot_kept")
+                                if inside.num_rows else (0, {}))
+    sampled_true, outside_work = (_judged(session, planner, blocked, left_out, dialect, "pilot_left_out")
+                                  if left_out.num_rows else (0, {}))
+    return Recall(inside.num_rows, inside_true, pairs.after, left_out.num_rows, sampled_true, outside,
+                  before_run=True, stored=session.config.cache != "off", work={**inside_work, **outside_work})
 
 
 def _sample_statement(blocked: BlockedJoin, pairs: PairsRelation) -> exp.Select:

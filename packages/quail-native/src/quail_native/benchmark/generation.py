@@ -94,6 +94,8 @@ about the bandwidth a decode run seconds later had."""
 
 @dataclass(frozen=True)
 class PairedDecode:
+    """One batch-1 decode measurement, the bandwidth probed just before it, and its rate over that limit."""
+
     bandwidth: float
     rate: Rate
     ratio: float

@@ -118,6 +118,33 @@ void quail_gelu_tanh_times_f32(const float *gate, const float *up, float *out, i
     }
 }
 
+/* e^-g over fp32's whole range, as SiLU needs it: beyond 87 as the square of e^(-g/2) (torch's SiLU is still a
+ * normal number down to g = -88.5), infinite past fp32's largest (where torch's SiLU is -0). */
+static inline float exp_of_negated(float g) {
+    if (-g <= 87.0f) return exp_within_87(within_87(-g));
+    if (-g < 88.72f) {
+        float half = exp_within_87(-0.5f * g);
+        return half * half;
+    }
+    return INFINITY;
+}
+
+/* out[r, :] = SiLU(gate[r, :]) · up[r, :] in bf16, laid out as the GELU kernel's: SiLU in fp32 rounded to bf16, then
+ * the product rounded — F.silu(gate).mul_(up) in one pass, the same bits for every bf16 input (tested over all of
+ * them). */
+void quail_silu_times_bf16(const uint16_t *gate, const uint16_t *up, uint16_t *out, int64_t rows, int64_t width,
+                           int64_t stride) {
+    #pragma omp parallel for schedule(static) if (rows > 1)
+    for (int64_t row = 0; row < rows; row++) {
+        const uint16_t *g = gate + row * stride, *u = up + row * stride;
+        uint16_t *o = out + row * width;
+        for (int64_t j = 0; j < width; j++) {
+            float x = widen(g[j]);
+            o[j] = narrow(widen(narrow(x / (1.0f + exp_of_negated(x)))) * widen(u[j]));
+        }
+    }
+}
+
 /* One RMSNorm row into `o`: Gemma scales by `weight` = 1 + w in fp32 and rounds once; Qwen (`gemma` 0)
  * rounds the normalised row first, then multiplies by its weight w and rounds again, as torch does. */
 #define NORMALIZE_ROW(NAME, T, LOAD, STORE)                                                               \
@@ -1134,18 +1161,12 @@ static void add_rows(uint16_t *x, const uint16_t *y, int64_t width) {
     for (int64_t j = 0; j < width; j++) x[j] = narrow(widen(x[j]) + widen(y[j]));
 }
 
-/* The gated activation of [gate; up] into out: GELU-tanh rounded as the fused kernel rounds, or SiLU computed in
- * fp32 and rounded, times up rounded (F.silu(gate).mul_(up)). */
+/* The gated activation of one row's [gate; up] into out, with the MLP's own kernels. */
 static void activate(const uint16_t *gate_up, int64_t ffn, int gelu, uint16_t *out) {
-    if (gelu) {
+    if (gelu)
         quail_gelu_tanh_times_bf16(gate_up, gate_up + ffn, out, 1, ffn, 2 * ffn);
-        return;
-    }
-    for (int64_t j = 0; j < ffn; j++) {
-        float g = widen(gate_up[j]);
-        float silu = g / (1.0f + exp_within_87(within_87(-g)));
-        out[j] = narrow(widen(narrow(silu)) * widen(gate_up[ffn + j]));
-    }
+    else
+        quail_silu_times_bf16(gate_up, gate_up + ffn, out, 1, ffn, 2 * ffn);
 }
 
 /* Every layer over the row x ([hidden], replaced by the last layer's output); each layer's new key and value go to

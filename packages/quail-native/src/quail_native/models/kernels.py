@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from quail.extend import quail_cache_home
 from quail_native.machine import cpu_features
@@ -85,11 +86,14 @@ class OneRowProjection:
         self._weight, self._bias = weight, bias  # kept alive: the kernel reads them by address
         self._operands = (ctypes.c_void_p(weight.data_ptr()), ctypes.c_int64(weight.shape[0]),
                           ctypes.c_int64(weight.shape[1]), ctypes.c_void_p(None if bias is None else bias.data_ptr()))
-        self._rows, self._dtype = weight.shape[0], weight.dtype
+        self._shape, self._dtype = (1, weight.shape[1]), weight.dtype
+        self._rows = weight.shape[0]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor | None:
-        """[1, rows] for a [1, k] row of the weight's dtype whose k are contiguous; None for any other x."""
-        if not (x.dim() == 2 and x.shape[0] == 1 and x.dtype == self._dtype and x.stride(1) == 1 and x.is_cpu):
+        """[1, rows] for a [1, k] row of the weight's dtype whose k are contiguous; None for any other x, and for one
+        that autograd would follow (the kernel's output has no gradient)."""
+        if not (x.shape == self._shape and x.dtype == self._dtype and x.stride(1) == 1 and x.is_cpu
+                and not (x.requires_grad and torch.is_grad_enabled())):
             return None
         out = torch.empty((1, self._rows), dtype=self._dtype)
         self._kernel(ctypes.c_void_p(x.data_ptr()), *self._operands, ctypes.c_void_p(out.data_ptr()))
@@ -99,11 +103,15 @@ class OneRowProjection:
 def one_row_projection(weight: torch.Tensor, bias: torch.Tensor | None) -> OneRowProjection | None:
     """The one-row kernel for this weight, or None where it does not run: not bf16 on a CPU with AVX-512 BF16, no
     library, a weight that is not one contiguous [rows, k] block (or a bias not matching it)."""
-    fits = (weight.is_cpu and weight.dim() == 2 and weight.is_contiguous()
+    kernel = _kernel(_ONE_ROW_KERNELS, weight.dtype, _one_row_fits(weight, bias))
+    return None if kernel is None else OneRowProjection(kernel, weight, bias)
+
+
+def _one_row_fits(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """The weights the one-row kernel reads: one contiguous [rows, k] block on the CPU, a bias of `rows` alike."""
+    return (weight.is_cpu and weight.dim() == 2 and weight.is_contiguous()
             and (bias is None or (bias.is_cpu and bias.dim() == 1 and bias.is_contiguous()
                                   and bias.dtype == weight.dtype and bias.shape[0] == weight.shape[0])))
-    kernel = _kernel(_ONE_ROW_KERNELS, weight.dtype, fits)
-    return None if kernel is None else OneRowProjection(kernel, weight, bias)
 
 
 def head_top(x: torch.Tensor, head: torch.Tensor, top: int) -> torch.Tensor | None:
@@ -118,9 +126,10 @@ def head_top(x: torch.Tensor, head: torch.Tensor, top: int) -> torch.Tensor | No
     if kernel is None:
         return None
     indices = torch.empty(top, dtype=torch.long)
-    kernel(ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(head.data_ptr()), ctypes.c_int64(head.shape[0]),
-           ctypes.c_int64(head.shape[1]), ctypes.c_int64(top), ctypes.c_void_p(indices.data_ptr()))
-    return indices
+    refused = kernel(ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(head.data_ptr()), ctypes.c_int64(head.shape[0]),
+                     ctypes.c_int64(head.shape[1]), ctypes.c_int64(top), ctypes.c_void_p(indices.data_ptr()))
+    # a row of NaN keeps no logit (-1 ids): the caller's path decides what such a row chooses
+    return None if refused or bool((indices < 0).any()) else indices
 
 
 def one_row_status(dtype: torch.dtype) -> str | None:
@@ -167,6 +176,9 @@ class DecodeLayerWeights:
 
 @dataclass(frozen=True)
 class DecodeShape:
+    """The numbers and switches of the model the decode kernel reads (`Arch`'s, as the kernel's `DecodeStep` holds
+    them)."""
+
     hidden: int
     heads: int
     kv_heads: int
@@ -180,6 +192,8 @@ class DecodeShape:
 
 @dataclass(frozen=True)
 class DecodedRow:
+    """What a one-call decode step gives back: what the layer-by-layer pass gives for one row."""
+
     x: torch.Tensor  # [1, hidden]: the last layer's output, before the final norm
     keys: torch.Tensor  # [layers, kv_heads, 1, head_dim]
     values: torch.Tensor
@@ -188,8 +202,9 @@ class DecodedRow:
 class RowDecoder:
     """A decode step of one sequence through every layer in one call of the library's kernel (the same kernels and
     roundings as the layer-by-layer pass, without ~150 µs of Python between a layer's dozen operations). Made once
-    per model (`row_decoder`); a call returns None for a pass the kernel does not read, and the caller runs the
-    layers one by one."""
+    per model (`row_decoder`), over its weights as they are then (frozen from `fuse_projections` on, as the packed
+    copies are); a call returns None for a pass the kernel does not read, and the caller runs the layers one by one.
+    One caller at a time, as an engine serves one request at a time (the layer structs point at the arena in use)."""
 
     def __init__(self, kernel: Callable[..., object], shape: DecodeShape, layers: Sequence[DecodeLayerWeights]) -> None:
         self._kernel, self._shape, self._layers = kernel, shape, tuple(layers)
@@ -209,7 +224,7 @@ class RowDecoder:
                            segments.shapes.shape[0], segments.slots.data_ptr(), segments.shapes.data_ptr())
         for index, kind in enumerate(("full", "sliding")):
             step.masks[index] = masks[kind].data_ptr()
-            cos, sin = tables.get(kind, tables.get("full", ()))[:2]
+            cos, sin = (tables.get(kind) or next(iter(tables.values())))[:2]  # a kind no layer has: any table
             step.cos[index], step.sin[index] = cos.data_ptr(), sin.data_ptr()
         out = x.clone()
         keys = torch.empty((len(self._layers), shape.kv_heads, 1, shape.head_dim), dtype=x.dtype)
@@ -240,8 +255,8 @@ class RowDecoder:
         if any(not (m.dtype == torch.bool and m.is_contiguous() and m.numel() == segments.mask_entries)
                for m in (masks["full"], masks["sliding"])):
             return False
-        return all(t.dtype == x.dtype and t.is_contiguous() and t.shape == (1, shape.head_dim)
-                   for pair in tables.values() for t in pair[:2])
+        return bool(tables) and all(t.dtype == x.dtype and t.is_contiguous() and t.shape == (1, shape.head_dim)
+                                    for pair in tables.values() for t in pair[:2])
 
     def _point_at(self, context: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """The layer structs, (re)filled when the arena's tensors are not the ones they point at."""
@@ -263,7 +278,7 @@ def row_decoder(shape: DecodeShape, layers: Sequence[DecodeLayerWeights]) -> Row
     AVX-512 BF16, no library, head_dim not a multiple of 32 (the attention kernel's), a weight the one-row
     projection does not take."""
     fits = shape.head_dim % 32 == 0 and all(
-        one_row_projection(weight, bias) is not None
+        _one_row_fits(weight, bias) and weight.dtype == layers[0].qkv.dtype
         for layer in layers for weight, bias in ((layer.qkv, layer.qkv_bias), (layer.o, None), (layer.gate_up, None),
                                                  (layer.down, None)))
     kernel = _kernel(_DECODE_KERNELS, layers[0].qkv.dtype if layers else torch.float32, fits and bool(layers))
@@ -273,6 +288,18 @@ def row_decoder(shape: DecodeShape, layers: Sequence[DecodeLayerWeights]) -> Row
 def applied_norm(weight: torch.Tensor, gemma: bool, scale: float = 1.0) -> torch.Tensor:
     """A norm weight as the norm kernels apply it (fp32, (1 + w) or w, times `scale`): what the decode kernel reads."""
     return _applied(weight, gemma, scale)
+
+
+def silu_times(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) · up (Qwen's gated MLP): one pass in bf16 on a CPU when the library is built, with the bits of
+    `F.silu(gate).mul_(up)` (which takes two passes); other dtypes take those two ops."""
+    kernel = _kernel(_SILU_KERNELS, gate.dtype, _rows_of_one_projection(gate, up))
+    if kernel is None:
+        return F.silu(gate).mul_(up)
+    out = torch.empty(gate.shape, dtype=gate.dtype)
+    kernel(ctypes.c_void_p(gate.data_ptr()), ctypes.c_void_p(up.data_ptr()), ctypes.c_void_p(out.data_ptr()),
+           ctypes.c_int64(gate.shape[0]), ctypes.c_int64(gate.shape[1]), ctypes.c_int64(gate.stride(0)))
+    return out
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool,
@@ -489,6 +516,7 @@ def _heads_of_rows(t: torch.Tensor) -> bool:
 
 _ATTENTION_KERNELS = {torch.bfloat16: "quail_attention_bf16", torch.float32: "quail_attention_f32"}
 _GELU_KERNELS = {torch.bfloat16: "quail_gelu_tanh_times_bf16", torch.float32: "quail_gelu_tanh_times_f32"}
+_SILU_KERNELS = {torch.bfloat16: "quail_silu_times_bf16"}  # fp32: torch's own exp, which the library's differs from
 _NORM_KERNELS = {torch.bfloat16: "quail_rms_norm_bf16", torch.float32: "quail_rms_norm_f32"}
 _NORM_ROPE_KERNELS = {torch.bfloat16: "quail_rms_norm_rope_bf16", torch.float32: "quail_rms_norm_rope_f32"}
 _ONE_ROW_KERNELS = {torch.bfloat16: "quail_gemv_bf16"}  # these two need AVX-512 BF16: absent from other builds

@@ -339,7 +339,7 @@ class MLP(nn.Module):
         fused = _fused(self.fused)
         gate, up = fused.gate_up(x).chunk(2, dim=-1)
         if self.activation == "silu":
-            return fused.down(F.silu(gate).mul_(up))
+            return fused.down(kernels.silu_times(gate, up))
         return fused.down(kernels.gelu_tanh_times(gate, up))
 
 
@@ -423,8 +423,9 @@ class Transformer(nn.Module):
 
     def fuse_projections(self) -> None:
         """Fewer, wider GEMMs per layer (q/k/v and gate/up), with weights prepacked for the CPU's GEMM
-        where it can take them (`projection.py`); call once the weights are loaded, on their device and
-        in their dtype."""
+        where it can take them (`projection.py`), and the one-call decode step where it runs; call once the weights
+        are loaded, on their device and in their dtype (they are not changed after: the packed copies and the
+        decode kernel read them as they are now)."""
         for block in self.layers:
             block.self_attn.fuse()
             block.mlp.fuse()
@@ -432,6 +433,7 @@ class Transformer(nn.Module):
         self.row_decoder = kernels.row_decoder(self._decode_shape(), [block.decode_weights() for block in self.layers])
 
     def _decode_shape(self) -> kernels.DecodeShape:
+        """The model's numbers as the one-row decode kernel reads them."""
         arch = self.arch
         return kernels.DecodeShape(arch.hidden, arch.heads, arch.kv_heads, arch.head_dim, arch.ffn, arch.gemma_norms,
                                    arch.activation == "gelu_tanh", arch.norm_eps, arch.attention_scale)
