@@ -9,13 +9,16 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from support.relational_oracle import keyword_session, oracle_rows, same_rows
+from support.relational_oracle import TABLES, keyword_session, oracle_rows, same_rows
 
 import quail
 import quail.compute.wire
-from quail.errors import ConfigError
+from quail.backends.base import SupportResult
+from quail.errors import ConfigError, RefusalError
 from quail.logical.nodes import render
 from quail.physical.codecs import from_json, to_json
+from quail.testing import ByteTokenizer
+from quail.testing.backend import KeywordBackend
 
 SESSION_MODEL = quail.EngineConfig().model
 OTHER = "qwen2.5-coder-0.5b-instruct"
@@ -115,3 +118,31 @@ def test_aliases_are_kept_as_sorted_pairs_that_hash_and_cross_the_wire():
 def test_a_config_with_aliases_crosses_the_process_boundary_as_data():
     config = quail.EngineConfig(model_aliases={"gemini-2.5-flash": OTHER})
     assert from_json(json.loads(json.dumps(to_json(config)))) == config
+
+
+class ChoosyBackend(KeywordBackend):
+    """The keyword backend, but it cannot run one model (as a backend without that model's architecture)."""
+
+    name = "choosy"
+
+    def supports(self, model, device, gpu_count):
+        if model.name == OTHER:
+            return SupportResult.reject(f"no kernels for {model.architecture} here")
+        return super().supports(model, device, gpu_count)
+
+
+def test_a_model_the_backend_cannot_run_is_refused_before_any_model_work_and_the_session_stays_usable():
+    tokenizer = ByteTokenizer()
+    registry = quail.ExtensionRegistry.with_built_ins()
+    registry.register_backend(ChoosyBackend(tokenizer))
+    config = quail.EngineConfig(backend="choosy", cache="off")
+    with quail.Session(config, registry=registry, tokenizer=tokenizer) as opened:
+        opened.register("reviews", TABLES["reviews"])
+        named = f"SELECT r.id, AI_COMPLETE('{OTHER}', PROMPT('Summarize {{0}}', r.body)) AS s FROM reviews r"
+        with pytest.raises(RefusalError) as refused:
+            opened.sql(named)  # compiling it: nothing is booted or asked
+        message = str(refused.value)
+        assert f"backend 'choosy' cannot run model '{OTHER}'" in message and "no kernels for" in message
+        plain = "SELECT r.id FROM reviews r WHERE AI_FILTER(PROMPT('Is the acting praised? {0}', r.body))"
+        problem = same_rows(opened.sql(plain).run().collect(), oracle_rows(plain, "snowflake"), ordered=False)
+        assert problem is None, problem
