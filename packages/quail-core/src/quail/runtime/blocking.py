@@ -24,6 +24,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from quail.backends.base import OrderRule, PhysicalCandidate
+from quail.cache.access import store_location
 from quail.compute.request import NodeMetrics
 from quail.errors import CompileError, Refusal, RefusalError
 from quail.frontend.blocking import (
@@ -401,7 +402,8 @@ def pilot_recall(session: QuerySession, planner: Planner, blocked: BlockedJoin, 
     sampled_true, outside_work = (_judged(session, planner, blocked, left_out, dialect, "pilot_left_out")
                                   if left_out.num_rows else (0, {}))
     return Recall(inside.num_rows, inside_true, pairs.after, left_out.num_rows, sampled_true, outside,
-                  before_run=True, stored=session.config.cache != "off", work={**inside_work, **outside_work})
+                  before_run=True, stored=store_location(session.config) is not None,
+                  work={**inside_work, **outside_work})
 
 
 def _sample_statement(blocked: BlockedJoin, pairs: PairsRelation) -> exp.Select:

@@ -1095,9 +1095,7 @@ int quail_head_top_bf16(const uint16_t *x, const uint16_t *w, int64_t n, int64_t
         for (int64_t j = 0; j < top && found[t][j] >= 0; j++) keep_largest(best, indices, top, values[t][j], found[t][j]);
     return 0;
 }
-#endif
 
-#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 /* A decode step of one sequence through every layer, in one call. At one row each layer is a dozen small
  * operations between four weight reads, and on a 270M model the Python between them (~150 µs a layer) cost a
  * quarter of the step; here the same kernels run back to back — the norms, RoPE, GELU and attention above, the
@@ -1105,7 +1103,7 @@ int quail_head_top_bf16(const uint16_t *x, const uint16_t *w, int64_t n, int64_t
 typedef struct {
     const uint16_t *qkv, *qkv_bias, *o, *gate_up, *down; /* [rows, k] weights; the bias may be NULL */
     const float *input_norm, *post_attention_norm, *pre_feedforward_norm, *post_feedforward_norm;
-    /* norm weights as applied (`_applied`); the feed-forward pair only with Gemma's norms */
+    /* norm weights as applied (`applied_norm`); the feed-forward pair only with Gemma's norms */
     const float *q_norm, *k_norm; /* QK-norm weights as applied (q's times the attention scale), or NULL */
     const uint16_t *arena_keys, *arena_values; /* the layer's [kv_heads, slots, head_dim] KV */
     int64_t sliding; /* 1: the sliding-window mask and RoPE tables */
@@ -1199,8 +1197,8 @@ int quail_decode_row_bf16(const DecodeLayer *layers, int64_t count, const Decode
             return -1;
         }
         quail_gemv_bf16(attended, layer->o, hidden, queries, NULL, out);
-        memcpy(kept, x, (size_t)hidden * sizeof(uint16_t));
         if (gemma) {
+            memcpy(kept, x, (size_t)hidden * sizeof(uint16_t)); /* the residual: x is written over */
             norm_row(out, hidden, layer->post_attention_norm, step->eps, gemma, kept, x);
             norm_row(x, hidden, layer->pre_feedforward_norm, step->eps, gemma, NULL, normed);
         } else {

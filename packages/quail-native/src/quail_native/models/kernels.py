@@ -18,7 +18,7 @@ caller's GEMMs run.
 A decode step of one sequence (bf16, AVX-512 BF16) runs on the kernels of one row: `one_row_projection` (a weight
 read at the memory's rate), `head_top` (a greedy step's candidates found while the head streams past) and
 `RowDecoder` (every layer in one call, over the kernels above). Batch-1 decoding of Gemma 3 270M went from 0.40–0.71
-to 0.70–0.89 of the weight-bandwidth limit (`quail bench --generation`).
+to 0.70–0.84 of the weight-bandwidth limit (`quail bench --generation`).
 """
 
 from __future__ import annotations
@@ -216,9 +216,8 @@ class RowDecoder:
                  tables: dict[str, tuple[torch.Tensor, ...]]) -> DecodedRow | None:
         """One row x [1, hidden] over the layers' arena KV `context` under the pass's one-row layout."""
         shape = self._shape
-        if not self._reads(x, context, segments, masks, tables) or segments is None:
+        if not self._reads(x, segments, masks, tables) or segments is None or not self._point_at(context):
             return None
-        self._point_at(context)
         step = _DecodeStep(shape.hidden, shape.heads, shape.kv_heads, shape.head_dim, shape.ffn, shape.gemma_norms,
                            shape.gelu, shape.eps, shape.attention_scale, context[0][0].stride(0),
                            segments.shapes.shape[0], segments.slots.data_ptr(), segments.shapes.data_ptr())
@@ -236,21 +235,13 @@ class RowDecoder:
             raise MemoryError("the decode kernel could not allocate its scratch")
         return DecodedRow(out, keys, values)
 
-    def _reads(self, x: torch.Tensor, context: Sequence[tuple[torch.Tensor, torch.Tensor]],
-               segments: FlatSegments | None, masks: dict[str, torch.Tensor],
+    def _reads(self, x: torch.Tensor, segments: FlatSegments | None, masks: dict[str, torch.Tensor],
                tables: dict[str, tuple[torch.Tensor, ...]]) -> bool:
-        """What the kernel reads: one contiguous bf16 row, every layer's arena KV [kv_heads, slots, head_dim]
-        alike, a one-row layout with its masks, contiguous one-row RoPE tables."""
+        """What the kernel reads of a pass: one contiguous bf16 row, a one-row layout with its masks, contiguous
+        one-row RoPE tables (the arena's KV: `_point_at`)."""
         shape = self._shape
         if not (x.dtype == torch.bfloat16 and x.is_cpu and x.shape == (1, shape.hidden) and x.is_contiguous()
-                and segments is not None and segments.rows == 1 and len(context) == len(self._layers)):
-            return False
-        first = context[0][0]
-        if not (first.dtype == x.dtype and first.is_cpu and first.dim() == 3 and first.shape[0] == shape.kv_heads
-                and first.shape[2] == shape.head_dim and first.stride()[1:] == (shape.head_dim, 1)):
-            return False
-        if any(k.stride() != first.stride() or v.stride() != first.stride() or k.shape != first.shape
-               or v.shape != first.shape for k, v in context):
+                and segments is not None and segments.rows == 1):
             return False
         if any(not (m.dtype == torch.bool and m.is_contiguous() and m.numel() == segments.mask_entries)
                for m in (masks["full"], masks["sliding"])):
@@ -258,11 +249,15 @@ class RowDecoder:
         return bool(tables) and all(t.dtype == x.dtype and t.is_contiguous() and t.shape == (1, shape.head_dim)
                                     for pair in tables.values() for t in pair[:2])
 
-    def _point_at(self, context: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """The layer structs, (re)filled when the arena's tensors are not the ones they point at."""
+    def _point_at(self, context: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+        """The layer structs pointed at the arena's KV, checked and filled when its tensors are not the ones they
+        point at (an arena's tensors keep their layout: a decode step checks only their addresses). False for KV
+        the kernel does not read: not every layer's [kv_heads, slots, head_dim] bf16 on the CPU, alike."""
         arena = tuple(t.data_ptr() for pair in context for t in pair)
         if arena == self._arena:
-            return
+            return True
+        if not self._reads_arena(context):
+            return False
         for struct, layer, (keys, values) in zip(self._structs, self._layers, context, strict=True):
             for name in ("qkv", "qkv_bias", "o", "gate_up", "down", "input_norm", "post_attention_norm",
                          "pre_feedforward_norm", "post_feedforward_norm", "q_norm", "k_norm"):
@@ -271,6 +266,18 @@ class RowDecoder:
             struct.arena_keys, struct.arena_values = keys.data_ptr(), values.data_ptr()
             struct.sliding = layer.sliding
         self._arena = arena
+        return True
+
+    def _reads_arena(self, context: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+        shape = self._shape
+        if len(context) != len(self._layers):
+            return False
+        first = context[0][0]
+        if not (first.dtype == torch.bfloat16 and first.is_cpu and first.dim() == 3 and first.shape[0] == shape.kv_heads
+                and first.shape[2] == shape.head_dim and first.stride()[1:] == (shape.head_dim, 1)):
+            return False
+        return all(k.stride() == v.stride() == first.stride() and k.shape == v.shape == first.shape
+                   and k.dtype == v.dtype == first.dtype and k.is_cpu and v.is_cpu for k, v in context)
 
 
 def row_decoder(shape: DecodeShape, layers: Sequence[DecodeLayerWeights]) -> RowDecoder | None:
@@ -283,11 +290,6 @@ def row_decoder(shape: DecodeShape, layers: Sequence[DecodeLayerWeights]) -> Row
                                                  (layer.down, None)))
     kernel = _kernel(_DECODE_KERNELS, layers[0].qkv.dtype if layers else torch.float32, fits and bool(layers))
     return None if kernel is None else RowDecoder(kernel, shape, layers)
-
-
-def applied_norm(weight: torch.Tensor, gemma: bool, scale: float = 1.0) -> torch.Tensor:
-    """A norm weight as the norm kernels apply it (fp32, (1 + w) or w, times `scale`): what the decode kernel reads."""
-    return _applied(weight, gemma, scale)
 
 
 def silu_times(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -348,7 +350,7 @@ def _normalized(kernel: Callable[..., object], x: torch.Tensor, rows: tuple[int,
     """Call a norm kernel: x's rows, the weight as the kernel applies it (times `scale`, in fp32), then its
     own `operands` (pointers)."""
     outer, outer_stride, groups = rows
-    applied = _applied(weight, gemma, scale)
+    applied = applied_norm(weight, gemma, scale)
     out = torch.empty(x.shape, dtype=x.dtype)
     kernel(ctypes.c_void_p(x.data_ptr()), ctypes.c_int64(outer), ctypes.c_int64(outer_stride), ctypes.c_int64(groups),
            ctypes.c_int64(x.shape[-1]), ctypes.c_void_p(applied.data_ptr()), ctypes.c_float(eps), ctypes.c_int(gemma),
@@ -356,7 +358,7 @@ def _normalized(kernel: Callable[..., object], x: torch.Tensor, rows: tuple[int,
     return out
 
 
-def _applied(weight: torch.Tensor, gemma: bool, scale: float) -> torch.Tensor:
+def applied_norm(weight: torch.Tensor, gemma: bool, scale: float = 1.0) -> torch.Tensor:
     """The weight as a norm kernel applies it ((1 + w) or w, times `scale`, fp32), made once per weight and kept on
     it: a decode step calls ~100 norms over one row each, where four small tensor ops per call cost more than the
     norm. Keyed by the weight's version too, so a weight changed in place is applied afresh."""
